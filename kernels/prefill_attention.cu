@@ -1,0 +1,344 @@
+// prefill_attention.cu -- causal attention of a prompt chunk over the KV cache, with online softmax (never a
+// [T, T] matrix):  out[t, h] = softmax_k<=p(scale * q[t, h] . K[kvh, k]) . V[kvh, k],  p = start_pos + t,
+// kvh = h / (Hq / Hkv) (GQA). start_pos is read from device memory (no host sync between steps).
+// Layout: q, out T[T, Hq, D]; k_cache, v_cache T[Hkv, S, D] (rows 0..start_pos+T-1 valid, written by rope_qkv).
+// Softmax runs in log2 units: scores are scaled by scale * log2(e) and exponentiated with exp2f.
+//
+// 1. prefill_attention<T>: the generic reference / fallback, any T, any D <= 256, fp32 math.
+//    grid (ceil(T/16), Hq), block 128 (4 warps), dynamic smem (16*D + 32*(D+1) + 32*D) * 4 bytes.
+//    A block owns 16 queries (4 per warp, one at a time); K/V tiles of 32 keys are staged in smem as fp32.
+//    Lane l scores key l of the tile (K rows padded to D+1 floats so the 32 lanes hit 32 different banks),
+//    the warp max/sum come from shuffles, and lane l accumulates output dims l, l+32, ... .
+//
+// 2. prefill_attention_tc<T, D>: FlashAttention-2 on tensor cores, T in {__half, __nv_bfloat16}, D in {64, 128}.
+//    grid (Hq, ceil(T/64)), block 128 (4 warps), dynamic smem 5 * 64 * (D+8) * 2 bytes (45 KB at D=64).
+//    A block owns 64 queries of one head; warp w owns rows 16w..16w+15. K/V tiles of 64 keys are double-
+//    buffered in smem with cp.async; S = Q K^T and O += P V use mma.sync m16n8k16 (fp32 accumulate).
+//    Tiles are visited in key order; only tiles that cross the diagonal are masked and tiles entirely above
+//    it are never loaded. Blocks run heaviest (last) query tiles first so the causal tail balances.
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+
+#define NEG_INF __int_as_float(0xff800000)
+constexpr float LOG2E = 1.4426950408889634f;
+
+__device__ __forceinline__ float to_f32(float x) { return x; }
+__device__ __forceinline__ float to_f32(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
+template <typename T> __device__ __forceinline__ T from_f32(float x);
+template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }
+template <> __device__ __forceinline__ __half from_f32<__half>(float x) { return __float2half_rn(x); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// 1. Generic kernel
+// ---------------------------------------------------------------------------------------------------------
+constexpr int G_BQ = 16, G_BK = 32, G_MAXJ = 8;  // queries per block, keys per tile, output dims per lane / 32
+
+// (128, 4): asking for 4 resident blocks makes ptxas keep everything in registers (with the plain bound it
+// chose 72 registers plus a small spill).
+template <typename T>
+__global__ void __launch_bounds__(128, 4)
+prefill_attention(const T* __restrict__ q, const T* __restrict__ k_cache, const T* __restrict__ v_cache,
+                  const int* __restrict__ start_pos, float scale, int n_tokens, int Hq, int Hkv, int S, int D,
+                  T* __restrict__ out) {
+    extern __shared__ float smem[];
+    float* Qs = smem;                    // [G_BQ][D], pre-scaled to log2 units
+    float* Ks = Qs + G_BQ * D;           // [G_BK][D + 1]
+    float* Vs = Ks + G_BK * (D + 1);     // [G_BK][D]
+    const int sp = start_pos[0], q0 = blockIdx.x * G_BQ, h = blockIdx.y, kvh = h / (Hq / Hkv);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+
+    for (int i = threadIdx.x; i < G_BQ * D; i += blockDim.x) {
+        const int r = i / D, t = q0 + r;
+        Qs[i] = t < n_tokens ? to_f32(q[((size_t)t * Hq + h) * D + i % D]) * (scale * LOG2E) : 0.0f;
+    }
+    float m[4], l[4], acc[4][G_MAXJ];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        m[i] = NEG_INF; l[i] = 0.0f;
+#pragma unroll
+        for (int j = 0; j < G_MAXJ; j++) acc[i][j] = 0.0f;
+    }
+    // Keys 0..n_keys-1 are needed: the last query of the block sits at position sp + q_end - 1. (Clamped to
+    // the cache so a bad start_pos can give wrong numbers but never read outside it.)
+    const int n_keys = min(sp + min(q0 + G_BQ, n_tokens), S);
+    const T* kb = k_cache + (size_t)kvh * S * D;
+    const T* vb = v_cache + (size_t)kvh * S * D;
+    for (int k0 = 0; k0 < n_keys; k0 += G_BK) {
+        __syncthreads();  // previous tile fully consumed (and, on the first pass, Qs written)
+        for (int i = threadIdx.x; i < G_BK * D; i += blockDim.x) {
+            const int r = i / D, d = i % D, key = k0 + r;
+            // Keys past n_keys (never valid for a stored query) read as 0: finite, so 0 * v stays 0.
+            Ks[r * (D + 1) + d] = key < n_keys ? to_f32(kb[(size_t)key * D + d]) : 0.0f;
+            Vs[r * D + d] = key < n_keys ? to_f32(vb[(size_t)key * D + d]) : 0.0f;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int r = warp * 4 + i, pos = sp + q0 + r, key = k0 + lane;
+            const float* qr = Qs + r * D;
+            const float* kr = Ks + lane * (D + 1);
+            float s = 0.0f;
+            for (int d = 0; d < D; d++) s += qr[d] * kr[d];
+            if (key > pos) s = NEG_INF;  // causal mask (also covers keys >= n_keys)
+            // Key 0 of the first tile is visible to every row, so m_new is always finite here.
+            const float m_new = fmaxf(m[i], warp_max(s));
+            const float p = exp2f(s - m_new), alpha = exp2f(m[i] - m_new);
+            l[i] = l[i] * alpha + warp_sum(p);
+            m[i] = m_new;
+#pragma unroll
+            for (int j = 0; j < G_MAXJ; j++) acc[i][j] *= alpha;
+            for (int k = 0; k < G_BK; k++) {
+                const float pk = __shfl_sync(0xffffffffu, p, k);
+#pragma unroll
+                for (int j = 0; j < G_MAXJ; j++) {
+                    const int d = lane + 32 * j;
+                    if (d < D) acc[i][j] += pk * Vs[k * D + d];
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int t = q0 + warp * 4 + i;
+        if (t >= n_tokens) continue;
+        const float inv = 1.0f / l[i];
+#pragma unroll
+        for (int j = 0; j < G_MAXJ; j++) {
+            const int d = lane + 32 * j;
+            if (d < D) out[((size_t)t * Hq + h) * D + d] = from_f32<T>(acc[i][j] * inv);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// 2. Tensor-core kernel. PTX fragment layouts of mma.m16n8k16 (g = lane / 4 "groupID", c = lane % 4):
+//    A (16x16, row-major)  a0: (row g,   cols 2c, 2c+1)   a1: (row g+8, cols 2c, 2c+1)
+//                          a2: (row g,   cols 2c+8, +9)   a3: (row g+8, cols 2c+8, +9)
+//    B (16x8, "col")       b0: (k 2c, 2c+1; col n = g)    b1: (k 2c+8, 2c+9; col n = g)
+//    C (16x8, fp32)        c0, c1: (row g, cols 2c, 2c+1)  c2, c3: (row g+8, cols 2c, 2c+1)
+//    Each 32-bit A/B register holds two 16-bit values, the lower column/k index in the low half.
+// ldmatrix.x4 loads four 8x8 b16 matrices; lanes 8i..8i+7 give the row addresses of matrix i, and lane gets
+// (row g, cols 2c, 2c+1) of each matrix -- exactly an A or a "col" B fragment piece. With .trans it gets
+// (rows 2c, 2c+1; col g) instead, which turns row-major V[key][d] into the B fragment of P.V.
+// ---------------------------------------------------------------------------------------------------------
+constexpr int TC_BQ = 64, TC_BK = 64;
+
+__device__ __forceinline__ unsigned smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void ldmatrix_x4(unsigned r[4], const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned r[4], const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)));
+}
+
+// c += a * b on one 16x8x16 tile. The element type picks the instruction (overloads on a tag pointer).
+__device__ __forceinline__ void mma(float c[4], const unsigned a[4], unsigned b0, unsigned b1, const __nv_bfloat16*) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void mma(float c[4], const unsigned a[4], unsigned b0, unsigned b1, const __half*) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// Two fp32 -> one register of two 16-bit values (lo in the low half), as an A fragment wants them.
+__device__ __forceinline__ unsigned pack2(float lo, float hi, const __nv_bfloat16*) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<unsigned*>(&v);
+}
+__device__ __forceinline__ unsigned pack2(float lo, float hi, const __half*) {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<unsigned*>(&v);
+}
+
+// Async 16-byte global -> shared copy; pred false zero-fills the destination (rows past the valid range).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool pred) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(pred ? 16 : 0)
+                 : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+
+// Stage 64 rows into smem rows of LD elements: smem row r <- base + (row0 + r) * stride if row0 + r < n_valid,
+// else zeros. An invalid row's source address is clamped to `base`, so no address ever leaves the tensor.
+template <typename T, int D, int LD>
+__device__ __forceinline__ void load_tile(T* dst, const T* base, int row0, size_t stride, int n_valid) {
+    constexpr int CPR = D / 8;  // 16-byte chunks per row
+#pragma unroll
+    for (int i = 0; i < TC_BQ * CPR / 128; i++) {
+        const int c = threadIdx.x + i * 128, r = c / CPR, col = (c % CPR) * 8;
+        const bool ok = row0 + r < n_valid;
+        cp_async16(dst + r * LD + col, base + (ok ? (size_t)(row0 + r) * stride : 0) + col, ok);
+    }
+}
+
+template <typename T, int D>
+__global__ void __launch_bounds__(128)
+prefill_attention_tc(const T* __restrict__ q, const T* __restrict__ k_cache, const T* __restrict__ v_cache,
+                     const int* __restrict__ start_pos, float scale, int n_tokens, int Hq, int Hkv, int S,
+                     T* __restrict__ out) {
+    // Rows padded by 8 elements (16 bytes): the 8 row addresses of one ldmatrix then fall in 8 different
+    // 16-byte bank groups instead of all in one (a D*2-byte stride is a multiple of 128 bytes).
+    constexpr int LD = D + 8, TILE = TC_BQ * LD;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    T* Qs = reinterpret_cast<T*>(smem_raw);  // [64][LD]
+    T* Ks = Qs + TILE;                       // [2][64][LD]
+    T* Vs = Ks + 2 * TILE;                   // [2][64][LD]
+    const T* tag = nullptr;
+
+    const int h = blockIdx.x, kvh = h / (Hq / Hkv);
+    const int q0 = (gridDim.y - 1 - blockIdx.y) * TC_BQ;  // heaviest query tiles are scheduled first
+    const int sp = start_pos[0];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+    const int kv_len = min(sp + n_tokens, S);                // valid cache rows (clamped: never read past S)
+    const int n_kt = (sp + min(q0 + TC_BQ, n_tokens) - 1) / TC_BK + 1;  // tiles with a key <= the last query
+    const T* kb = k_cache + (size_t)kvh * S * D;
+    const T* vb = v_cache + (size_t)kvh * S * D;
+
+    load_tile<T, D, LD>(Qs, q + (size_t)h * D, q0, (size_t)Hq * D, n_tokens);
+    load_tile<T, D, LD>(Ks, kb, 0, D, kv_len);
+    load_tile<T, D, LD>(Vs, vb, 0, D, kv_len);
+    cp_async_commit();
+
+    // Per thread: rows r0 = 16*warp + g and r1 = r0 + 8 of the block's 64 queries.
+    const int pos0 = sp + q0 + warp * 16 + g, pos1 = pos0 + 8;
+    const float sl2 = scale * LOG2E;
+    float o[D / 8][4];                         // O accumulator: D/8 n-tiles of 16x8
+    float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.0f, l1 = 0.0f;  // l: this thread's partial row sums
+#pragma unroll
+    for (int n = 0; n < D / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    unsigned qf[D / 16][4];                    // Q A-fragments, loaded once
+
+    for (int j = 0; j < n_kt; j++) {
+        const int buf = j & 1, k0 = j * TC_BK;
+        if (j + 1 < n_kt) {  // prefetch the next tile into the other buffer while this one is used
+            load_tile<T, D, LD>(Ks + (buf ^ 1) * TILE, kb, k0 + TC_BK, D, kv_len);
+            load_tile<T, D, LD>(Vs + (buf ^ 1) * TILE, vb, k0 + TC_BK, D, kv_len);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        const T* Kt = Ks + buf * TILE;
+        const T* Vt = Vs + buf * TILE;
+        // Matrix i of an ldmatrix.x4 gets its row addresses from lanes 8i..8i+7: row lane & 7, and
+        // (lane >> 3) & 1 / lane >> 4 select which 8-row / 8-column half the matrix covers.
+        const int lr = (lane & 7) + ((lane >> 3) & 1) * 8, lc = (lane >> 4) * 8;
+        if (j == 0) {
+#pragma unroll
+            for (int kk = 0; kk < D / 16; kk++)  // a0..a3 = rows 0-7|8-15 x cols 0-7|8-15 of the 16x16 block
+                ldmatrix_x4(qf[kk], Qs + (warp * 16 + lr) * LD + kk * 16 + lc);
+        }
+
+        // S = Q K^T: 16 rows x 64 keys per warp = 8 n-tiles. K rows are keys, i.e. K^T stored "col": B frags
+        // come straight from ldmatrix (non-trans): matrices = keys 0-7|8-15 (lane >> 4) x dims 0-7|8-15.
+        float s[TC_BK / 8][4];
+#pragma unroll
+        for (int n = 0; n < TC_BK / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < D / 16; kk++)
+#pragma unroll
+            for (int p = 0; p < TC_BK / 16; p++) {
+                unsigned b[4];  // b[0], b[1]: keys 16p..16p+7;  b[2], b[3]: keys 16p+8..16p+15
+                ldmatrix_x4(b, Kt + (p * 16 + (lane & 7) + (lane >> 4) * 8) * LD + kk * 16 + ((lane >> 3) & 1) * 8);
+                mma(s[2 * p], qf[kk], b[0], b[1], tag);
+                mma(s[2 * p + 1], qf[kk], b[2], b[3], tag);
+            }
+
+        // Scale to log2 units; mask keys above the diagonal (only tiles that reach past the first query).
+        const bool diag = k0 + TC_BK - 1 > sp + q0;
+        float mx0 = NEG_INF, mx1 = NEG_INF;
+#pragma unroll
+        for (int n = 0; n < TC_BK / 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float v = s[n][e] * sl2;
+                if (diag && k0 + n * 8 + 2 * c + (e & 1) > (e < 2 ? pos0 : pos1)) v = NEG_INF;
+                s[n][e] = v;
+                if (e < 2) mx0 = fmaxf(mx0, v); else mx1 = fmaxf(mx1, v);
+            }
+        // A row lives in the 4 lanes of a quad: reduce the max over them.
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+        // Tile 0 holds key 0, visible to every row, so the running max is finite from the first tile on.
+        const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+        const float a0 = exp2f(m0 - mn0), a1 = exp2f(m1 - mn1);  // exp2(-inf) = 0 on the first tile
+        m0 = mn0; m1 = mn1;
+        float sum0 = 0.0f, sum1 = 0.0f;
+#pragma unroll
+        for (int n = 0; n < TC_BK / 8; n++) {
+            s[n][0] = exp2f(s[n][0] - mn0); s[n][1] = exp2f(s[n][1] - mn0);
+            s[n][2] = exp2f(s[n][2] - mn1); s[n][3] = exp2f(s[n][3] - mn1);
+            sum0 += s[n][0] + s[n][1];
+            sum1 += s[n][2] + s[n][3];
+        }
+        l0 = l0 * a0 + sum0;  // quad-partial sums: alpha is the same across the quad, so reduce at the end
+        l1 = l1 * a1 + sum1;
+#pragma unroll
+        for (int n = 0; n < D / 8; n++) { o[n][0] *= a0; o[n][1] *= a0; o[n][2] *= a1; o[n][3] *= a1; }
+
+        // O += P V. The S accumulators of n-tiles 2kk and 2kk+1 (keys 16kk..16kk+15) are exactly the A
+        // fragment of P for k-step kk: a0 = (row g, keys 2c..) = s[2kk][0,1], a1 = (row g+8) = s[2kk][2,3],
+        // a2 = (row g, keys 8+2c..) = s[2kk+1][0,1], a3 = s[2kk+1][2,3]. V[key][d] is row-major, so the
+        // B fragments (k = key, n = d) come from ldmatrix.trans: matrices = keys 0-7|8-15 x dims 0-7|8-15.
+#pragma unroll
+        for (int kk = 0; kk < TC_BK / 16; kk++) {
+            unsigned a[4];
+            a[0] = pack2(s[2 * kk][0], s[2 * kk][1], tag);
+            a[1] = pack2(s[2 * kk][2], s[2 * kk][3], tag);
+            a[2] = pack2(s[2 * kk + 1][0], s[2 * kk + 1][1], tag);
+            a[3] = pack2(s[2 * kk + 1][2], s[2 * kk + 1][3], tag);
+#pragma unroll
+            for (int dp = 0; dp < D / 16; dp++) {
+                unsigned b[4];  // b[0], b[1]: dims 16dp..16dp+7;  b[2], b[3]: dims 16dp+8..16dp+15
+                ldmatrix_x4_trans(b, Vt + (kk * 16 + lr) * LD + dp * 16 + lc);
+                mma(o[2 * dp], a, b[0], b[1], tag);
+                mma(o[2 * dp + 1], a, b[2], b[3], tag);
+            }
+        }
+        __syncthreads();  // everyone is done with this buffer before the next iteration refills it
+    }
+
+    // Finish the row sums across the quad, normalise, store: row r0 gets c0,c1; row r1 gets c2,c3.
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    const float inv0 = 1.0f / l0, inv1 = 1.0f / l1;
+    const int t0 = q0 + warp * 16 + g, t1 = t0 + 8;
+#pragma unroll
+    for (int n = 0; n < D / 8; n++) {
+        const int d = n * 8 + 2 * c;
+        if (t0 < n_tokens)
+            *reinterpret_cast<unsigned*>(out + ((size_t)t0 * Hq + h) * D + d) = pack2(o[n][0] * inv0, o[n][1] * inv0, tag);
+        if (t1 < n_tokens)
+            *reinterpret_cast<unsigned*>(out + ((size_t)t1 * Hq + h) * D + d) = pack2(o[n][2] * inv1, o[n][3] * inv1, tag);
+    }
+}
+
+#define GENERIC_INSTANCE(T)                                                                                   \
+    template __global__ void prefill_attention<T>(const T*, const T*, const T*, const int*, float, int, int,  \
+                                                  int, int, int, T*);
+#define TC_INSTANCE(T, D)                                                                                     \
+    template __global__ void prefill_attention_tc<T, D>(const T*, const T*, const T*, const int*, float, int, \
+                                                        int, int, int, T*);
+GENERIC_INSTANCE(float) GENERIC_INSTANCE(__half) GENERIC_INSTANCE(__nv_bfloat16)
+TC_INSTANCE(__half, 64) TC_INSTANCE(__half, 128) TC_INSTANCE(__nv_bfloat16, 64) TC_INSTANCE(__nv_bfloat16, 128)

@@ -1,0 +1,102 @@
+// rmsnorm.cu -- fused residual add + RMSNorm, one row per block:
+//     if x:  residual = T(float(residual) + float(x))          (written back: the next layer continues from it)
+//     out = T( float(w) * float(T(r * rsqrt(mean(r^2) + eps))) )  with r = float(residual)
+// The double rounding matches Hugging Face for 16-bit T: the residual add happens in T, and RMSNorm rounds the
+// normalised value to T before multiplying by the weight. For T = float both roundings are no-ops.
+//
+// Layout (row-major): x, residual, out T[rows, H]; weight T[H]. x may be nullptr (no residual add).
+// Launch: grid (rows), block = a multiple of 32 (the wrapper sizes it so one pass covers the row in 16-byte
+// chunks: 128 threads for H = 896 bf16). Math in fp32. Two passes over the row: the first adds and sums
+// squares, the second re-reads the residual it just wrote (same thread, same addresses, so no barrier is
+// needed) -- the row is a few KB and comes back from L1/L2, so holding it in registers would only cap H.
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+
+__device__ __forceinline__ float to_f32(float x) { return x; }
+__device__ __forceinline__ float to_f32(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
+template <typename T> __device__ __forceinline__ T from_f32(float x);
+template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }
+template <> __device__ __forceinline__ __half from_f32<__half>(float x) { return __float2half_rn(x); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+template <typename T> __device__ __forceinline__ T round_to(float x) { return from_f32<T>(x); }
+
+// 16 bytes seen either as one uint4 (for the load/store) or as VEC elements. A union, not a pointer cast of a
+// uint4, so the compiler keeps the elements in registers instead of spilling the chunk to the stack.
+template <typename T> union Chunk { uint4 u; T e[16 / sizeof(T)]; };
+
+__device__ __forceinline__ bool aligned16(const void* p) { return reinterpret_cast<size_t>(p) % 16 == 0; }
+
+// Sum over the block; every thread gets the result. Warp shuffles, then one value per warp through smem.
+__device__ float block_sum(float v) {
+    __shared__ float partial[32];
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, n_warps = (blockDim.x + 31) >> 5;
+    if (lane == 0) partial[warp] = v;
+    __syncthreads();
+    v = lane < n_warps ? partial[lane] : 0.0f;
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// One element of pass 1: residual (+ x) rounded to T; returns the rounded value as float.
+template <typename T>
+__device__ __forceinline__ float add_one(T& r, const T* xe, int j) {
+    float v = to_f32(r);
+    if (xe) { v += to_f32(xe[j]); r = from_f32<T>(v); v = to_f32(r); }
+    return v;
+}
+
+template <typename T>
+__global__ void add_rmsnorm(const T* x, T* residual, const T* __restrict__ weight, T* out, float eps, int H) {
+    // No __restrict__ on x/residual/out: callers may alias out with x or residual (each element is read before
+    // the same thread writes it, so aliasing is safe as long as the compiler is not told otherwise).
+    constexpr int VEC = 16 / sizeof(T);  // elements per 16-byte chunk
+    const size_t row = (size_t)blockIdx.x * H;
+    const T* xr = x ? x + row : nullptr;
+    T* rr = residual + row;
+    T* orow = out + row;
+    const bool vec = H % VEC == 0 && aligned16(rr) && aligned16(orow) && aligned16(weight) && (!xr || aligned16(xr));
+
+    // Pass 1: residual add, write back, sum of squares (of the rounded values, like HF's fp32 upcast of T).
+    float ss = 0.0f;
+    if (vec) {
+        for (int i = threadIdx.x * VEC; i < H; i += blockDim.x * VEC) {
+            Chunk<T> rv, xv;
+            rv.u = *reinterpret_cast<const uint4*>(rr + i);
+            if (xr) xv.u = *reinterpret_cast<const uint4*>(xr + i);
+#pragma unroll
+            for (int j = 0; j < VEC; j++) { float v = add_one(rv.e[j], xr ? xv.e : nullptr, j); ss += v * v; }
+            if (xr) *reinterpret_cast<uint4*>(rr + i) = rv.u;
+        }
+    } else {
+        for (int i = threadIdx.x; i < H; i += blockDim.x) {
+            T r = rr[i];
+            float v = add_one(r, xr ? xr + i : nullptr, 0);
+            if (xr) rr[i] = r;
+            ss += v * v;
+        }
+    }
+    const float inv = rsqrtf(block_sum(ss) / (float)H + eps);
+
+    // Pass 2: normalise, round to T, scale by the weight, round again.
+    if (vec) {
+        for (int i = threadIdx.x * VEC; i < H; i += blockDim.x * VEC) {
+            Chunk<T> rv, wv, ov;
+            rv.u = *reinterpret_cast<const uint4*>(rr + i);
+            wv.u = *reinterpret_cast<const uint4*>(weight + i);
+#pragma unroll
+            for (int j = 0; j < VEC; j++)
+                ov.e[j] = from_f32<T>(to_f32(wv.e[j]) * to_f32(round_to<T>(to_f32(rv.e[j]) * inv)));
+            *reinterpret_cast<uint4*>(orow + i) = ov.u;
+        }
+    } else {
+        for (int i = threadIdx.x; i < H; i += blockDim.x)
+            orow[i] = from_f32<T>(to_f32(weight[i]) * to_f32(round_to<T>(to_f32(rr[i]) * inv)));
+    }
+}
+
+template __global__ void add_rmsnorm<float>(const float*, float*, const float*, float*, float, int);
+template __global__ void add_rmsnorm<__half>(const __half*, __half*, const __half*, __half*, float, int);
+template __global__ void add_rmsnorm<__nv_bfloat16>(const __nv_bfloat16*, __nv_bfloat16*, const __nv_bfloat16*,
+                                                    __nv_bfloat16*, float, int);

@@ -1,0 +1,109 @@
+// rope.cu -- post-process the fused QKV projection of T tokens: bias, optional per-head q/k RMSNorm (Qwen3),
+// rotary embedding (HF "rotate_half" pairs (i, i + D/2)), and the KV-cache write. For token t at position
+// p = start_pos + t (start_pos read from device memory, so a decode step needs no host value):
+//     q head h: v = qkv[t, h*D:(h+1)*D] (+bias); [v = rmsnorm(v) * q_norm];  q_out[t, h]   = rotate(v, p)
+//     k head j: same at column (Hq + j)*D with k_norm;                       k_cache[j, p] = rotate(v, p)
+//     v head j: v = qkv[t, (Hq+Hkv+j)*D ...] (+bias);                        v_cache[j, p] = v
+//     rotate: out[i] = x[i]*c - x[i+D/2]*s,  out[i+D/2] = x[i+D/2]*c + x[i]*s,  c = cos[p, i], s = sin[p, i]
+// Rounding for 16-bit T follows HF: the bias add is rounded to T (it is part of the Linear output), the
+// normalised value is rounded to T before the weight multiply and again after it; the rotation runs in fp32
+// with fp32 tables and is rounded once.
+//
+// Layout (row-major): qkv T[T, (Hq+2Hkv)*D]; bias T[(Hq+2Hkv)*D] or nullptr; q_norm, k_norm T[D] or nullptr;
+// cos, sin float[S, D/2]; q_out T[T, Hq, D]; k_cache, v_cache T[Hkv, S, D].
+// Launch: block 128 threads = 4 warps, one warp per (token, head) item, grid ceil(T*(Hq+2Hkv) / 4).
+// Lane l owns the pairs (i, i + D/2) for i = l, l+32, ... (at most 4 for D <= 256), so the per-head norm is a
+// warp reduction and the rotation needs no data exchange. Decode (T = 1) is 18 warps in 5 blocks.
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+
+__device__ __forceinline__ float to_f32(float x) { return x; }
+__device__ __forceinline__ float to_f32(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
+template <typename T> __device__ __forceinline__ T from_f32(float x);
+template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }
+template <> __device__ __forceinline__ __half from_f32<__half>(float x) { return __float2half_rn(x); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+// Round an fp32 value to T and back: the value HF would hold in a T tensor at this point.
+template <typename T> __device__ __forceinline__ float rnd(float x) { return to_f32(from_f32<T>(x)); }
+
+constexpr int MAX_PAIRS = 4;  // pairs per lane: D <= 2 * 32 * 4 = 256
+
+template <typename T>
+__global__ void __launch_bounds__(128)
+rope_qkv(const T* __restrict__ qkv, const T* __restrict__ bias, const T* __restrict__ q_norm,
+         const T* __restrict__ k_norm, float eps, const float* __restrict__ cos_t, const float* __restrict__ sin_t,
+         const int* __restrict__ start_pos, int n_tokens, int Hq, int Hkv, int D, int S,
+         T* __restrict__ q_out, T* __restrict__ k_cache, T* __restrict__ v_cache) {
+    const int NH = Hq + 2 * Hkv;
+    const int item = blockIdx.x * 4 + (threadIdx.x >> 5);
+    const int lane = threadIdx.x & 31;
+    if (item >= n_tokens * NH) return;  // whole warp leaves together: no barrier below, only warp shuffles
+    const int t = item / NH, head = item % NH;
+    const int p = start_pos[0] + t;
+    if (p >= S) return;  // no room in the cache (or rope table): the host checks this; never write out of bounds
+    const int half = D / 2;
+    const int col = head * D;  // column of this head in the fused row (and in the bias)
+    const T* src = qkv + (size_t)t * NH * D + col;
+
+    // Load the pairs this lane owns, with the bias added and rounded to T (HF's Linear output).
+    float x1[MAX_PAIRS], x2[MAX_PAIRS];
+#pragma unroll
+    for (int k = 0; k < MAX_PAIRS; k++) {
+        const int i = lane + 32 * k;
+        x1[k] = x2[k] = 0.0f;
+        if (i < half) {
+            float a = to_f32(src[i]), b = to_f32(src[i + half]);
+            if (bias) { a = rnd<T>(a + to_f32(bias[col + i])); b = rnd<T>(b + to_f32(bias[col + i + half])); }
+            x1[k] = a; x2[k] = b;
+        }
+    }
+
+    if (head >= Hq + Hkv) {  // v head: straight to the cache, no norm, no rotation
+        T* dst = v_cache + ((size_t)(head - Hq - Hkv) * S + p) * D;
+#pragma unroll
+        for (int k = 0; k < MAX_PAIRS; k++) {
+            const int i = lane + 32 * k;
+            if (i < half) { dst[i] = from_f32<T>(x1[k]); dst[i + half] = from_f32<T>(x2[k]); }
+        }
+        return;
+    }
+
+    const bool is_q = head < Hq;
+    const T* norm = is_q ? q_norm : k_norm;
+    if (norm) {  // per-head RMSNorm over D (Qwen3 q_norm / k_norm), fp32 statistics
+        float ss = 0.0f;
+#pragma unroll
+        for (int k = 0; k < MAX_PAIRS; k++) ss += x1[k] * x1[k] + x2[k] * x2[k];  // unused pairs are 0
+        for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+        const float inv = rsqrtf(ss / (float)D + eps);
+#pragma unroll
+        for (int k = 0; k < MAX_PAIRS; k++) {
+            const int i = lane + 32 * k;
+            if (i < half) {
+                x1[k] = rnd<T>(to_f32(norm[i]) * rnd<T>(x1[k] * inv));
+                x2[k] = rnd<T>(to_f32(norm[i + half]) * rnd<T>(x2[k] * inv));
+            }
+        }
+    }
+
+    T* dst = is_q ? q_out + ((size_t)t * Hq + head) * D : k_cache + ((size_t)(head - Hq) * S + p) * D;
+    const float* cr = cos_t + (size_t)p * half;
+    const float* sr = sin_t + (size_t)p * half;
+#pragma unroll
+    for (int k = 0; k < MAX_PAIRS; k++) {
+        const int i = lane + 32 * k;
+        if (i < half) {
+            const float c = cr[i], s = sr[i];
+            dst[i] = from_f32<T>(x1[k] * c - x2[k] * s);
+            dst[i + half] = from_f32<T>(x2[k] * c + x1[k] * s);
+        }
+    }
+}
+
+#define ROPE_INSTANCE(T)                                                                                      \
+    template __global__ void rope_qkv<T>(const T*, const T*, const T*, const T*, float, const float*,         \
+                                         const float*, const int*, int, int, int, int, int, T*, T*, T*);
+ROPE_INSTANCE(float)
+ROPE_INSTANCE(__half)
+ROPE_INSTANCE(__nv_bfloat16)

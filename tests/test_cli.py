@@ -1,0 +1,120 @@
+"""`python -m toolkit generate` and `bench`, run in-process on the CPU with fixture models."""
+import json
+import shutil
+
+import pytest
+from conftest import FIXTURES
+
+from toolkit.__main__ import main
+
+LLAMA = str(FIXTURES / "llama")
+QWEN2 = str(FIXTURES / "qwen2")
+
+
+def _jsonl(out: str) -> list[dict]:
+    return [json.loads(line) for line in out.splitlines() if line.strip()]
+
+
+def test_jsonl_record_fields(capsys):
+    rc = main(["generate", "--model", LLAMA, "--device", "cpu", "--max-tokens", "5", "--format", "jsonl",
+               "The cat sat", "on the mat"])
+    out, err = capsys.readouterr()
+    assert rc == 0
+    recs = _jsonl(out)
+    assert [r["id"] for r in recs] == ["0", "1"]
+    r = recs[0]
+    assert r["prompt"] == "The cat sat" and r["prompt_token_ids"][0] == 1  # BOS
+    assert r["finish_reason"] in ("length", "stop") and len(r["token_ids"]) <= 5
+    assert set(r["timings"]) == {"prefill_ms", "prefill_tok_per_s", "decode_ms_per_step", "decode_tok_per_s"}
+    assert "CPU backend (requested)" in err and "tok/s" in err
+
+
+def test_text_mode_streams_and_summarises(capsys):
+    rc = main(["generate", "--model", LLAMA, "--device", "cpu", "--max-tokens", "4", "Hello"])
+    out, err = capsys.readouterr()
+    assert rc == 0 and out.endswith("\n")
+    assert "decode" in err and "ms/step" in err and "GB/s" in err
+
+
+def test_bad_requests_become_error_records(tmp_path, capsys):
+    lines = ['{"id": "ok1", "prompt": "A short one", "max_tokens": 2}',
+             "{not json",
+             '{"id": "long", "prompt": "' + "word " * 200 + '"}',
+             '{"id": "ok2", "prompt": "Another", "max_tokens": 2, "temperature": 0.8, "seed": 3}']
+    f = tmp_path / "req.jsonl"
+    f.write_text("\n".join(lines))
+    rc = main(["generate", "--model", LLAMA, "--device", "cpu", "--max-context", "64",
+               "--prompts-file", str(f), "--format", "jsonl"])
+    out, err = capsys.readouterr()
+    recs = {r["id"]: r for r in _jsonl(out)}
+    assert rc == 1
+    assert len(recs["ok1"]["token_ids"]) <= 2 and "text" in recs["ok2"]
+    assert recs["line 2"]["error"].startswith("line 2: not valid JSON")
+    assert "request long" in recs["long"]["error"] and "context holds 64" in recs["long"]["error"]
+    assert err.count("error:") == 2
+
+
+def test_seeded_sampling_is_reproducible(capsys):
+    args = ["generate", "--model", LLAMA, "--device", "cpu", "--max-tokens", "8", "--temperature", "1.0",
+            "--seed", "11", "--format", "jsonl", "Hello"]
+    main(args)
+    a = _jsonl(capsys.readouterr().out)[0]["token_ids"]
+    main(args)
+    assert _jsonl(capsys.readouterr().out)[0]["token_ids"] == a
+
+
+def test_chat_template_applied(capsys):
+    rc = main(["generate", "--model", QWEN2, "--device", "cpu", "--max-tokens", "2", "--chat",
+               "--format", "jsonl", "Hi there"])
+    rec = _jsonl(capsys.readouterr().out)[0]
+    assert rc == 0
+    from toolkit.tokenizer import Tokenizer
+    tok = Tokenizer.from_dir(QWEN2)
+    assert tok.decode(rec["prompt_token_ids"], skip_special_tokens=False).startswith("<|im_start|>")
+
+
+@pytest.mark.parametrize("flag,value", [("--max-tokens", "-1"), ("--temperature", "-0.5")])
+def test_invalid_values_are_argparse_errors(flag, value, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["generate", "--model", LLAMA, flag, value, "hi"])
+    assert e.value.code == 2 and "must be >= 0" in capsys.readouterr().err
+
+
+def test_missing_model_is_one_line_exit_2(tmp_path, capsys):
+    assert main(["generate", "--model", str(tmp_path / "nope"), "--device", "cpu", "hi"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().count("\n") == 0 and err.startswith("error:") and "Traceback" not in err
+
+
+def test_missing_tensor_names_file_and_tensor(tmp_path, capsys):
+    """A checkpoint without one tensor: the error names the file and the tensor."""
+    from safetensors.numpy import load_file, save_file
+
+    model = tmp_path / "m"
+    shutil.copytree(LLAMA, model)
+    tensors = load_file(str(model / "model.safetensors"))
+    del tensors["model.layers.1.mlp.down_proj.weight"]
+    save_file(tensors, str(model / "model.safetensors"), metadata={"format": "pt"})
+    assert main(["generate", "--model", str(model), "--device", "cpu", "hi"]) == 2
+    err = capsys.readouterr().err
+    assert "model.safetensors: missing tensor 'model.layers.1.mlp.down_proj.weight'" in err
+
+
+def test_unsupported_model_type(tmp_path, capsys):
+    model = tmp_path / "m"
+    shutil.copytree(LLAMA, model)
+    cfg = json.loads((model / "config.json").read_text())
+    cfg["model_type"] = "gpt_neox"
+    (model / "config.json").write_text(json.dumps(cfg))
+    assert main(["generate", "--model", str(model), "--device", "cpu", "hi"]) == 2
+    assert "unsupported model_type 'gpt_neox'" in capsys.readouterr().err
+
+
+def test_bench_runs_on_cpu(capsys):
+    rc = main(["bench", "--shape", "tiny", "--device", "cpu", "--prefill", "8,32", "--decode", "4",
+               "--repeats", "2", "--warmup", "0", "--format", "json"])
+    data = json.loads(capsys.readouterr().out)
+    assert rc == 0
+    assert [r["test"] for r in data["results"]] == ["pp8", "pp32", "tg4"]
+    assert all(r["tok_per_s"] > 0 for r in data["results"])
+    assert data["environment"]["backend"] == "cpu"

@@ -1,0 +1,206 @@
+"""Text <-> token ids, behaving like Hugging Face's fast tokenizer for the same model folder.
+
+The heavy lifting (normalisation, pre-tokenisation, BPE merges, byte fallback, decoders) is done by the
+`tokenizers` package from the folder's `tokenizer.json`. What this file adds is what transformers layers on
+top: which special token ids exist (BOS/EOS/PAD) and when BOS/EOS are added around the text.
+
+Two families matter in practice:
+- byte-level BPE (Qwen, Llama 3): bytes mapped to printable chars, `ByteLevel` decoder. Qwen adds no BOS;
+  Llama 3's tokenizer.json post-processor adds <|begin_of_text|>.
+- SentencePiece-style BPE with byte fallback (Llama 2, Mistral): `▁` marks word starts, rare characters are
+  spelled as <0xNN> byte tokens, and tokenizer_config.json says `add_bos_token: true`.
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from tokenizers import Tokenizer as _HFTokenizer
+
+from toolkit.errors import ToolkitError
+
+# The named special tokens transformers passes to chat templates (its SPECIAL_TOKENS_ATTRIBUTES).
+SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+
+# How SentencePiece byte fallback spells a raw byte: "<0x0A>".
+_BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")
+
+
+def read_json(path: Path, required: bool = False) -> dict:
+    """Parse a JSON object file; a missing optional file reads as {}. Errors name the file."""
+    if not path.is_file():
+        if required:
+            raise ToolkitError(f"{path.name} not found in {path.parent}")
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ToolkitError(f"cannot read {path}: {e}") from None
+    if not isinstance(data, dict):
+        raise ToolkitError(f"{path} does not hold a JSON object")
+    return data
+
+
+def token_content(entry) -> str | None:
+    """tokenizer_config entries are either "<s>" or an AddedToken dict {"content": "<s>", "lstrip": ...}."""
+    if isinstance(entry, dict):
+        entry = entry.get("content")
+    return entry if isinstance(entry, str) else None
+
+
+def read_special_tokens(model_dir: Path) -> dict[str, str]:
+    """Named special tokens as strings, the way transformers' `special_tokens_map` shows them.
+
+    tokenizer_config.json wins over the older special_tokens_map.json. Unset tokens are left out rather
+    than mapped to None, so a chat template sees them as undefined (renders "") exactly as under transformers.
+    """
+    merged = {**read_json(model_dir / "special_tokens_map.json"), **read_json(model_dir / "tokenizer_config.json")}
+    out = {}
+    for name in SPECIAL_TOKEN_NAMES:
+        value = token_content(merged.get(name))
+        if value is not None:
+            out[name] = value
+    return out
+
+
+def _id_list(value) -> list[int]:
+    """generation_config/config eos_token_id may be an int, a list of ints, or null."""
+    if isinstance(value, bool):
+        return []
+    if isinstance(value, int):
+        return [value]
+    if isinstance(value, list):
+        return [v for v in value if isinstance(v, int) and not isinstance(v, bool)]
+    return []
+
+
+class Tokenizer:
+    """A model's tokenizer: `encode`, `decode`, and the special token ids generation needs."""
+
+    def __init__(self, backend: _HFTokenizer, tokenizer_config: dict | None = None,
+                 generation_config: dict | None = None, model_config: dict | None = None,
+                 special_tokens: dict[str, str] | None = None):
+        self._tok = backend
+        tc = tokenizer_config or {}
+        gc = generation_config or {}
+        mc = model_config or {}
+        self.special_tokens: dict[str, str] = dict(special_tokens or {})
+        for name in SPECIAL_TOKEN_NAMES:  # a bare __init__ (tests, no folder) still gets tokenizer_config's
+            if name not in self.special_tokens and token_content(tc.get(name)) is not None:
+                self.special_tokens[name] = token_content(tc[name])
+
+        def named_id(name: str, key: str) -> int | None:
+            # tokenizer_config decides when it names the token at all (Qwen says bos_token: null, and HF's
+            # tokenizer.bos_token_id is then None even though config.json has a bos_token_id).
+            if name in tc:
+                text = self.special_tokens.get(name)
+                return None if text is None else self._tok.token_to_id(text)
+            if name in self.special_tokens:  # from special_tokens_map.json
+                return self._tok.token_to_id(self.special_tokens[name])
+            ids = _id_list(gc.get(key)) or _id_list(mc.get(key))
+            return ids[0] if ids else None
+
+        self.bos_id: int | None = named_id("bos_token", "bos_token_id")
+        self.pad_id: int | None = named_id("pad_token", "pad_token_id")
+        # Generation stops on any of these: instruct models list several (Llama 3: <|end_of_text|>, <|eom_id|>,
+        # <|eot_id|>; Qwen: <|im_end|>, <|endoftext|>). config.json only speaks when generation_config doesn't.
+        eos = set(_id_list(gc.get("eos_token_id")) or _id_list(mc.get("eos_token_id")))
+        eos_text = self.special_tokens.get("eos_token")
+        if eos_text is not None and self._tok.token_to_id(eos_text) is not None:
+            eos.add(self._tok.token_to_id(eos_text))
+        self.eos_ids: frozenset[int] = frozenset(eos)
+        self.eos_id: int | None = None if eos_text is None else self._tok.token_to_id(eos_text)
+        if self.eos_id is None and self.eos_ids:
+            self.eos_id = min(self.eos_ids)
+
+        # What tokenizer.json's post-processor adds by itself (Llama 3's adds <|begin_of_text|>, Qwen's nothing).
+        bare = self._tok.encode("a", add_special_tokens=False).ids
+        full = self._tok.encode("a", add_special_tokens=True).ids
+        self._post_bos = self.bos_id is not None and full[:1] == [self.bos_id] and bare[:1] != [self.bos_id]
+        self._post_eos = self.eos_id is not None and full[-1:] == [self.eos_id] and bare[-1:] != [self.eos_id]
+        # add_bos_token/add_eos_token from tokenizer_config add what the post-processor lacks (transformers v4's
+        # LlamaTokenizerFast rebuilt its post-processor from them). A false flag removes nothing: v5 ignores the
+        # flags whenever tokenizer.json exists. Real Llama 2/Mistral folders say add_bos_token and their
+        # post-processor adds <s> as well, so every version agrees on them.
+        self._flag_bos = bool(tc.get("add_bos_token")) and self.bos_id is not None and not self._post_bos
+        self._flag_eos = bool(tc.get("add_eos_token")) and self.eos_id is not None and not self._post_eos
+        self.add_bos: bool = self._post_bos or self._flag_bos
+        self.add_eos: bool = self._post_eos or self._flag_eos
+        self._byte_ids: frozenset[int] | None = None
+
+    @classmethod
+    def from_dir(cls, model_dir: str | Path) -> "Tokenizer":
+        """Load from a Hugging Face model folder (tokenizer.json required; the config files are optional)."""
+        d = Path(model_dir)
+        path = d / "tokenizer.json"
+        if not path.is_file():
+            hint = " (only tokenizer.model found: SentencePiece-only folders are not supported)" \
+                if (d / "tokenizer.model").is_file() else ""
+            raise ToolkitError(f"tokenizer.json not found in {d}{hint}")
+        try:
+            backend = _HFTokenizer.from_file(str(path))
+        except Exception as e:  # the Rust side raises plain Exception with a serde message
+            raise ToolkitError(f"cannot load {path}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") \
+                from None
+        return cls(backend, read_json(d / "tokenizer_config.json"), read_json(d / "generation_config.json"),
+                   read_json(d / "config.json"), read_special_tokens(d))
+
+    # --- text <-> ids -------------------------------------------------------------------------------------
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids for `text`; with add_special_tokens, BOS/EOS exactly as HF's fast tokenizer adds them.
+
+        Chat prompts are rendered by the template with BOS already in the text: encode those with
+        add_special_tokens=False.
+        """
+        if not isinstance(text, str):
+            raise TypeError(f"encode() wants a str, got {type(text).__name__}")
+        ids = self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+        if add_special_tokens and self._flag_bos:
+            ids.insert(0, self.bos_id)
+        if add_special_tokens and self._flag_eos:
+            ids.append(self.eos_id)
+        return ids
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        """Text for `ids`. Like transformers v5, no clean_up_tokenization_spaces: it skips that for BPE models."""
+        return self._tok.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
+
+    # --- vocabulary ----------------------------------------------------------------------------------------
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of token ids including added tokens (may be less than the model's embedding rows)."""
+        return self._tok.get_vocab_size(with_added_tokens=True)
+
+    def token_to_id(self, token: str) -> int | None:
+        return self._tok.token_to_id(token)
+
+    def id_to_token(self, token_id: int) -> str | None:
+        return self._tok.id_to_token(int(token_id))
+
+    @property
+    def byte_fallback_ids(self) -> frozenset[int]:
+        """Ids of <0xNN> byte tokens when the model uses SentencePiece byte fallback, else empty.
+
+        The streaming detokenizer needs them: the ByteFallback decoder turns a whole run of byte tokens into
+        U+FFFD if the run is not valid UTF-8, so text is only final once such a run has ended.
+        """
+        if self._byte_ids is None:
+            ids = set()
+            if getattr(self._tok.model, "byte_fallback", False):  # BPE and Unigram models carry the flag
+                for token, i in self._tok.get_vocab(with_added_tokens=False).items():
+                    if len(token) == 6 and _BYTE_TOKEN.fullmatch(token):
+                        ids.add(i)
+            self._byte_ids = frozenset(ids)
+        return self._byte_ids
+
+    @property
+    def special_ids(self) -> frozenset[int]:
+        """Ids of added tokens flagged special (those decode(skip_special_tokens=True) drops)."""
+        return frozenset(i for i, t in self._tok.get_added_tokens_decoder().items() if t.special)
+
+    def __repr__(self) -> str:
+        return (f"Tokenizer(vocab_size={self.vocab_size}, bos_id={self.bos_id}, eos_ids={sorted(self.eos_ids)}, "
+                f"add_bos={self.add_bos})")
