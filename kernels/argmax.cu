@@ -2,11 +2,14 @@
 // np.argmax, the first NaN wins if there is one (a NaN logit is a bug worth surfacing, not hiding).
 //
 // Layout: logits float[R, V] (row-major; always fp32: the lm_head GEMM writes fp32); out int32[R].
-// Launch: grid (R), block 1024: one block per row. Each thread scans a strided slice with float4 loads
-// (4 in flight per iteration to cover DRAM latency: a 152k-entry row is 600 KB read by a single SM), keeps its
-// best (value, index), then a warp-shuffle and a shared-memory round reduce the candidates.
-// -inf without <math.h> (NVRTC has no INFINITY macro).
-#define NEG_INF __int_as_float(0xff800000)
+// Launch: grid (ceil(V / chunk), R), block 256; the wrapper uses chunk = 4096, so each thread has 4 float4
+// loads in flight and a 152k vocabulary is read by 38 SMs at once (one block per row, a single SM, was
+// bandwidth-bound at ~16 us). Each block reduces its chunk to one (value, index) candidate and merges it into
+// ws[r] with a 64-bit atomicMax on a packed key: high word = the value's bits mapped to an unsigned order
+// (NaN above +inf), low word = ~index (so among equal values the lowest index is the largest key). The last
+// block of a row to finish (counted in counters[r]) writes out[r] and zeroes ws[r] and counters[r] again, so
+// the next call, or a CUDA-graph replay, starts clean. ws and counters (one per row) must start at zero.
+#define NEG_INF __int_as_float(0xff800000)  // NVRTC has no INFINITY macro
 
 // Is candidate (v, i) better than (bv, bi)? NaN beats numbers; among equals (or NaNs) the lower index wins.
 __device__ __forceinline__ bool better(float v, int i, float bv, int bi) {
@@ -15,19 +18,29 @@ __device__ __forceinline__ bool better(float v, int i, float bv, int bi) {
     return v > bv || (v == bv && i < bi);
 }
 
-extern "C" __global__ void __launch_bounds__(1024) argmax(const float* __restrict__ logits, int V, int* __restrict__ out) {
-    const float* row = logits + (size_t)blockIdx.x * V;
+// Packed key whose unsigned order is `better`'s order. Never 0 for a real candidate (0 = "nothing yet").
+__device__ __forceinline__ unsigned long long pack(float v, int i) {
+    unsigned u = __float_as_uint(v);
+    u = isnan(v) ? 0xffffffffu : (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+    return ((unsigned long long)u << 32) | (unsigned)(~i);
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+argmax(const float* __restrict__ logits, int V, int chunk, unsigned long long* __restrict__ ws,
+       unsigned* __restrict__ counters, int* __restrict__ out) {
+    const int r = blockIdx.y;
+    const float* row = logits + (size_t)r * V;
+    const int begin = blockIdx.x * chunk, end = min(begin + chunk, V);
     float best = NEG_INF;
-    int best_i = 0x7fffffff;  // sentinel: any real index is lower, so a real -inf row still reports index 0
+    int best_i = 0x7fffffff;  // sentinel: any real index is lower, so -inf values still get picked
     auto take = [&](float v, int i) { if (better(v, i, best, best_i)) { best = v; best_i = i; } };
 
-    const bool vec = V % 4 == 0 && reinterpret_cast<size_t>(row) % 16 == 0;
-    if (vec) {
+    if (V % 4 == 0 && chunk % 4 == 0 && reinterpret_cast<size_t>(row) % 16 == 0) {
         const float4* r4 = reinterpret_cast<const float4*>(row);
-        const int n4 = V / 4;
         constexpr int UNROLL = 4;
-        int c = threadIdx.x;
-        // Main loop: UNROLL independent 16-byte loads issued before any is used.
+        int c = begin / 4 + threadIdx.x;
+        const int n4 = end / 4;
+        // UNROLL independent 16-byte loads issued before any is used.
         for (; c + (UNROLL - 1) * (int)blockDim.x < n4; c += UNROLL * blockDim.x) {
             float4 v[UNROLL];
 #pragma unroll
@@ -43,10 +56,10 @@ extern "C" __global__ void __launch_bounds__(1024) argmax(const float* __restric
             take(v.x, 4 * c); take(v.y, 4 * c + 1); take(v.z, 4 * c + 2); take(v.w, 4 * c + 3);
         }
     } else {
-        for (int i = threadIdx.x; i < V; i += blockDim.x) take(row[i], i);
+        for (int i = begin + threadIdx.x; i < end; i += blockDim.x) take(row[i], i);
     }
 
-    // Warp reduction, then the warp winners through shared memory to warp 0.
+    // Block reduction: warp shuffles, then the warp winners through shared memory to warp 0.
     for (int o = 16; o > 0; o >>= 1) {
         const float v = __shfl_xor_sync(0xffffffffu, best, o);
         const int i = __shfl_xor_sync(0xffffffffu, best_i, o);
@@ -57,15 +70,23 @@ extern "C" __global__ void __launch_bounds__(1024) argmax(const float* __restric
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     if (lane == 0) { s_v[warp] = best; s_i[warp] = best_i; }
     __syncthreads();
-    if (warp == 0) {
-        const int n_warps = (blockDim.x + 31) >> 5;
-        best = lane < n_warps ? s_v[lane] : NEG_INF;
-        best_i = lane < n_warps ? s_i[lane] : 0x7fffffff;
-        for (int o = 16; o > 0; o >>= 1) {
-            const float v = __shfl_xor_sync(0xffffffffu, best, o);
-            const int i = __shfl_xor_sync(0xffffffffu, best_i, o);
-            take(v, i);
-        }
-        if (lane == 0) out[blockIdx.x] = best_i == 0x7fffffff ? 0 : best_i;
+    if (warp != 0) return;
+    const int n_warps = (blockDim.x + 31) >> 5;
+    best = lane < n_warps ? s_v[lane] : NEG_INF;
+    best_i = lane < n_warps ? s_i[lane] : 0x7fffffff;
+    for (int o = 16; o > 0; o >>= 1) {
+        const float v = __shfl_xor_sync(0xffffffffu, best, o);
+        const int i = __shfl_xor_sync(0xffffffffu, best_i, o);
+        take(v, i);
+    }
+    if (lane != 0) return;
+
+    // Merge across blocks. The fence orders our atomicMax before our count, so the last block sees every key.
+    if (best_i != 0x7fffffff) atomicMax(ws + r, pack(best, best_i));
+    __threadfence();
+    if (atomicAdd(counters + r, 1u) == gridDim.x - 1) {
+        const unsigned long long key = atomicExch(ws + r, 0ull);  // read and reset for the next call
+        counters[r] = 0;
+        out[r] = key ? (int)~(unsigned)key : 0;
     }
 }

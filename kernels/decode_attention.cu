@@ -10,16 +10,18 @@
 // Kernel 1 (decode_attention_partial<T, D>): grid (Hkv * ceil(G / 8), n_splits), block 128 (4 warps).
 //   A block owns up to 8 q heads of one GQA group, so every K/V byte is read once for the whole group.
 //   The keys 0..length-1 are divided evenly over the splits (chunk = ceil(length / n_splits), rounded up to a
-//   tile); splits past the end write an empty partial (max -inf, sum 0). A block sweeps its chunk in tiles:
+//   tile), so the work spreads over the GPU at any length; splits past the end write an empty partial
+//   (max -inf, sum 0). A block sweeps its chunk in tiles of KT keys:
 //     - LPK lanes share one key row, each reading a 16-byte chunk (D=64 bf16: 8 lanes/key, 4 keys per warp);
 //       key group kg = warp * KPW + lane / LPK reads keys tile + j * KPG + kg, j < 4 (coalesced rows).
 //       K and V of the tile are loaded together up front so both DRAM round trips overlap.
-//     - scores: per-lane partial dot products, reduced over the LPK lanes with xor shuffles -> smem s_p.
-//     - one warp per head turns the tile's scores into p = 2^(s - m_new) and updates (m, l) in smem.
-//     - every thread rescales its accumulators by alpha = 2^(m_old - m_new) and adds p * v for its keys.
-//   Threads keep partial sums over different keys; they are added once at the end (shuffles, then smem).
-// Kernel 2 (decode_attention_combine<T>): grid (Hq), block 128: merges the splits' partials with weights
-//   2^(m_s - M), skipping empty splits, and writes out[h] in T.
+//     - scores: per-lane partial dot products (q from smem), reduced over the LPK lanes with xor shuffles.
+//     - each warp keeps its own online softmax (running max m, sum l per head; shuffles over its key groups),
+//       so the tile loop has no barrier: p = 2^(s - m_new), acc = acc * 2^(m_old - m_new) + sum p * v.
+//   At the end the lanes' partial sums are added (shuffles), and the 4 warps merged through smem, each
+//   rescaled from its own max to the block's.
+// Kernel 2 (decode_attention_combine<T, D>): grid (Hq), block 256: merges the non-empty splits' partials
+//   with weights 2^(m_s - M) / sum_s(l_s 2^(m_s - M)) and writes out[h] in T.
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 
@@ -52,64 +54,68 @@ struct Shape {
     static_assert(D % VEC == 0 && (CH <= 32 ? 32 % CH == 0 : CH % 32 == 0), "unsupported head dim");
 };
 
+// Keys per split: the length spread evenly over the splits, rounded up to whole tiles. Both kernels compute it
+// from the device-side length, so splits 0..ceil(length / chunk)-1 are exactly the non-empty ones.
+__device__ __forceinline__ int split_chunk(int length, int n_splits, int kt) {
+    const int c = (length + n_splits - 1) / n_splits;
+    return max(kt, (c + kt - 1) / kt * kt);  // >= kt: never 0, even for a bogus length <= 0
+}
+
+// (128, 3): caps registers at 170 so 3 blocks fit per SM; with the plain bound ptxas picked a small spill for fp32.
 template <typename T, int D>
-__global__ void __launch_bounds__(128)
+__global__ void __launch_bounds__(128, 3)
 decode_attention_partial(const T* __restrict__ q, const T* __restrict__ k_cache, const T* __restrict__ v_cache,
                          const int* __restrict__ start_pos, float scale_log2, int Hq, int Hkv, int S,
                          int n_splits, float* __restrict__ ws_ml, float* __restrict__ ws_acc) {
     using Sh = Shape<T, D>;
     constexpr int VEC = Sh::VEC, LPK = Sh::LPK, NV = Sh::NV, KPW = Sh::KPW, KPG = Sh::KPG, KT = Sh::KT;
+    constexpr int X = NV * VEC;                        // output dims per lane
     const int G = Hq / Hkv, n_hg = (G + MAXG - 1) / MAXG;
     const int kvh = blockIdx.x / n_hg, hg = blockIdx.x % n_hg;
     const int h0 = kvh * G + hg * MAXG;                // first q head of this block
     const int Gb = min(MAXG, G - hg * MAXG);           // q heads in this block (uniform: guards never diverge)
     const int split = blockIdx.y;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int slice = lane % LPK;                      // this lane reads chunks slice, slice + LPK, ... of a row
+    const int kg = warp * KPW + lane / LPK;            // key group: keys tile + j * KPG + kg
 
+    __shared__ __align__(16) float s_q[MAXG][D];       // q, pre-scaled by scale * log2(e): exp2f gives softmax
+    __shared__ float s_m[4][MAXG], s_l[4][MAXG];       // per-warp running max / sum, merged at the end
+    __shared__ float s_red[4][MAXG][D];                // per-warp accumulators, merged at the end
+    // q is loaded before start_pos is known, so the two global-memory round trips overlap.
+    for (int i = tid; i < Gb * D; i += blockDim.x) s_q[i / D][i % D] = to_f32(q[(size_t)h0 * D + i]) * scale_log2;
     const int length = min(start_pos[0] + 1, S);
-    int chunk = (length + n_splits - 1) / n_splits;
-    chunk = (chunk + KT - 1) / KT * KT;
+    const int chunk = split_chunk(length, n_splits, KT);
     const int k_begin = split * chunk, k_end = min(k_begin + chunk, length);
-    if (k_begin >= k_end) {  // nothing here: an empty partial the combine kernel skips
+    if (k_begin >= k_end) {  // nothing here (the combine kernel only reads non-empty splits)
         if (tid < Gb) {
             ws_ml[2 * ((size_t)(h0 + tid) * n_splits + split)] = NEG_INF;
             ws_ml[2 * ((size_t)(h0 + tid) * n_splits + split) + 1] = 0.0f;
         }
         return;
     }
+    __syncthreads();  // s_q ready
 
-    const int slice = lane % LPK;              // this lane reads chunks slice, slice + LPK, ... of a row
-    const int kg = warp * KPW + lane / LPK;    // key group
-
-    // q slices in registers, pre-scaled by scale * log2(e) so that exp2f gives the softmax weights.
-    float qf[MAXG][NV * VEC], acc[MAXG][NV * VEC];
+    // Each warp runs its own online softmax over its own keys (no barrier inside the loop): running max m and
+    // sum l per head (the same in every lane), and per lane the unnormalised output for its X dims.
+    float m[MAXG], l[MAXG], acc[MAXG][X];
 #pragma unroll
-    for (int g = 0; g < MAXG; g++)
+    for (int g = 0; g < MAXG; g++) {
+        m[g] = NEG_INF; l[g] = 0.0f;
 #pragma unroll
-        for (int v = 0; v < NV; v++) {
-            Chunk<T> c;
-            c.u = make_uint4(0, 0, 0, 0);
-            if (g < Gb) c.u = *reinterpret_cast<const uint4*>(q + (size_t)(h0 + g) * D + (v * LPK + slice) * VEC);
-#pragma unroll
-            for (int e = 0; e < VEC; e++) { qf[g][v * VEC + e] = to_f32(c.e[e]) * scale_log2; acc[g][v * VEC + e] = 0.0f; }
-        }
-
-    __shared__ float s_p[MAXG][KT];                    // scores, then probabilities, of the current tile
-    __shared__ float s_m[MAXG], s_l[MAXG], s_alpha[MAXG];
-    __shared__ float s_red[4][MAXG][D];                // final cross-warp reduction
-    if (tid < MAXG) { s_m[tid] = NEG_INF; s_l[tid] = 0.0f; }
-
+        for (int x = 0; x < X; x++) acc[g][x] = 0.0f;
+    }
     const T* kb = k_cache + (size_t)kvh * S * D;
     const T* vb = v_cache + (size_t)kvh * S * D;
     for (int kt0 = k_begin; kt0 < k_end; kt0 += KT) {
+        // K and V of the tile are loaded together, so both DRAM round trips overlap.
         Chunk<T> kc[KPT][NV], vc[KPT][NV];
 #pragma unroll
         for (int j = 0; j < KPT; j++) {
             const int key = kt0 + j * KPG + kg;
 #pragma unroll
             for (int v = 0; v < NV; v++) {
-                // Keys past the chunk read as zeros: their p is 0 and 0 * 0 never makes a NaN.
-                kc[j][v].u = vc[j][v].u = make_uint4(0, 0, 0, 0);
+                kc[j][v].u = vc[j][v].u = make_uint4(0, 0, 0, 0);  // keys past the chunk: zeros, never NaN
                 if (key < k_end) {
                     const size_t off = (size_t)key * D + (v * LPK + slice) * VEC;
                     kc[j][v].u = *reinterpret_cast<const uint4*>(kb + off);
@@ -117,125 +123,144 @@ decode_attention_partial(const T* __restrict__ q, const T* __restrict__ k_cache,
                 }
             }
         }
-        // Scores (log2 units) into s_p; the LPK lanes of a key sum their partial dots with xor shuffles.
-#pragma unroll
-        for (int j = 0; j < KPT; j++) {
-            const bool valid = kt0 + j * KPG + kg < k_end;
-#pragma unroll
-            for (int g = 0; g < MAXG; g++) {
-                if (g < Gb) {
-                    float s = 0.0f;
-#pragma unroll
-                    for (int v = 0; v < NV; v++)
-#pragma unroll
-                        for (int e = 0; e < VEC; e++) s += qf[g][v * VEC + e] * to_f32(kc[j][v].e[e]);
-#pragma unroll
-                    for (int o = LPK / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-                    if (slice == 0) s_p[g][j * KPG + kg] = valid ? s : NEG_INF;
-                }
-            }
-        }
-        __syncthreads();
-        // Online softmax statistics: one warp per head. The tile's first key is valid, so m_new is finite.
-        for (int g = warp; g < Gb; g += 4) {
-            float mx = NEG_INF;
-            for (int k = lane; k < KT; k += 32) mx = fmaxf(mx, s_p[g][k]);
-            for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-            const float m_old = s_m[g], m_new = fmaxf(m_old, mx);
-            float sum = 0.0f;
-            for (int k = lane; k < KT; k += 32) { const float p = exp2f(s_p[g][k] - m_new); s_p[g][k] = p; sum += p; }
-            for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-            if (lane == 0) {
-                const float alpha = exp2f(m_old - m_new);  // m_old = -inf on the first tile: alpha = 0
-                s_alpha[g] = alpha;
-                s_l[g] = s_l[g] * alpha + sum;
-                s_m[g] = m_new;
-            }
-        }
-        __syncthreads();
-        // acc = acc * alpha + sum_j p_j * v_j over this thread's keys.
 #pragma unroll
         for (int g = 0; g < MAXG; g++) {
-            if (g < Gb) {
-                const float alpha = s_alpha[g];
+            if (g >= Gb) continue;  // uniform across the block
+            float qv[X];
 #pragma unroll
-                for (int x = 0; x < NV * VEC; x++) acc[g][x] *= alpha;
+            for (int v = 0; v < NV; v++)
 #pragma unroll
-                for (int j = 0; j < KPT; j++) {
-                    const float p = s_p[g][j * KPG + kg];
+                for (int e = 0; e < VEC; e++) qv[v * VEC + e] = s_q[g][(v * LPK + slice) * VEC + e];
+            // Scores of this lane's KPT keys; the LPK lanes of a key sum their partial dots with xor shuffles.
+            float sc[KPT], mx = NEG_INF;
 #pragma unroll
-                    for (int v = 0; v < NV; v++)
-#pragma unroll
-                        for (int e = 0; e < VEC; e++) acc[g][v * VEC + e] += p * to_f32(vc[j][v].e[e]);
-                }
-            }
-        }
-        __syncthreads();  // s_p is overwritten by the next tile
-    }
-
-    // Lanes with the same slice hold sums over different keys: add them within the warp, then across warps.
-#pragma unroll
-    for (int g = 0; g < MAXG; g++) {
-        if (g < Gb) {
-#pragma unroll
-            for (int x = 0; x < NV * VEC; x++)
-#pragma unroll
-                for (int o = LPK; o < 32; o <<= 1) acc[g][x] += __shfl_xor_sync(0xffffffffu, acc[g][x], o);
-            if (lane < LPK)
+            for (int j = 0; j < KPT; j++) {
+                float d = 0.0f;
 #pragma unroll
                 for (int v = 0; v < NV; v++)
 #pragma unroll
-                    for (int e = 0; e < VEC; e++) s_red[warp][g][(v * LPK + slice) * VEC + e] = acc[g][v * VEC + e];
+                    for (int e = 0; e < VEC; e++) d += qv[v * VEC + e] * to_f32(kc[j][v].e[e]);
+#pragma unroll
+                for (int o = LPK / 2; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
+                sc[j] = kt0 + j * KPG + kg < k_end ? d : NEG_INF;
+                mx = fmaxf(mx, sc[j]);
+            }
+#pragma unroll
+            for (int o = LPK; o < 32; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));  // warp max
+            // A warp may have seen no valid key yet (m_new = -inf): subtract 0 then, so every exp2 is of -inf
+            // (= 0) and nothing becomes NaN.
+            const float m_new = fmaxf(m[g], mx), base = m_new == NEG_INF ? 0.0f : m_new;
+            const float alpha = exp2f(m[g] - base);
+            float ps = 0.0f;
+#pragma unroll
+            for (int j = 0; j < KPT; j++) { sc[j] = exp2f(sc[j] - base); ps += sc[j]; }
+#pragma unroll
+            // Sum over the warp's key groups (lanes of equal slice): each key is counted once.
+            for (int o = LPK; o < 32; o <<= 1) ps += __shfl_xor_sync(0xffffffffu, ps, o);
+            l[g] = l[g] * alpha + ps;
+            m[g] = m_new;
+#pragma unroll
+            for (int x = 0; x < X; x++) {
+                float a = acc[g][x] * alpha;
+#pragma unroll
+                for (int j = 0; j < KPT; j++) a += sc[j] * to_f32(vc[j][x / VEC].e[x % VEC]);
+                acc[g][x] = a;
+            }
         }
+    }
+
+    // Merge: lanes with the same slice hold different keys (add them), then the 4 warps through smem, each
+    // rescaled from its own max to the block max.
+#pragma unroll
+    for (int g = 0; g < MAXG; g++) {
+        if (g >= Gb) continue;
+#pragma unroll
+        for (int x = 0; x < X; x++)
+#pragma unroll
+            for (int o = LPK; o < 32; o <<= 1) acc[g][x] += __shfl_xor_sync(0xffffffffu, acc[g][x], o);
+        if (lane < LPK)
+#pragma unroll
+            for (int v = 0; v < NV; v++)
+#pragma unroll
+                for (int e = 0; e < VEC; e++) s_red[warp][g][(v * LPK + slice) * VEC + e] = acc[g][v * VEC + e];
+        if (lane == 0) { s_m[warp][g] = m[g]; s_l[warp][g] = l[g]; }
     }
     __syncthreads();
     for (int i = tid; i < Gb * D; i += blockDim.x) {
         const int g = i / D, d = i % D;
-        ws_acc[((size_t)(h0 + g) * n_splits + split) * D + d] = s_red[0][g][d] + s_red[1][g][d] + s_red[2][g][d] + s_red[3][g][d];
-    }
-    if (tid < Gb) {
-        ws_ml[2 * ((size_t)(h0 + tid) * n_splits + split)] = s_m[tid];
-        ws_ml[2 * ((size_t)(h0 + tid) * n_splits + split) + 1] = s_l[tid];
+        const float M = fmaxf(fmaxf(s_m[0][g], s_m[1][g]), fmaxf(s_m[2][g], s_m[3][g]));  // finite: chunk non-empty
+        float o = 0.0f, L = 0.0f;
+#pragma unroll
+        for (int w = 0; w < 4; w++) {
+            const float f = exp2f(s_m[w][g] - M);  // a warp without valid keys has m = -inf: weight 0
+            o += f * s_red[w][g][d];
+            L += f * s_l[w][g];
+        }
+        ws_acc[((size_t)(h0 + g) * n_splits + split) * D + d] = o;
+        if (d == 0) {
+            ws_ml[2 * ((size_t)(h0 + g) * n_splits + split)] = M;
+            ws_ml[2 * ((size_t)(h0 + g) * n_splits + split) + 1] = L;
+        }
     }
 }
 
 // Reduce over the block (blockDim a multiple of 32); every thread gets the result. `scratch` holds 32 floats.
 template <bool MAX>
 __device__ float block_reduce(float v, float* scratch) {
-    for (int o = 16; o > 0; o >>= 1) { const float w = __shfl_xor_sync(0xffffffffu, v, o); v = MAX ? fmaxf(v, w) : v + w; }
+    for (int o = 16; o > 0; o >>= 1) {
+        const float w = __shfl_xor_sync(0xffffffffu, v, o);
+        v = MAX ? fmaxf(v, w) : v + w;
+    }
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     if (lane == 0) scratch[warp] = v;
     __syncthreads();
     v = lane < (int)(blockDim.x >> 5) ? scratch[lane] : (MAX ? NEG_INF : 0.0f);
-    for (int o = 16; o > 0; o >>= 1) { const float w = __shfl_xor_sync(0xffffffffu, v, o); v = MAX ? fmaxf(v, w) : v + w; }
+    for (int o = 16; o > 0; o >>= 1) {
+        const float w = __shfl_xor_sync(0xffffffffu, v, o);
+        v = MAX ? fmaxf(v, w) : v + w;
+    }
     return v;
 }
 
-template <typename T>
-__global__ void __launch_bounds__(128)
-decode_attention_combine(const float* __restrict__ ws_ml, const float* __restrict__ ws_acc, int n_splits, int D,
-                         T* __restrict__ out) {
-    __shared__ float s_w[MAX_SPLITS];
+// Block 256 = (D/4 float4 columns) x (256 / (D/4) split slices): thread (slice, col) sums splits slice,
+// slice + NSL, ... of its 4 output dims, so the partial rows are read with many loads in flight at once;
+// the slices are then added through shared memory.
+template <typename T, int D>
+__global__ void __launch_bounds__(256)
+decode_attention_combine(const float* __restrict__ ws_ml, const float* __restrict__ ws_acc,
+                         const int* __restrict__ start_pos, int S, int n_splits, T* __restrict__ out) {
+    constexpr int DC = D / 4, NSL = 256 / DC, KT = Shape<T, D>::KT;
+    __shared__ float s_m[MAX_SPLITS];
+    __shared__ float4 s_red[NSL][DC];
     __shared__ float s_scratch[2][32];
     const int h = blockIdx.x, tid = threadIdx.x;
+    const int length = min(start_pos[0] + 1, S);
+    const int chunk = split_chunk(length, n_splits, KT);
+    const int n_active = (length + chunk - 1) / chunk;
     const float* ml = ws_ml + (size_t)h * n_splits * 2;
+
     float mx = NEG_INF;
-    for (int s = tid; s < n_splits; s += blockDim.x) if (ml[2 * s + 1] > 0.0f) mx = fmaxf(mx, ml[2 * s]);
+    for (int s = tid; s < n_active; s += blockDim.x) { s_m[s] = ml[2 * s]; mx = fmaxf(mx, s_m[s]); }
     mx = block_reduce<true>(mx, s_scratch[0]);
     float l = 0.0f;
-    for (int s = tid; s < n_splits; s += blockDim.x) {
-        const float w = ml[2 * s + 1] > 0.0f ? exp2f(ml[2 * s] - mx) : 0.0f;
-        s_w[s] = w;
-        l += w * ml[2 * s + 1];
+    for (int s = tid; s < n_active; s += blockDim.x) l += ml[2 * s + 1] * exp2f(s_m[s] - mx);
+    const float inv = 1.0f / block_reduce<false>(l, s_scratch[1]);  // its barrier also publishes s_m
+
+    const int col = tid % DC, sl = tid / DC;
+    const float4* acc = reinterpret_cast<const float4*>(ws_acc + (size_t)h * n_splits * D) + col;
+    float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 4
+    for (int s = sl; s < n_active; s += NSL) {
+        const float w = exp2f(s_m[s] - mx);
+        const float4 v = acc[(size_t)s * DC];
+        a.x += w * v.x; a.y += w * v.y; a.z += w * v.z; a.w += w * v.w;
     }
-    const float inv = 1.0f / block_reduce<false>(l, s_scratch[1]);  // its barrier also publishes s_w
-    const float* acc = ws_acc + (size_t)h * n_splits * D;
+    s_red[sl][col] = a;
+    __syncthreads();
     for (int d = tid; d < D; d += blockDim.x) {
         float o = 0.0f;
-        for (int s = 0; s < n_splits; s++) {
-            const float w = s_w[s];
-            if (w != 0.0f) o += w * acc[(size_t)s * D + d];  // empty splits' acc was never written: skip it
-        }
+#pragma unroll 8
+        for (int i = 0; i < NSL; i++) o += reinterpret_cast<const float*>(&s_red[i][d / 4])[d % 4];
         out[(size_t)h * D + d] = from_f32<T>(o * inv);
     }
 }
@@ -243,9 +268,9 @@ decode_attention_combine(const float* __restrict__ ws_ml, const float* __restric
 #define DECODE_INSTANCE(T, D)                                                                                 \
     template __global__ void decode_attention_partial<T, D>(const T*, const T*, const T*, const int*, float,   \
                                                             int, int, int, int, float*, float*);
-#define COMBINE_INSTANCE(T) \
-    template __global__ void decode_attention_combine<T>(const float*, const float*, int, int, T*);
-DECODE_INSTANCE(float, 64) DECODE_INSTANCE(float, 128) DECODE_INSTANCE(float, 256)
-DECODE_INSTANCE(__half, 64) DECODE_INSTANCE(__half, 128) DECODE_INSTANCE(__half, 256)
-DECODE_INSTANCE(__nv_bfloat16, 64) DECODE_INSTANCE(__nv_bfloat16, 128) DECODE_INSTANCE(__nv_bfloat16, 256)
-COMBINE_INSTANCE(float) COMBINE_INSTANCE(__half) COMBINE_INSTANCE(__nv_bfloat16)
+#define COMBINE_INSTANCE(T, D) \
+    template __global__ void decode_attention_combine<T, D>(const float*, const float*, const int*, int, int, T*);
+#define BOTH(T, D) DECODE_INSTANCE(T, D) COMBINE_INSTANCE(T, D)
+// Small head dims (8-32) are for tiny test models (tests/fixtures, stories260K); 64-256 for real ones.
+#define ALL_D(T) BOTH(T, 8) BOTH(T, 16) BOTH(T, 32) BOTH(T, 64) BOTH(T, 128) BOTH(T, 256)
+ALL_D(float) ALL_D(__half) ALL_D(__nv_bfloat16)

@@ -6,9 +6,10 @@
 //
 // 1. prefill_attention<T>: the generic reference / fallback, any T, any D <= 256, fp32 math.
 //    grid (ceil(T/16), Hq), block 128 (4 warps), dynamic smem (16*D + 32*(D+1) + 32*D) * 4 bytes.
-//    A block owns 16 queries (4 per warp, one at a time); K/V tiles of 32 keys are staged in smem as fp32.
-//    Lane l scores key l of the tile (K rows padded to D+1 floats so the 32 lanes hit 32 different banks),
-//    the warp max/sum come from shuffles, and lane l accumulates output dims l, l+32, ... .
+//    A block owns 16 queries (4 per warp); K/V tiles of 32 keys are staged in smem as fp32.
+//    Lane l scores key l of the tile for all 4 rows of its warp at once (each smem K/V value serves 4 rows;
+//    K rows padded to D+1 floats so the 32 lanes hit 32 different banks), the warp max/sum come from
+//    shuffles, and lane l accumulates output dims l, l+32, ... .
 //
 // 2. prefill_attention_tc<T, D>: FlashAttention-2 on tensor cores, T in {__half, __nv_bfloat16}, D in {64, 128}.
 //    grid (Hq, ceil(T/64)), block 128 (4 warps), dynamic smem 5 * 64 * (D+8) * 2 bytes (45 KB at D=64).
@@ -72,6 +73,7 @@ prefill_attention(const T* __restrict__ q, const T* __restrict__ k_cache, const 
     // Keys 0..n_keys-1 are needed: the last query of the block sits at position sp + q_end - 1. (Clamped to
     // the cache so a bad start_pos can give wrong numbers but never read outside it.)
     const int n_keys = min(sp + min(q0 + G_BQ, n_tokens), S);
+    const int nj = (D + 31) / 32;  // output dims per lane: lane, lane + 32, ...
     const T* kb = k_cache + (size_t)kvh * S * D;
     const T* vb = v_cache + (size_t)kvh * S * D;
     for (int k0 = 0; k0 < n_keys; k0 += G_BK) {
@@ -83,28 +85,40 @@ prefill_attention(const T* __restrict__ q, const T* __restrict__ k_cache, const 
             Vs[r * D + d] = key < n_keys ? to_f32(vb[(size_t)key * D + d]) : 0.0f;
         }
         __syncthreads();
+        // The warp's 4 query rows are processed together, so each K and V value read from smem serves 4 rows.
+        const int key = k0 + lane;
+        const float* kr = Ks + lane * (D + 1);
+        const float* qr = Qs + warp * 4 * D;
+        float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll 4
+        for (int d = 0; d < D; d++) {
+            const float kd = kr[d];
+#pragma unroll
+            for (int i = 0; i < 4; i++) s[i] += qr[i * D + d] * kd;
+        }
+        float p[4];
 #pragma unroll
         for (int i = 0; i < 4; i++) {
-            const int r = warp * 4 + i, pos = sp + q0 + r, key = k0 + lane;
-            const float* qr = Qs + r * D;
-            const float* kr = Ks + lane * (D + 1);
-            float s = 0.0f;
-            for (int d = 0; d < D; d++) s += qr[d] * kr[d];
-            if (key > pos) s = NEG_INF;  // causal mask (also covers keys >= n_keys)
+            if (key > sp + q0 + warp * 4 + i) s[i] = NEG_INF;  // causal mask (also covers keys >= n_keys)
             // Key 0 of the first tile is visible to every row, so m_new is always finite here.
-            const float m_new = fmaxf(m[i], warp_max(s));
-            const float p = exp2f(s - m_new), alpha = exp2f(m[i] - m_new);
-            l[i] = l[i] * alpha + warp_sum(p);
+            const float m_new = fmaxf(m[i], warp_max(s[i]));
+            const float alpha = exp2f(m[i] - m_new);
+            p[i] = exp2f(s[i] - m_new);
+            l[i] = l[i] * alpha + warp_sum(p[i]);
             m[i] = m_new;
 #pragma unroll
             for (int j = 0; j < G_MAXJ; j++) acc[i][j] *= alpha;
-            for (int k = 0; k < G_BK; k++) {
-                const float pk = __shfl_sync(0xffffffffu, p, k);
+        }
+        for (int k = 0; k < G_BK; k++) {
+            float v[G_MAXJ];
 #pragma unroll
-                for (int j = 0; j < G_MAXJ; j++) {
-                    const int d = lane + 32 * j;
-                    if (d < D) acc[i][j] += pk * Vs[k * D + d];
-                }
+            for (int j = 0; j < G_MAXJ; j++) v[j] = j < nj && lane + 32 * j < D ? Vs[k * D + lane + 32 * j] : 0.0f;
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const float pk = __shfl_sync(0xffffffffu, p[i], k);
+#pragma unroll
+                for (int j = 0; j < G_MAXJ; j++)
+                    if (j < nj) acc[i][j] += pk * v[j];  // warp-uniform: skips the unused dims of small D
             }
         }
     }
@@ -172,7 +186,9 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool pred
                  : "memory");
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
 
 // Stage 64 rows into smem rows of LD elements: smem row r <- base + (row0 + r) * stride if row0 + r < n_valid,
 // else zeros. An invalid row's source address is clamped to `base`, so no address ever leaves the tensor.
@@ -324,13 +340,12 @@ prefill_attention_tc(const T* __restrict__ q, const T* __restrict__ k_cache, con
     l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
     const float inv0 = 1.0f / l0, inv1 = 1.0f / l1;
     const int t0 = q0 + warp * 16 + g, t1 = t0 + 8;
+    unsigned* out0 = reinterpret_cast<unsigned*>(out + ((size_t)t0 * Hq + h) * D + 2 * c);  // 2 values per store
+    unsigned* out1 = reinterpret_cast<unsigned*>(out + ((size_t)t1 * Hq + h) * D + 2 * c);
 #pragma unroll
     for (int n = 0; n < D / 8; n++) {
-        const int d = n * 8 + 2 * c;
-        if (t0 < n_tokens)
-            *reinterpret_cast<unsigned*>(out + ((size_t)t0 * Hq + h) * D + d) = pack2(o[n][0] * inv0, o[n][1] * inv0, tag);
-        if (t1 < n_tokens)
-            *reinterpret_cast<unsigned*>(out + ((size_t)t1 * Hq + h) * D + d) = pack2(o[n][2] * inv1, o[n][3] * inv1, tag);
+        if (t0 < n_tokens) out0[n * 4] = pack2(o[n][0] * inv0, o[n][1] * inv0, tag);  // n-tile n: dims 8n + 2c, +1
+        if (t1 < n_tokens) out1[n * 4] = pack2(o[n][2] * inv1, o[n][3] * inv1, tag);
     }
 }
 

@@ -40,8 +40,6 @@ rope_qkv(const T* __restrict__ qkv, const T* __restrict__ bias, const T* __restr
     const int lane = threadIdx.x & 31;
     if (item >= n_tokens * NH) return;  // whole warp leaves together: no barrier below, only warp shuffles
     const int t = item / NH, head = item % NH;
-    const int p = start_pos[0] + t;
-    if (p >= S) return;  // no room in the cache (or rope table): the host checks this; never write out of bounds
     const int half = D / 2;
     const int col = head * D;  // column of this head in the fused row (and in the bias)
     const T* src = qkv + (size_t)t * NH * D + col;
@@ -58,6 +56,9 @@ rope_qkv(const T* __restrict__ qkv, const T* __restrict__ bias, const T* __restr
             x1[k] = a; x2[k] = b;
         }
     }
+    // Read after the row loads are issued, so the start_pos and qkv round trips overlap (only cos/sin wait on p).
+    const int p = start_pos[0] + t;
+    if (p >= S) return;  // no room in the cache (or rope table): never write out of bounds
 
     if (head >= Hq + Hkv) {  // v head: straight to the cache, no norm, no rotation
         T* dst = v_cache + ((size_t)(head - Hq - Hkv) * S + p) * D;

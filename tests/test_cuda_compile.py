@@ -57,7 +57,8 @@ def test_compiles_for_sm90(cu):
     for name, low in lowered.items():
         assert low.encode() in cubin, f"{cu.name}: {name} ({low}) missing from the cubin"
     # Hot kernels must keep everything in registers: a spill is local-memory traffic in every launch.
-    spills = [line for line in log.splitlines() if "spill" in line and not re.search(r"\b0 bytes spill stores, 0 bytes spill loads", line)]
+    spills = [line for line in log.splitlines()
+              if "spill" in line and not re.search(r"\b0 bytes spill stores, 0 bytes spill loads", line)]
     assert not spills, f"{cu.name}: register spills\n" + "\n".join(spills)
     # (the -v report, shown with pytest -s, gives registers and shared memory per kernel)
     print(f"\n{cu.name}:\n" + "\n".join(line for line in log.splitlines() if "Used" in line))

@@ -119,6 +119,7 @@ def sample_train(tokens, ctx, n, seed):
 
 
 def save_ckpt(path, state):
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = path + ".tmp"
     torch.save(state, tmp)
     os.replace(tmp, path)     # never leave a half-written checkpoint behind
@@ -145,7 +146,7 @@ def main():
                             fused=device.startswith("cuda"))
     step, best, log, train_seconds = 0, None, [], 0.0
     if args.resume or args.export_only:
-        ck = torch.load(ckpt_path, map_location=device, weights_only=False)
+        ck = torch.load(ckpt_path, map_location="cpu", weights_only=False)
         model.load_state_dict(ck["model"])
         opt.load_state_dict(ck["opt"])
         step, best, log, train_seconds = ck["step"], ck["best"], ck["log"], ck["train_seconds"]
@@ -155,11 +156,15 @@ def main():
         print(f"resumed at step {step} ({train_seconds:.0f} s trained so far)")
 
     def checkpoint():
+        nonlocal train_seconds, t_chunk
+        now = time.time()
+        train_seconds, t_chunk = train_seconds + now - t_chunk, now
         save_ckpt(ckpt_path, {"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "best": best,
                               "log": log, "train_seconds": train_seconds, "config": cfg.to_dict(),
                               "args": vars(args), "rng_cpu": torch.get_rng_state(),
                               "rng_cuda": torch.cuda.get_rng_state() if device.startswith("cuda") else None})
 
+    t_chunk = time.time()
     autocast = device.startswith("cuda")
     fwd = torch.compile(model) if args.compile else model
     data = torch.from_numpy(train_tok.astype(np.int64)).to(device)
@@ -169,7 +174,6 @@ def main():
     print(f"data: {len(train_tok):,} train tokens ({windows.n} windows/epoch), {len(val_tok):,} val tokens; "
           f"{args.steps} steps x {tokens_per_step:,} tokens = {args.steps * tokens_per_step / len(train_tok):.1f} epochs")
     model.train()
-    t_chunk = time.time()
     while step < args.steps and not args.export_only:
         x = data[torch.from_numpy(windows.batch_starts(step)).to(device)[:, None] + offsets]
         for group in opt.param_groups:
@@ -191,7 +195,10 @@ def main():
                   f"{step * tokens_per_step / train_seconds:,.0f} tok/s avg  {now - t_start:.0f} s wall", flush=True)
             log.append({"step": step, "loss": round(loss_v, 4)})
         if step % args.eval_every == 0 or step == args.steps:
+            loss.item()                                   # sync: evaluation time is not training time
+            train_seconds, t_chunk = train_seconds + time.time() - t_chunk, time.time()
             vl, _, _ = evaluate(model, val_tok, ctx, device, autocast)
+            t_chunk = time.time()
             log.append({"step": step, "val_loss": round(vl, 4)})
             if best is None or vl < best["val_loss"]:   # keep the best weights in case later epochs overfit
                 best = {"step": step, "val_loss": vl,

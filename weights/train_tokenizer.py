@@ -4,6 +4,7 @@ Input:  weights/data/corpus/<source>.txt from build_corpus.py (documents separat
 Output: weights/data/tokenizer.json and weights/<MODEL>/tokenizer.json   the tokenizer (same file twice)
         weights/data/train.bin, val.bin        token ids, np.uint16, documents separated by <|endoftext|>
         weights/data/tokens.json               counts and the split settings (read by train.py)
+        weights/val.bin                        a copy of val.bin that ships (177 KB), for the toolkit's own checks
         weights/wordlist.txt                   lowercase words seen >= 2 times in the training text
 
 The held-out split, exactly: every document is cut at paragraph boundaries into chunks of at least
@@ -131,6 +132,7 @@ def main():
     train_ids, val_ids = np.concatenate(parts), encode(tok, val, eot)
     train_ids.tofile(os.path.join(DATA, "train.bin"))
     val_ids.tofile(os.path.join(DATA, "val.bin"))
+    val_ids.tofile(os.path.join(HERE, "val.bin"))   # shipped: the toolkit's perplexity check reads it
     stats.update(train_tokens=len(train_ids), val_tokens=len(val_ids), val_segments=len(val))
     with open(os.path.join(DATA, "tokens.json"), "w") as f:
         json.dump(stats, f, indent=1)
