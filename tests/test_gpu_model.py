@@ -57,3 +57,18 @@ def test_stories_same_text_on_gpu(stories_dir):
     gpu = Engine.load(stories_dir, device="cuda")
     ids = cpu.tokenizer.encode("Once upon a time")
     assert greedy_tokens(gpu, ids, 32) == greedy_tokens(cpu, ids, 32)
+
+
+def test_default_model_same_greedy_text_on_gpu():
+    """The embedded default model: CUDA (its bf16) and CPU give the same first 32 greedy tokens."""
+    from toolkit.cli.common import default_model
+
+    if default_model() is None:
+        pytest.skip("no default model in weights/")
+    cpu = Engine.load(default_model(), device="cpu")
+    gpu = Engine.load(default_model(), device="cuda")
+    for prompt in ("Once upon a time", "The king said unto", "It is a truth universally acknowledged"):
+        ids = cpu.tokenizer.encode(prompt)
+        a, b = greedy_tokens(cpu, ids, 32), greedy_tokens(gpu, ids, 32)
+        print(f"{prompt!r}: cpu {cpu.tokenizer.decode(a)!r} | gpu {gpu.tokenizer.decode(b)!r}")
+        assert a == b

@@ -9,8 +9,9 @@ and <|im_end|> (2) frame chat messages. No BOS token is added to prompts (add_bo
 because training windows start anywhere in the text, not after a marker; config.json's bos_token_id is 0 only
 for tools that insist on a number (as Qwen2.5 does). Generation stops at <|endoftext|> or <|im_end|>.
 
---export-parts: the GPU box returns files of at most 16 MB, so the folder is also copied to a directory with
-model.safetensors cut into <= 15 MB pieces plus its SHA-256; weights/join_parts.sh puts it back together.
+--export-parts: the GPU box returns at most 8 files of at most 16 MB, so the folder (less tokenizer.json) is also
+copied to a directory with model.safetensors cut into <= 15 MB pieces plus its SHA-256; weights/join_parts.sh
+puts it back together.
 """
 import hashlib, json, os, shutil
 
@@ -89,10 +90,12 @@ def export(state, cfg, out, results, tokenizer=None, parts_dir=None):
 
 
 def write_parts(folder, parts_dir):
-    """Copy the folder to parts_dir with model.safetensors split into model.safetensors.partNN (<= 15 MB)."""
+    """Copy the folder to parts_dir with model.safetensors split into model.safetensors.partNN (<= 15 MB).
+    tokenizer.json is left out: it is train_tokenizer.py's output, already where the run started (and the box
+    returns at most 8 files)."""
     os.makedirs(parts_dir, exist_ok=True)
     for name in os.listdir(folder):
-        if name != "model.safetensors":
+        if name not in ("model.safetensors", "tokenizer.json"):
             shutil.copyfile(os.path.join(folder, name), os.path.join(parts_dir, name))
     blob = open(os.path.join(folder, "model.safetensors"), "rb").read()
     for i in range(0, len(blob), PART_BYTES):

@@ -14,4 +14,5 @@ for f in "$src"/*; do
 done
 cat "$src"/model.safetensors.part[0-9][0-9] > "$dst/model.safetensors"
 cp "$src/model.safetensors.sha256" "$dst/.model.safetensors.sha256"
-(cd "$dst" && sha256sum -c .model.safetensors.sha256 && rm .model.safetensors.sha256)
+chmod u+w "$dst"/*
+(cd "$dst" && sha256sum -c .model.safetensors.sha256 && rm -f .model.safetensors.sha256)

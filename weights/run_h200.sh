@@ -11,8 +11,8 @@
 set -eu
 cd "$(dirname "$0")"
 OUT=${OUT:-/tmp/out}
-STEPS=${STEPS:-2000}
+STEPS=${STEPS:-1500}
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader || true
-python3 train.py --steps "$STEPS" --batch 64 --eval-every 100 --ckpt-every 500 --max-minutes 6.5 \
+python3 train.py --steps "$STEPS" --batch 64 --eval-every 100 --ckpt-every 500 --max-minutes 6.5 --compile \
     --export-parts "$OUT/tiny-pd" "$@" 2>&1 | tee "$OUT/train.log"

@@ -14,7 +14,7 @@ and whenever --max-minutes of wall time have passed (then the script exits 0: ru
 When the last step is done it evaluates, exports (export_hf.py) and writes <out>/training.json.
 
 Usage (the real run is weights/run_h200.sh):
-  python3 train.py --steps 2000 --max-minutes 6 [--resume] [--compile] [--export-parts DIR]
+  python3 train.py --steps 1500 --max-minutes 6 [--resume] [--compile] [--export-parts DIR]
   python3 train.py --preset tiny --steps 20 --device cpu      (smoke test)
 """
 import argparse, json, math, os, sys, time
@@ -43,13 +43,13 @@ def parse_args():
     a("--out", default=os.path.join(HERE, "tiny-pd"), help="model folder to export into")
     a("--ckpt", default=None, help="checkpoint file (default <data>/ckpt.pt)")
     a("--preset", default="default", choices=sorted(PRESETS))
-    a("--steps", type=int, default=2000)
+    a("--steps", type=int, default=1500)
     a("--batch", type=int, default=64, help="sequences per step")
     a("--lr", type=float, default=2e-3)
     a("--min-lr-frac", type=float, default=0.1)
     a("--warmup", type=int, default=100)
     a("--weight-decay", type=float, default=0.1)
-    a("--dropout", type=float, default=0.1)
+    a("--dropout", type=float, default=0.2)
     a("--seed", type=int, default=1337)
     a("--eval-every", type=int, default=250)
     a("--ckpt-every", type=int, default=500)
