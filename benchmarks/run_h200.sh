@@ -10,5 +10,5 @@ python3 -m pytest -q -s -m gpu tests/ 2>&1 | tee "$OUT/gpu_tests.log" | tail -40
 python3 benchmarks/bench_kernels.py 2>&1 | tee "$OUT/bench_kernels.log" | tail -30
 python3 -m toolkit bench --shape qwen2.5-0.5b --device cuda --repeats 5 2>&1 | tee "$OUT/bench_model.log"
 for attn in sdpa eager; do
-  timeout 240 python3 benchmarks/bench_torch.py --shape qwen2.5-0.5b --attn $attn 2>&1 | tail -1 | tee -a "$OUT/bench_torch.log"
+  timeout 150 python3 benchmarks/bench_torch.py --shape qwen2.5-0.5b --attn $attn --decode 32 2>&1 | tail -1 | tee -a "$OUT/bench_torch.log"
 done
