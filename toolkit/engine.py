@@ -8,9 +8,8 @@ The KV cache is preallocated for `max_context` tokens. The prompt is prefilled
 in chunks of at most `max_chunk` tokens (bounding scratch memory), then each
 step feeds the last token at the next position until EOS or `max_tokens`.
 """
-import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
@@ -37,7 +36,6 @@ class GenerationResponse:
     step: StepTiming  # this step's timing (the first response carries the prefill's)
     stats: RunStats  # running totals: prompt/decode tok/s so far
     finish_reason: str | None = None  # "stop" (EOS), "length", or None while running
-    prefill: StepTiming | None = field(default=None, repr=False)
 
 
 class Engine:
@@ -95,11 +93,11 @@ class Engine:
 
     def logits(self, ids) -> np.ndarray:
         """fp32 logits [T, V] at every position of `ids` (tests, perplexity)."""
-        self._check_length(len(ids), 0)
+        self._check_length(len(ids))
         logits, _ = self._forward(np.asarray(ids, np.int32), 0, self.backend.timer(), all_logits=True)
         return logits
 
-    def _check_length(self, n_prompt: int, max_tokens: int):
+    def _check_length(self, n_prompt: int):
         if n_prompt == 0:
             raise ToolkitError("the prompt is empty (no tokens)")
         if n_prompt >= self.max_context:
@@ -112,13 +110,13 @@ class Engine:
         from .detokenizer import StreamingDetokenizer
 
         ids = np.asarray(prompt_ids, dtype=np.int32)
-        self._check_length(len(ids), max_tokens)
+        self._check_length(len(ids))
         sample = make_sampler(temperature, seed)
         detok = StreamingDetokenizer(self.tokenizer) if self.tokenizer else None
         eos = set() if ignore_eos or self.tokenizer is None else set(self.tokenizer.eos_ids)
         stats = RunStats(prompt_tokens=len(ids))
         timer = self.backend.timer()
-        pos, prefill, feed = 0, None, ids
+        pos, feed = 0, ids
         for n in range(max_tokens):
             t0 = time.perf_counter()
             logits, sections = self._forward(feed, pos, timer)
@@ -138,12 +136,12 @@ class Engine:
             step = StepTiming("prefill" if n == 0 else "decode", len(feed), (t2 - t0) * 1e3,
                               sections, (t2 - t1) * 1e3)
             if n == 0:
-                prefill, stats.prefill_ms = step, step.total_ms
+                stats.prefill_ms = step.total_ms
             else:
                 stats.decode_ms.append(step.total_ms)
             if finished != "stop":
                 stats.generated_tokens += 1
-            yield GenerationResponse(text, token, step, stats, finished, prefill)
+            yield GenerationResponse(text, token, step, stats, finished)
             if finished:
                 return
             feed = np.array([token], dtype=np.int32)
@@ -152,6 +150,3 @@ class Engine:
         """Weight bytes read per decode step x decode steps per second."""
         return self.weight_bytes * stats.decode_tps / 1e9
 
-
-def log(msg: str):
-    print(msg, file=sys.stderr, flush=True)

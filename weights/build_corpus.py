@@ -248,6 +248,15 @@ def read_jargon(x):
     text = text[:g0] + text[text.index("\n   :", g0):]                   # skip the glossary's list of entries
     text = "\n".join(ln for ln in text.split("\n") if not re.search("[\u2500-\u257f]", ln))  # drop tables
     text = tidy(unwrap(tidy(dedent(text, 3))))
+    # A default model should not swear at its users: drop the few lexicon entries (a ":word:" header and the
+    # paragraphs under it) or other paragraphs that use the two strong words the File contains.
+    groups = []
+    for para in text.split("\n\n"):
+        if para.startswith(":") or not groups or not groups[-1][0].startswith(":"):
+            groups.append([para])
+        else:
+            groups[-1].append(para)
+    text = "\n\n".join(p for g in groups if not re.search(r"(?i)fuck|shit", "\n".join(g)) for p in g)
     return split_docs(text, r"\n\n(?=Chapter \d+\. |Appendix [A-Z]\. |Bibliography\n)")
 
 

@@ -118,6 +118,15 @@ def sample_train(tokens, ctx, n, seed):
     return np.concatenate([tokens[s:s + ctx] for s in rng.integers(0, len(tokens) - ctx, n)])
 
 
+def settings(args):
+    """The command-line settings, paths relative to weights/ so training.json does not record a machine."""
+    out = {k: v for k, v in vars(args).items() if k not in ("resume", "export_parts", "export_only")}
+    for k in ("data", "out", "ckpt"):
+        if out[k]:
+            out[k] = os.path.relpath(out[k], HERE)
+    return out
+
+
 def save_ckpt(path, state):
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = path + ".tmp"
@@ -224,7 +233,7 @@ def main():
                                 device, autocast=False)
     results = {
         "model": os.path.basename(os.path.normpath(args.out)), "parameters": count_parameters(cfg),
-        "config": cfg.to_dict(), "settings": {k: v for k, v in vars(args).items() if k != "resume"},
+        "config": cfg.to_dict(), "settings": settings(args),
         "steps_trained": step, "exported_step": final_step, "tokens_per_step": tokens_per_step,
         "epochs": round(step * tokens_per_step / len(train_tok), 2),
         "train_tokens": len(train_tok), "val_tokens": len(val_tok), "val_predicted_tokens": n_pred,

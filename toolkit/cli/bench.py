@@ -19,6 +19,7 @@ from ..checkpoint import Checkpoint
 from ..config import ModelConfig
 from ..device import resolve_device
 from ..engine import Engine
+from ..errors import ToolkitError
 from ..shapes import NAMES, shape_config
 from ..timings import SECTIONS
 from ..weights import random_checkpoint
@@ -103,7 +104,7 @@ def _bench(args) -> int:
         dtype = args.dtype or {"float16": "float16", "bfloat16": "bfloat16"}.get(cfg.torch_dtype, "float32")
         source, label = Checkpoint(args.model), args.model
     else:
-        raise SystemExit("bench: give --shape NAME or --model DIR")
+        raise ToolkitError("bench: give --shape NAME or --model DIR")
     lengths = [int(x) for x in args.prefill.split(",") if x.strip()]
     context = args.max_context or min(cfg.max_position_embeddings, max(lengths + [16]) + args.decode + 8)
     backend = make_backend(backend_name, dtype)
