@@ -4,6 +4,7 @@ import sys
 
 COMMANDS = {
     "generate": "toolkit.cli.generate",  # batch generation from prompts or JSONL
+    "chat": "toolkit.cli.chat",  # a plain terminal chat, one line per turn
     "bench": "toolkit.cli.bench",  # speed on random weights of a named shape
 }
 

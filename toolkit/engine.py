@@ -75,7 +75,17 @@ class Engine:
             # Run 16-bit checkpoints in their own dtype; fp32 ones stay fp32.
             dtype = {"float16": "float16", "bfloat16": "bfloat16"}.get(cfg.torch_dtype, "float32")
         backend = make_backend(backend_name, dtype)
-        return cls(cfg, Checkpoint(model_dir), backend, max_context, max_chunk, tokenizer, template, note)
+        engine = cls(cfg, Checkpoint(model_dir), backend, max_context, max_chunk, tokenizer, template, note)
+        engine.warmup()
+        return engine
+
+    def warmup(self):
+        """Run a 2-token prefill and a decode step once, so one-off costs (Numba's thread pool,
+        CUDA module loading, cuBLAS handles) don't land in the first request's timings."""
+        timer = self.backend.timer()
+        self.model.forward(np.zeros(2, np.int32), 0, timer)
+        self.model.forward(np.zeros(1, np.int32), 2, timer)
+        self.backend.synchronize()
 
     # -- running the model --------------------------------------------------------
     def _forward(self, ids, start_pos: int, timer, all_logits=False):

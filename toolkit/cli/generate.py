@@ -60,7 +60,7 @@ def _prompt_ids(engine: Engine, req: Request, chat: bool) -> list[int]:
     return engine.tokenizer.encode(engine.chat_template.render(messages), add_special_tokens=False)
 
 
-def _run_request(engine: Engine, req: Request, args, stream_to) -> dict:
+def _run_request(engine: Engine, req: Request, args, stream_to) -> tuple[dict, object]:
     ids = _prompt_ids(engine, req, args.chat)
     tokens, text, finish, stats = [], [], "length", None
     for r in engine.generate(ids, max_tokens=args.max_tokens if req.max_tokens is None else req.max_tokens,
@@ -77,12 +77,13 @@ def _run_request(engine: Engine, req: Request, args, stream_to) -> dict:
               "prompt_token_ids": [int(i) for i in ids], "token_ids": [int(t) for t in tokens],
               "text": "".join(text), "finish_reason": finish,
               "timings": stats.as_dict() if stats else {}}
-    if stats is not None:
-        print(f"[{req.id}] prompt {stats.prompt_tokens} tok, {stats.prefill_tps:.1f} tok/s | "
-              f"decode {stats.generated_tokens} tok, {stats.decode_tps:.1f} tok/s, "
-              f"{stats.ms_per_step:.2f} ms/step, {engine.gbps(stats):.1f} GB/s of weights",
-              file=sys.stderr, flush=True)
-    return record
+    return record, stats
+
+
+def _summary(engine: Engine, rid: str, stats) -> str:
+    return (f"[{rid}] prompt {stats.prompt_tokens} tok, {stats.prefill_tps:.1f} tok/s | "
+            f"decode {stats.generated_tokens} tok, {stats.decode_tps:.1f} tok/s, "
+            f"{stats.ms_per_step:.2f} ms/step, {engine.gbps(stats):.1f} GB/s of weights")
 
 
 def _generate(args) -> int:
@@ -92,11 +93,12 @@ def _generate(args) -> int:
     out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
     failed = 0
     try:
-        for i, req in enumerate(requests):
+        for req in requests:
+            stats = None
             try:
                 if req.error:
                     raise ToolkitError(req.error)
-                record = _run_request(engine, req, args, out if args.format == "text" else None)
+                record, stats = _run_request(engine, req, args, out if args.format == "text" else None)
             except ToolkitError as e:
                 failed += 1
                 msg = str(e) if str(e).startswith("line ") else f"request {req.id}: {e}"
@@ -107,6 +109,8 @@ def _generate(args) -> int:
             elif "error" not in record:
                 out.write("\n")
             out.flush()
+            if stats is not None:  # after the text's last newline, so the two streams don't interleave
+                print(_summary(engine, req.id, stats), file=sys.stderr, flush=True)
     finally:
         if out is not sys.stdout:
             out.close()
