@@ -5,19 +5,7 @@
 // Layout (row-major): gate_up T[T, 2I] = gate (first I columns) then up (last I columns); out T[T, I].
 // Launch: 1-D grid-stride loop, block 256. Each thread handles one 16-byte chunk of the output (8 bf16 / 4 fp32
 // elements) when I and the pointers allow it, else single elements. Memory-bound: 3 * T * I * sizeof(T) bytes.
-#include <cuda_fp16.h>
-#include <cuda_bf16.h>
-
-__device__ __forceinline__ float to_f32(float x) { return x; }
-__device__ __forceinline__ float to_f32(__half x) { return __half2float(x); }
-__device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
-template <typename T> __device__ __forceinline__ T from_f32(float x);
-template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }
-template <> __device__ __forceinline__ __half from_f32<__half>(float x) { return __float2half_rn(x); }
-template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
-
-// 16 bytes as one uint4 (load/store) or VEC elements; a union keeps the elements in registers.
-template <typename T> union Chunk { uint4 u; T e[16 / sizeof(T)]; };
+#include "dtype.cuh"
 
 template <typename T>
 __device__ __forceinline__ T swiglu(T g, T u) {

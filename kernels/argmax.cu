@@ -9,7 +9,7 @@
 // (NaN above +inf), low word = ~index (so among equal values the lowest index is the largest key). The last
 // block of a row to finish (counted in counters[r]) writes out[r] and zeroes ws[r] and counters[r] again, so
 // the next call, or a CUDA-graph replay, starts clean. ws and counters (one per row) must start at zero.
-#define NEG_INF __int_as_float(0xff800000)  // NVRTC has no INFINITY macro
+#include "dtype.cuh"
 
 // Is candidate (v, i) better than (bv, bi)? NaN beats numbers; among equals (or NaNs) the lower index wins.
 __device__ __forceinline__ bool better(float v, int i, float bv, int bi) {

@@ -22,21 +22,7 @@
 //   rescaled from its own max to the block's.
 // Kernel 2 (decode_attention_combine<T, D>): grid (Hq), block 256: merges the non-empty splits' partials
 //   with weights 2^(m_s - M) / sum_s(l_s 2^(m_s - M)) and writes out[h] in T.
-#include <cuda_fp16.h>
-#include <cuda_bf16.h>
-
-#define NEG_INF __int_as_float(0xff800000)
-
-__device__ __forceinline__ float to_f32(float x) { return x; }
-__device__ __forceinline__ float to_f32(__half x) { return __half2float(x); }
-__device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
-template <typename T> __device__ __forceinline__ T from_f32(float x);
-template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }
-template <> __device__ __forceinline__ __half from_f32<__half>(float x) { return __float2half_rn(x); }
-template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
-
-// 16 bytes as one uint4 (load) or VEC elements; a union keeps the elements in registers.
-template <typename T> union Chunk { uint4 u; T e[16 / sizeof(T)]; };
+#include "dtype.cuh"
 
 constexpr int MAXG = 8;        // q heads per block; a larger GQA group is spread over several blocks
 constexpr int KPT = 4;         // keys per thread per tile

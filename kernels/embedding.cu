@@ -5,8 +5,7 @@
 // Qwen2.5-0.5B in bf16), so the copy moves 16-byte chunks (one uint4 per thread) whenever the row length
 // and both pointers allow it; otherwise it falls back to element copies. The kernel does no arithmetic,
 // which is why it is dtype-agnostic apart from the element size.
-#include <cuda_fp16.h>
-#include <cuda_bf16.h>
+#include "dtype.cuh"
 
 template <typename T>
 __global__ void embedding(const int* __restrict__ ids, const T* __restrict__ table, T* __restrict__ out,

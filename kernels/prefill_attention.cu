@@ -17,19 +17,9 @@
 //    buffered in smem with cp.async; S = Q K^T and O += P V use mma.sync m16n8k16 (fp32 accumulate).
 //    Tiles are visited in key order; only tiles that cross the diagonal are masked and tiles entirely above
 //    it are never loaded. Blocks run heaviest (last) query tiles first so the causal tail balances.
-#include <cuda_fp16.h>
-#include <cuda_bf16.h>
+#include "dtype.cuh"
 
-#define NEG_INF __int_as_float(0xff800000)
 constexpr float LOG2E = 1.4426950408889634f;
-
-__device__ __forceinline__ float to_f32(float x) { return x; }
-__device__ __forceinline__ float to_f32(__half x) { return __half2float(x); }
-__device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
-template <typename T> __device__ __forceinline__ T from_f32(float x);
-template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }
-template <> __device__ __forceinline__ __half from_f32<__half>(float x) { return __float2half_rn(x); }
-template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
 
 __device__ __forceinline__ float warp_max(float v) {
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));

@@ -9,21 +9,9 @@
 // chunks: 128 threads for H = 896 bf16). Math in fp32. Two passes over the row: the first adds and sums
 // squares, the second re-reads the residual it just wrote (same thread, same addresses, so no barrier is
 // needed) -- the row is a few KB and comes back from L1/L2, so holding it in registers would only cap H.
-#include <cuda_fp16.h>
-#include <cuda_bf16.h>
+#include "dtype.cuh"
 
-__device__ __forceinline__ float to_f32(float x) { return x; }
-__device__ __forceinline__ float to_f32(__half x) { return __half2float(x); }
-__device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
-template <typename T> __device__ __forceinline__ T from_f32(float x);
-template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }
-template <> __device__ __forceinline__ __half from_f32<__half>(float x) { return __float2half_rn(x); }
-template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
 template <typename T> __device__ __forceinline__ T round_to(float x) { return from_f32<T>(x); }
-
-// 16 bytes seen either as one uint4 (for the load/store) or as VEC elements. A union, not a pointer cast of a
-// uint4, so the compiler keeps the elements in registers instead of spilling the chunk to the stack.
-template <typename T> union Chunk { uint4 u; T e[16 / sizeof(T)]; };
 
 __device__ __forceinline__ bool aligned16(const void* p) { return reinterpret_cast<size_t>(p) % 16 == 0; }
 

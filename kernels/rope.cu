@@ -14,16 +14,8 @@
 // Launch: block 128 threads = 4 warps, one warp per (token, head) item, grid ceil(T*(Hq+2Hkv) / 4).
 // Lane l owns the pairs (i, i + D/2) for i = l, l+32, ... (at most 4 for D <= 256), so the per-head norm is a
 // warp reduction and the rotation needs no data exchange. Decode (T = 1) is 18 warps in 5 blocks.
-#include <cuda_fp16.h>
-#include <cuda_bf16.h>
+#include "dtype.cuh"
 
-__device__ __forceinline__ float to_f32(float x) { return x; }
-__device__ __forceinline__ float to_f32(__half x) { return __half2float(x); }
-__device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
-template <typename T> __device__ __forceinline__ T from_f32(float x);
-template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }
-template <> __device__ __forceinline__ __half from_f32<__half>(float x) { return __float2half_rn(x); }
-template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
 // Round an fp32 value to T and back: the value HF would hold in a T tensor at this point.
 template <typename T> __device__ __forceinline__ float rnd(float x) { return to_f32(from_f32<T>(x)); }
 

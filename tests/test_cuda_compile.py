@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from toolkit.backends.cuda_kernels import CTYPES, KERNEL_DIR, OPTIONS, kernel_names
+from toolkit.backends.cuda_kernels import CTYPES, KERNEL_DIR, OPTIONS, kernel_names, kernel_source
 
 nvrtc = pytest.importorskip("cupy_backends.cuda.libs.nvrtc")
 try:
@@ -29,7 +29,8 @@ SOURCES = sorted(KERNEL_DIR.glob("*.cu"))
 
 def compile_cu(path: pathlib.Path, extra=(), names=()):
     """Compile one file; returns (cubin, log, {name expression: lowered name}). Fails the test with the log."""
-    prog = nvrtc.createProgram(path.read_text(), path.name, (), ())
+    source = kernel_source(path.stem) if path.parent == KERNEL_DIR else path.read_text()
+    prog = nvrtc.createProgram(source, path.name, (), ())
     try:
         for n in names:
             nvrtc.addNameExpression(prog, n)

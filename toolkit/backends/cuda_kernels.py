@@ -13,6 +13,7 @@ This module imports without CuPy (cupy is imported when a CudaKernels is made), 
 the compile-check test can import `kernel_names`.
 """
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -47,13 +48,24 @@ def kernel_names(op: str, ctype: str) -> list:
              "activation": "silu_mul"}[op] + f"<{ctype}>"]
 
 
+def kernel_source(op: str) -> str:
+    """kernels/<op>.cu with its local `#include "x.cuh"` lines replaced by the files themselves.
+
+    Pasting the headers in (rather than passing -I) makes the text CuPy hashes for its kernel cache cover them,
+    so an edited header is recompiled instead of a stale cubin being reused.
+    """
+    src = (KERNEL_DIR / f"{op}.cu").read_text()
+    return re.sub(r'^#include "([\w.]+\.cuh)"$', lambda m: (KERNEL_DIR / m.group(1)).read_text(), src,
+                  flags=re.MULTILINE)
+
+
 def _module(op: str, ctype: str):
     key = (op, ctype if op != "argmax" else "")
     mod = _MODULES.get(key)
     if mod is None:
         import cupy
 
-        src = (KERNEL_DIR / f"{op}.cu").read_text()
+        src = kernel_source(op)
         mod = cupy.RawModule(code=src, options=OPTIONS, name_expressions=kernel_names(op, ctype) or None)
         _MODULES[key] = mod
     return mod
