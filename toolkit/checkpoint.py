@@ -55,9 +55,6 @@ class Checkpoint:
     def __contains__(self, name: str) -> bool:
         return name in self._file_of
 
-    def names(self) -> list[str]:
-        return list(self._file_of)
-
     def file_of(self, name: str) -> Path:
         return self.model_dir / self._file_of.get(name, "model.safetensors")
 

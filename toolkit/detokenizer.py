@@ -69,10 +69,6 @@ class StreamingDetokenizer:
             return ""
         return self._advance(new_text)
 
-    def add_tokens(self, token_ids) -> str:
-        """Feed several ids; returns the text they complete together."""
-        return "".join(self.add_token(t) for t in token_ids)
-
     def finalize(self) -> str:
         """Flush what is held back (an unfinished character comes out as U+FFFD, as decode() shows it)."""
         if self._read == len(self._window):

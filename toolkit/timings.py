@@ -8,7 +8,7 @@ wall time no section covers: Python overhead, launch latency, the final
 device->host copy. Sections add up to `total_ms` by construction.
 """
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 SECTIONS = ("embedding", "attention", "mlp", "lm_head", "sampling")
 
@@ -24,11 +24,6 @@ class StepTiming:
     @property
     def other_ms(self) -> float:
         return max(0.0, self.total_ms - sum(self.sections_ms.values()) - self.detokenize_ms)
-
-    def as_dict(self) -> dict:
-        d = asdict(self)
-        d["other_ms"] = self.other_ms
-        return d
 
 
 class CpuTimer:
