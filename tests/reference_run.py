@@ -6,7 +6,6 @@ reference's greedy tokens one by one through the KV cache (decode logits).
 import numpy as np
 
 from toolkit.engine import Engine
-from toolkit.timings import CpuTimer
 
 FIXTURE_NAMES = ("llama", "llama3", "mistral", "qwen2", "qwen3")
 
@@ -26,5 +25,3 @@ def reference_logits(engine: Engine, ref) -> tuple[np.ndarray, np.ndarray]:
 def greedy_tokens(engine: Engine, ids, n: int) -> list[int]:
     return [r.token for r in engine.generate(ids, max_tokens=n, ignore_eos=True)]
 
-
-__all__ = ["FIXTURE_NAMES", "reference_logits", "greedy_tokens", "CpuTimer"]
