@@ -1,5 +1,8 @@
 """Time every CUDA kernel at Qwen2.5-0.5B shapes and compare with PyTorch equivalents when torch is importable.
 
+The attention kernels run on a paged KV cache (16-token blocks, shuffled block tables, as the engine lays it
+out); PyTorch has no paged attention, so its column is SDPA on contiguous K/V of the same lengths.
+
     python benchmarks/bench_kernels.py [--dtype bfloat16|float16|float32] [--reps 7]
 
 Times are GPU microseconds per call, the median over `reps` timings (CUDA events). "graph" replays a CUDA
@@ -25,8 +28,9 @@ H, HQ, HKV, D, I, V = 896, 14, 2, 64, 4864, 151936
 N_CALLS = 20  # calls per timing
 
 
-def time_calls(fn, reps, use_graph, backend="cupy"):
-    """Median GPU microseconds per call of fn() over `reps` timings of N_CALLS calls."""
+def time_calls(fn, reps, use_graph, backend="cupy", stream=None):
+    """Median GPU microseconds per call of fn() over `reps` timings of N_CALLS calls, on `stream` (a new one
+    unless given: cuBLAS through the backend launches on the stream its handle is bound to)."""
     if backend == "torch":
         import torch
 
@@ -50,7 +54,7 @@ def time_calls(fn, reps, use_graph, backend="cupy"):
                 b.synchronize()
                 times.append(a.elapsed_time(b) * 1000 / N_CALLS)
         return statistics.median(times[1:])
-    stream = cp.cuda.Stream(non_blocking=True)
+    stream = stream or cp.cuda.Stream(non_blocking=True)
     with stream:
         fn()  # compile, allocate workspaces
         stream.synchronize()
@@ -117,9 +121,9 @@ def main():
 
     rows = []  # (op, shape, ours_graph, ours_eager, host, torch, flops)
 
-    def add(op, shape, fn, tfn=None, flops=None):
-        g = time_calls(fn, args.reps, True)
-        e = time_calls(fn, args.reps, False)
+    def add(op, shape, fn, tfn=None, flops=None, stream=None):
+        g = time_calls(fn, args.reps, True, stream=stream)
+        e = time_calls(fn, args.reps, False, stream=stream)
         h = host_us(fn)
         t = None
         if has_torch and tfn is not None:
@@ -130,14 +134,28 @@ def main():
         rows.append((op, shape, g, e, h, t, flops))
         print(f"  {op:22s} {shape:34s} {g:9.1f} us", flush=True)
 
-    S = 4096
+    S, BS = 4096, 16  # cache slots for the elementwise ops; KV block size
+    host_rng = np.random.default_rng(0)
+
+    def paged(lens, hd):
+        """Paged caches holding sequences of these lengths in shuffled blocks: (k, v, block_tables, seq_lens)."""
+        need = [-(-L // BS) for L in lens]
+        order = host_rng.permutation(sum(need)).astype(np.int32)
+        table = np.zeros((len(lens), max(need)), np.int32)
+        for b, n in enumerate(need):
+            table[b, :n], order = order[:n], order[n:]
+        n_slots = sum(need) * BS
+        return (rand(n_slots, HKV, hd), rand(n_slots, HKV, hd), cp.asarray(table),
+                cp.asarray(np.array(lens, np.int32)))
+
     cos = cp.cos(cp.outer(cp.arange(S, dtype=cp.float32), cp.ones(D // 2, cp.float32)))
     sin = cp.sin(cp.outer(cp.arange(S, dtype=cp.float32), cp.ones(D // 2, cp.float32)))
-    kc, vc = rand(HKV, S, D), rand(HKV, S, D)
+    kc, vc = rand(S, HKV, D), rand(S, HKV, D)
     table = rand(V, H)
     for T in (1, 4096):
-        pos = cp.asarray(np.array([0 if T > 1 else S - 1], np.int32))
-        ids = cp.asarray(np.random.default_rng(0).integers(0, V, T).astype(np.int32))
+        pos = cp.asarray(np.arange(T, dtype=np.int32) if T > 1 else np.array([S - 1], np.int32))
+        slots = cp.asarray(host_rng.permutation(S)[:T].astype(np.int32))
+        ids = cp.asarray(host_rng.integers(0, V, T).astype(np.int32))
         x, res, w, out = rand(T, H), rand(T, H), rand(H), rand(T, H)
         qkv, bias, q = rand(T, (HQ + 2 * HKV) * D), rand((HQ + 2 * HKV) * D), rand(T, HQ, D)
         gu, act = rand(T, 2 * I), rand(T, I)
@@ -145,7 +163,8 @@ def main():
         if has_torch:
             tt = dict(ids=torch.randint(0, V, (T,), device="cuda"), table=trand(V, H), x=trand(T, H), r=trand(T, H),
                       w=trand(H), qkv=trand(T, (HQ + 2 * HKV) * D), cos=trand(T, D), sin=trand(T, D),
-                      kc=trand(HKV, S, D), gu=trand(T, 2 * I), pos=torch.arange(T, device="cuda"))
+                      kc=trand(S, HKV, D), gu=trand(T, 2 * I),
+                      slots=torch.as_tensor(cp.asnumpy(slots), device="cuda", dtype=torch.long))
 
         def t_rms(tt=tt):
             h = (tt["x"] + tt["r"]).float()
@@ -156,44 +175,65 @@ def main():
             qk = qkv[:, : HQ + HKV]
             rot = torch.cat((-qk[..., D // 2:], qk[..., : D // 2]), -1)
             out = qk * tt["cos"][:, None] + rot * tt["sin"][:, None]
-            tt["kc"][:, tt["pos"]] = out[:, HQ:].transpose(0, 1)
+            tt["kc"][tt["slots"]] = out[:, HQ:]
             return out
 
         add("embedding", f"T={T} H={H}", lambda: k.embedding(ids, table, out),
             lambda tt=tt: F.embedding(tt["ids"], tt["table"]))
         add("add_rmsnorm", f"T={T} H={H}", lambda: k.add_rmsnorm(x, res, w, 1e-6, out), t_rms)
         add("rope_qkv", f"T={T} Hq={HQ} Hkv={HKV} D={D}",
-            lambda: k.rope_qkv(qkv, bias, None, None, 1e-6, cos, sin, pos, HQ, HKV, q, kc, vc), t_rope)
+            lambda: k.rope_qkv(qkv, bias, None, None, 1e-6, cos, sin, pos, slots, HQ, HKV, q, kc, vc), t_rope)
         add("silu_mul", f"T={T} I={I}", lambda: k.silu_mul(gu, act),
             lambda tt=tt: F.silu(tt["gu"][:, :I]) * tt["gu"][:, I:])
 
-    # Prefill attention: 4096 tokens from position 0, causal.
+    # Prefill attention: one 4096-token prompt from position 0, causal, through the paged cache.
     for hd in (64, 128):
         T = 4096
-        q, o, kc2, vc2 = rand(T, HQ, hd), rand(T, HQ, hd), rand(HKV, T, hd), rand(HKV, T, hd)
-        zero = cp.zeros(1, cp.int32)
+        q, o = rand(T, HQ, hd), rand(T, HQ, hd)
+        kc2, vc2, bt, lens = paged([T], hd)
+        qsl = cp.asarray(np.array([0, T], np.int32))
         flops = 4 * HQ * hd * T * (T + 1) / 2
         sdpa = None
         if has_torch:
             tq, tk, tv = trand(1, HQ, T, hd), trand(1, HKV, T, hd), trand(1, HKV, T, hd)
             def sdpa(tq=tq, tk=tk, tv=tv):
                 return F.scaled_dot_product_attention(tq, tk, tv, is_causal=True, enable_gqa=True)
-        if dt != "float32":
-            add("prefill_attn (tc)", f"T={T} Hq={HQ} Hkv={HKV} D={hd}",
-                lambda: k.prefill_attention(q, kc2, vc2, zero, hd ** -0.5, o), sdpa, flops)
-        add("prefill_attn (generic)", f"T={T} Hq={HQ} Hkv={HKV} D={hd}",
-            lambda: k.prefill_attention(q, kc2, vc2, zero, hd ** -0.5, o, tensor_cores=False), sdpa, flops)
+        def pre(tc, q=q, o=o, kc2=kc2, vc2=vc2, bt=bt, qsl=qsl, lens=lens, hd=hd, T=T):
+            k.prefill_attention(q, kc2, vc2, bt, qsl, lens, BS, hd ** -0.5, o, T, tensor_cores=tc)
 
-    # Decode attention: one query over `length` keys of an S-row cache.
-    for S2, length in ((4096, 100), (4096, 4096), (32768, 32768)):
-        q, o, kc2, vc2 = rand(HQ, D), rand(HQ, D), rand(HKV, S2, D), rand(HKV, S2, D)
-        pos = cp.asarray(np.array([length - 1], np.int32))
+        if dt != "float32":
+            add("prefill_attn (tc)", f"T={T} Hq={HQ} Hkv={HKV} D={hd}", lambda: pre(True), sdpa, flops)
+        add("prefill_attn (generic)", f"T={T} Hq={HQ} Hkv={HKV} D={hd}", lambda: pre(False), sdpa, flops)
+
+    # Decode attention: B sequences, one query each over `length` keys; max_seq_len = the plan's context.
+    for B, length, max_len in ((1, 100, 4096), (1, 4096, 4096), (32, 4096, 4096), (1, 32768, 32768)):
+        q, o = rand(B, HQ, D), rand(B, HQ, D)
+        kc2, vc2, bt, lens = paged([length] * B, D)
         sdpa = None
         if has_torch:
-            tq, tk, tv = trand(1, HQ, 1, D), trand(1, HKV, length, D), trand(1, HKV, length, D)
+            tq, tk, tv = trand(B, HQ, 1, D), trand(B, HKV, length, D), trand(B, HKV, length, D)
             sdpa = lambda tq=tq, tk=tk, tv=tv: F.scaled_dot_product_attention(tq, tk, tv, enable_gqa=True)  # noqa: E731
-        add("decode_attn", f"S={S2} len={length} Hq={HQ} D={D}",
-            lambda: k.decode_attention(q, kc2, vc2, pos, D ** -0.5, o), sdpa)
+        add("decode_attn", f"B={B} len={length} max={max_len} Hq={HQ} D={D}",
+            lambda q=q, o=o, kc2=kc2, vc2=vc2, bt=bt, lens=lens, max_len=max_len:
+            k.decode_attention(q, kc2, vc2, bt, lens, BS, D ** -0.5, o, max_len), sdpa)
+
+    # Decode projections (Qwen2.5-0.5B) at M = 1 and 4 rows: our GEMV against cuBLAS (the backend's linear,
+    # nvmath-python when installed) and torch. Weight bytes / time = achieved bandwidth.
+    from toolkit.backends.cuda import CudaBackend
+
+    be = CudaBackend(dt)
+    be.bind_thread()
+    for name, n_out, k_in in (("qkv", 1152, 896), ("o_proj", 896, 896), ("gate_up", 9728, 896),
+                              ("down", 896, 4864), ("lm_head", V, 896)):
+        for M in (1, 4):
+            x, w = rand(M, k_in), rand(n_out, k_in, scale=0.02)
+            y = cp.empty((M, n_out), cp.float32 if name == "lm_head" else st)
+            tx, tw = (trand(M, k_in), trand(n_out, k_in)) if has_torch else (None, None)
+            tfn = (lambda tx=tx, tw=tw: tx @ tw.T) if has_torch else None
+            shape = f"M={M} N={n_out} K={k_in}"
+            add(f"gemv {name}", shape, lambda x=x, w=w, y=y: k.gemv(x, w, y), tfn)
+            if be.graphs_supported:
+                add(f"cublas {name}", shape, lambda x=x, w=w, y=y: be.linear(x, w, y), tfn, stream=be.stream)
 
     logits, am = rng.standard_normal((1, V), dtype=cp.float32), cp.zeros(1, cp.int32)
     tl = torch.randn(1, V, device="cuda") if has_torch else None
@@ -208,7 +248,7 @@ def main():
         print(f"{op:22s} {shape:34s} {g:9.1f} {e:9.1f} {h:8.1f} {ts} {ratio} {tf}")
     per_layer = sum(g for op, shape, g, *_ in rows
                     if shape.startswith("T=1 ") and op in ("add_rmsnorm", "rope_qkv", "silu_mul"))
-    dec = [g for op, shape, g, *_ in rows if op == "decode_attn" and "len=4096" in shape]
+    dec = [g for op, shape, g, *_ in rows if op == "decode_attn" and shape.startswith("B=1 len=4096")]
     if dec:
         per_layer += dec[0] + [g for op, shape, g, *_ in rows if op == "add_rmsnorm" and shape.startswith("T=1 ")][0]
         print(f"\ndecode, non-GEMM kernels per layer at 4096 context (2x rmsnorm, rope, attn, silu): {per_layer:.1f} us"

@@ -1,14 +1,35 @@
 #!/usr/bin/env bash
-# Everything that needs the GPU, in one go (the H200 is lent by the minute):
-# GPU tests, per-kernel benchmarks, the model benchmark, and the PyTorch reference.
-# Run from the repo root on the GPU machine: bash benchmarks/run_h200.sh  (logs go to $OUT)
+# Everything that needs the GPU, in one go (the H200 is lent by the minute). Run from the repo root on the
+# GPU machine: `bash benchmarks/run_h200.sh [tests|speed|peer|all]`; logs go to $OUT.
+# The GPU image lacks nvmath-python (the capturable cuBLAS binding): its wheel travels in .whl/ (see README).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-export PYTHONPATH=. NUMBA_CACHE_DIR=/tmp/numba_cache OMP_WAIT_POLICY=passive PYTHONUNBUFFERED=1
+what=${1:-all}
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  export PYTHONPATH=/tmp/site:.
+else
+  export PYTHONPATH=.
+fi
+# stories260K lives in ../shared, which does not travel: a copy in .gpu_shared/ (git-ignored) does.
+if [ -d .gpu_shared/stories260K ] && [ ! -d ../shared/models/stories260K ]; then
+  mkdir -p ../shared/models && cp -r .gpu_shared/stories260K ../shared/models/
+fi
+export NUMBA_CACHE_DIR=/tmp/numba_cache OMP_WAIT_POLICY=passive PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/env.txt"
-python3 -m pytest -q -s -m gpu tests/ 2>&1 | tee "$OUT/gpu_tests.log" | tail -40
-python3 benchmarks/bench_kernels.py 2>&1 | tee "$OUT/bench_kernels.log" | tail -30
-python3 -m toolkit bench --shape qwen2.5-0.5b --device cuda --repeats 5 2>&1 | tee "$OUT/bench_model.log"
-for attn in sdpa eager; do
-  timeout 150 python3 benchmarks/bench_torch.py --shape qwen2.5-0.5b --attn $attn --decode 32 2>&1 | tail -1 | tee -a "$OUT/bench_torch.log"
-done
+B="python3 -m toolkit bench --device cuda"
+if [[ $what == tests || $what == all ]]; then
+  python3 -m pytest -q -s -m gpu tests/ -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" | grep -E "passed|failed|error|bf16 default|FAILED" | tail -40
+fi
+if [[ $what == speed || $what == all ]]; then
+  python3 benchmarks/bench_kernels.py 2>&1 | tee "$OUT/bench_kernels.log" | tail -30
+  $B --shape qwen2.5-0.5b --batch 1,8,32,128 --depth 0,4096 --prefill 512,4096 --cuda-graphs on,off 2>&1 | tee "$OUT/bench_05b.log"
+  $B --shape qwen2.5-0.5b --batch 1,2,4 --depth 0 --prefill 512 --small-batch-gemv on,off 2>&1 | tee "$OUT/bench_gemv.log" | tail -9
+fi
+if [[ $what == peer || $what == all ]]; then
+  $B --shape qwen2.5-0.5b --batch 1,32 --depth 0 --prefill 4096 --peer torch 2>&1 | tee "$OUT/bench_peer.log"
+  python3 -m toolkit bench throughput --device cuda --shape qwen2.5-0.5b --scheduler mixed,alternate 2>&1 | tee "$OUT/throughput.log" | tail -6
+  # The 1.5B shape and the default model (weights/tiny-pd), graphs on and off, into one log.
+  { $B --shape qwen2.5-1.5b --batch 1,32 --depth 0 --prefill 4096 --cuda-graphs on,off
+    $B --batch 1,32 --depth 0 --prefill 512 --cuda-graphs on,off; } 2>&1 | tee "$OUT/bench_other.log" | grep "^|"
+fi

@@ -1,4 +1,4 @@
-"""Greedy pick, CPU twin of argmax.cu.
+"""Greedy pick, CPU twin of argmax.cu: out[r] = argmax(logits[r]), lowest index on ties.
 
 NumPy's argmax is SIMD-vectorised and returns the lowest index on ties; a Numba loop over a 150k vocabulary is a
 scalar loop and several times slower (see platform notes), so this stays NumPy.
@@ -6,8 +6,8 @@ scalar loop and several times slower (see platform notes), so this stays NumPy.
 import numpy as np
 
 
-def argmax(logits: np.ndarray) -> int:
-    """logits: float32[V] -> index of the largest value (lowest index on ties), as a Python int."""
-    if logits.ndim != 1 or logits.size == 0:
-        raise ValueError(f"argmax: expected a non-empty 1-D array, got shape {logits.shape}")
-    return int(np.argmax(logits))
+def argmax(logits: np.ndarray) -> np.ndarray:
+    """logits: float32[R, V] (or [V]) -> int32[R] (or a 0-d array) of each row's largest value's index."""
+    if logits.ndim not in (1, 2) or logits.shape[-1] == 0:
+        raise ValueError(f"argmax: expected non-empty rows, got shape {logits.shape}")
+    return np.argmax(logits, axis=-1).astype(np.int32)

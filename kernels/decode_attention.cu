@@ -1,27 +1,31 @@
-// decode_attention.cu -- one new query per head attending keys 0..length-1 of the KV cache (a decode step),
-// split over the sequence ("flash-decoding") so that a handful of heads still fills the GPU.
-//     out[h] = softmax(scale * q[h] . K[kvh]^T) . V[kvh],  kvh = h / (Hq / Hkv),  length = start_pos[0] + 1
-// start_pos is read on the device, so a captured CUDA graph replays correctly at every length.
+// decode_attention.cu -- a decode step of B sequences: each sequence's one new query per head attends keys
+// 0..len_b-1 of the paged KV cache, split over the sequence ("flash-decoding") so a small batch still fills the GPU.
+//     out[b, h] = softmax(scale * q[b, h] . K_b[kvh]^T) . V_b[kvh],  kvh = h / (Hq / Hkv),  len_b = seq_lens[b]
+// Key j of sequence b lives in cache slot block_tables[b, j / block_size] * block_size + j % block_size.
+// seq_lens is read on the device, so a captured CUDA graph replays correctly at every length; len_b = 0 (a padding
+// row) gives out[b] = 0. Lengths are clamped to the block table's reach (M * block_size) and block ids to the
+// cache, so a bad input gives wrong numbers but never a read out of bounds.
 //
-// Layout: q T[Hq, D]; k_cache, v_cache T[Hkv, S, D]; out T[Hq, D]. Workspace (fp32, preallocated by the
-// wrapper): ws_ml[Hq, n_splits, 2] = (running max in log2 units, sum of exps), ws_acc[Hq, n_splits, D] =
-// unnormalised partial output.
+// Layout: q T[B, Hq, D]; k_cache, v_cache T[num_slots, Hkv, D]; block_tables int[B, M]; out T[B, Hq, D].
+// Workspace (fp32, preallocated per plan by the wrapper): ws_ml[B, Hq, n_splits, 2] = (running max in log2
+// units, sum of exps), ws_acc[B, Hq, n_splits, D] = unnormalised partial output.
 //
-// Kernel 1 (decode_attention_partial<T, D>): grid (Hkv * ceil(G / 8), n_splits), block 128 (4 warps).
-//   A block owns up to 8 q heads of one GQA group, so every K/V byte is read once for the whole group.
-//   The keys 0..length-1 are divided evenly over the splits (chunk = ceil(length / n_splits), rounded up to a
-//   tile), so the work spreads over the GPU at any length; splits past the end write an empty partial
-//   (max -inf, sum 0). A block sweeps its chunk in tiles of KT keys:
+// Kernel 1 (decode_attention_partial<T, D>): grid (Hkv * ceil(G / 8), n_splits, B), block 128 (4 warps).
+//   A block owns up to 8 q heads of one GQA group of one sequence, so every K/V byte is read once for the whole
+//   group. The sequence's keys are divided evenly over the splits (chunk = ceil(len / n_splits), rounded up to a
+//   tile), so the work spreads over the GPU at any length; splits past the end exit at once (the combine kernel
+//   computes the same chunk and reads only the non-empty ones). A block sweeps its chunk in tiles of KT keys:
 //     - LPK lanes share one key row, each reading a 16-byte chunk (D=64 bf16: 8 lanes/key, 4 keys per warp);
-//       key group kg = warp * KPW + lane / LPK reads keys tile + j * KPG + kg, j < 4 (coalesced rows).
-//       K and V of the tile are loaded together up front so both DRAM round trips overlap.
+//       key group kg = warp * KPW + lane / LPK reads keys tile + j * KPG + kg, j < 4 (each a 16-byte-aligned
+//       row of D elements in its slot). K and V of the tile are loaded together so both DRAM round trips
+//       overlap, and the block-table entries of the next tile are fetched while this one is scored.
 //     - scores: per-lane partial dot products (q from smem), reduced over the LPK lanes with xor shuffles.
 //     - each warp keeps its own online softmax (running max m, sum l per head; shuffles over its key groups),
 //       so the tile loop has no barrier: p = 2^(s - m_new), acc = acc * 2^(m_old - m_new) + sum p * v.
 //   At the end the lanes' partial sums are added (shuffles), and the 4 warps merged through smem, each
 //   rescaled from its own max to the block's.
-// Kernel 2 (decode_attention_combine<T, D>): grid (Hq), block 256: merges the non-empty splits' partials
-//   with weights 2^(m_s - M) / sum_s(l_s 2^(m_s - M)) and writes out[h] in T.
+// Kernel 2 (decode_attention_combine<T, D>): grid (Hq, B), block 256: merges the non-empty splits' partials
+//   with weights 2^(m_s - m_max) / sum_s(l_s 2^(m_s - m_max)) and writes out[b, h] in T.
 #include "dtype.cuh"
 
 constexpr int MAXG = 8;        // q heads per block; a larger GQA group is spread over several blocks
@@ -47,12 +51,24 @@ __device__ __forceinline__ int split_chunk(int length, int n_splits, int kt) {
     return max(kt, (c + kt - 1) / kt * kt);  // >= kt: never 0, even for a bogus length <= 0
 }
 
+// Tokens of sequence b to attend: seq_lens[b] clamped to what its block-table row can address.
+__device__ __forceinline__ int seq_length(const int* seq_lens, int b, int max_len) {
+    return min(max(seq_lens[b], 0), max_len);
+}
+
+// Cache slot of key `key` through one block-table row; the block id is clamped to the cache.
+__device__ __forceinline__ int key_slot(const int* table, int key, int block_size, int num_blocks) {
+    const unsigned blk = min((unsigned)table[key / block_size], (unsigned)num_blocks - 1u);
+    return (int)blk * block_size + key % block_size;
+}
+
 // (128, 3): caps registers at 170 so 3 blocks fit per SM; with the plain bound ptxas picked a small spill for fp32.
 template <typename T, int D>
 __global__ void __launch_bounds__(128, 3)
 decode_attention_partial(const T* __restrict__ q, const T* __restrict__ k_cache, const T* __restrict__ v_cache,
-                         const int* __restrict__ start_pos, float scale_log2, int Hq, int Hkv, int S,
-                         int n_splits, float* __restrict__ ws_ml, float* __restrict__ ws_acc) {
+                         const int* __restrict__ block_tables, const int* __restrict__ seq_lens, int block_size,
+                         int M, int num_blocks, float scale_log2, int Hq, int Hkv, int n_splits,
+                         float* __restrict__ ws_ml, float* __restrict__ ws_acc) {
     using Sh = Shape<T, D>;
     constexpr int VEC = Sh::VEC, LPK = Sh::LPK, NV = Sh::NV, KPW = Sh::KPW, KPG = Sh::KPG, KT = Sh::KT;
     constexpr int X = NV * VEC;                        // output dims per lane
@@ -60,7 +76,7 @@ decode_attention_partial(const T* __restrict__ q, const T* __restrict__ k_cache,
     const int kvh = blockIdx.x / n_hg, hg = blockIdx.x % n_hg;
     const int h0 = kvh * G + hg * MAXG;                // first q head of this block
     const int Gb = min(MAXG, G - hg * MAXG);           // q heads in this block (uniform: guards never diverge)
-    const int split = blockIdx.y;
+    const int split = blockIdx.y, b = blockIdx.z;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int slice = lane % LPK;                      // this lane reads chunks slice, slice + LPK, ... of a row
     const int kg = warp * KPW + lane / LPK;            // key group: keys tile + j * KPG + kg
@@ -68,18 +84,20 @@ decode_attention_partial(const T* __restrict__ q, const T* __restrict__ k_cache,
     __shared__ __align__(16) float s_q[MAXG][D];       // q, pre-scaled by scale * log2(e): exp2f gives softmax
     __shared__ float s_m[4][MAXG], s_l[4][MAXG];       // per-warp running max / sum, merged at the end
     __shared__ float s_red[4][MAXG][D];                // per-warp accumulators, merged at the end
-    // q is loaded before start_pos is known, so the two global-memory round trips overlap.
-    for (int i = tid; i < Gb * D; i += blockDim.x) s_q[i / D][i % D] = to_f32(q[(size_t)h0 * D + i]) * scale_log2;
-    const int length = min(start_pos[0] + 1, S);
+    const int length = seq_length(seq_lens, b, M * block_size);
     const int chunk = split_chunk(length, n_splits, KT);
     const int k_begin = split * chunk, k_end = min(k_begin + chunk, length);
-    if (k_begin >= k_end) {  // nothing here (the combine kernel only reads non-empty splits)
-        if (tid < Gb) {
-            ws_ml[2 * ((size_t)(h0 + tid) * n_splits + split)] = NEG_INF;
-            ws_ml[2 * ((size_t)(h0 + tid) * n_splits + split) + 1] = 0.0f;
-        }
-        return;
+    if (k_begin >= k_end) return;  // nothing here (the combine kernel only reads non-empty splits)
+    const int* table = block_tables + (size_t)b * M;
+    // Slots of this lane's keys in the first tile; inside the loop the next tile's are fetched one tile ahead.
+    int slot[KPT];
+#pragma unroll
+    for (int j = 0; j < KPT; j++) {
+        const int key = k_begin + j * KPG + kg;
+        slot[j] = key < k_end ? key_slot(table, key, block_size, num_blocks) : 0;
     }
+    const T* qb = q + ((size_t)b * Hq + h0) * D;  // issued while the block-table loads are in flight
+    for (int i = tid; i < Gb * D; i += blockDim.x) s_q[i / D][i % D] = to_f32(qb[i]) * scale_log2;
     __syncthreads();  // s_q ready
 
     // Each warp runs its own online softmax over its own keys (no barrier inside the loop): running max m and
@@ -91,8 +109,8 @@ decode_attention_partial(const T* __restrict__ q, const T* __restrict__ k_cache,
 #pragma unroll
         for (int x = 0; x < X; x++) acc[g][x] = 0.0f;
     }
-    const T* kb = k_cache + (size_t)kvh * S * D;
-    const T* vb = v_cache + (size_t)kvh * S * D;
+    const T* kb = k_cache + (size_t)kvh * D;  // key row of slot s: kb + s * Hkv * D
+    const T* vb = v_cache + (size_t)kvh * D;
     for (int kt0 = k_begin; kt0 < k_end; kt0 += KT) {
         // K and V of the tile are loaded together, so both DRAM round trips overlap.
         Chunk<T> kc[KPT][NV], vc[KPT][NV];
@@ -103,11 +121,16 @@ decode_attention_partial(const T* __restrict__ q, const T* __restrict__ k_cache,
             for (int v = 0; v < NV; v++) {
                 kc[j][v].u = vc[j][v].u = make_uint4(0, 0, 0, 0);  // keys past the chunk: zeros, never NaN
                 if (key < k_end) {
-                    const size_t off = (size_t)key * D + (v * LPK + slice) * VEC;
+                    const size_t off = (size_t)slot[j] * Hkv * D + (v * LPK + slice) * VEC;
                     kc[j][v].u = *reinterpret_cast<const uint4*>(kb + off);
                     vc[j][v].u = *reinterpret_cast<const uint4*>(vb + off);
                 }
             }
+        }
+#pragma unroll
+        for (int j = 0; j < KPT; j++) {  // next tile's slots: their table loads overlap this tile's math
+            const int key = kt0 + KT + j * KPG + kg;
+            slot[j] = key < k_end ? key_slot(table, key, block_size, num_blocks) : 0;
         }
 #pragma unroll
         for (int g = 0; g < MAXG; g++) {
@@ -174,19 +197,17 @@ decode_attention_partial(const T* __restrict__ q, const T* __restrict__ k_cache,
     __syncthreads();
     for (int i = tid; i < Gb * D; i += blockDim.x) {
         const int g = i / D, d = i % D;
-        const float M = fmaxf(fmaxf(s_m[0][g], s_m[1][g]), fmaxf(s_m[2][g], s_m[3][g]));  // finite: chunk non-empty
+        const float Mx = fmaxf(fmaxf(s_m[0][g], s_m[1][g]), fmaxf(s_m[2][g], s_m[3][g]));  // finite: chunk non-empty
         float o = 0.0f, L = 0.0f;
 #pragma unroll
         for (int w = 0; w < 4; w++) {
-            const float f = exp2f(s_m[w][g] - M);  // a warp without valid keys has m = -inf: weight 0
+            const float f = exp2f(s_m[w][g] - Mx);  // a warp without valid keys has m = -inf: weight 0
             o += f * s_red[w][g][d];
             L += f * s_l[w][g];
         }
-        ws_acc[((size_t)(h0 + g) * n_splits + split) * D + d] = o;
-        if (d == 0) {
-            ws_ml[2 * ((size_t)(h0 + g) * n_splits + split)] = M;
-            ws_ml[2 * ((size_t)(h0 + g) * n_splits + split) + 1] = L;
-        }
+        const size_t row = ((size_t)b * Hq + h0 + g) * n_splits + split;
+        ws_acc[row * D + d] = o;
+        if (d == 0) { ws_ml[2 * row] = Mx; ws_ml[2 * row + 1] = L; }
     }
 }
 
@@ -214,16 +235,20 @@ __device__ float block_reduce(float v, float* scratch) {
 template <typename T, int D>
 __global__ void __launch_bounds__(256)
 decode_attention_combine(const float* __restrict__ ws_ml, const float* __restrict__ ws_acc,
-                         const int* __restrict__ start_pos, int S, int n_splits, T* __restrict__ out) {
+                         const int* __restrict__ seq_lens, int max_len, int Hq, int n_splits, T* __restrict__ out) {
     constexpr int DC = D / 4, NSL = 256 / DC, KT = Shape<T, D>::KT;
     __shared__ float s_m[MAX_SPLITS];
     __shared__ float4 s_red[NSL][DC];
     __shared__ float s_scratch[2][32];
-    const int h = blockIdx.x, tid = threadIdx.x;
-    const int length = min(start_pos[0] + 1, S);
+    const int bh = blockIdx.y * Hq + blockIdx.x, tid = threadIdx.x;  // (sequence, head) row
+    const int length = seq_length(seq_lens, blockIdx.y, max_len);
+    if (length == 0) {  // padding row: zeros, not 0/0 (uniform over the block, before any barrier)
+        for (int d = tid; d < D; d += blockDim.x) out[(size_t)bh * D + d] = from_f32<T>(0.0f);
+        return;
+    }
     const int chunk = split_chunk(length, n_splits, KT);
     const int n_active = (length + chunk - 1) / chunk;
-    const float* ml = ws_ml + (size_t)h * n_splits * 2;
+    const float* ml = ws_ml + (size_t)bh * n_splits * 2;
 
     float mx = NEG_INF;
     for (int s = tid; s < n_active; s += blockDim.x) { s_m[s] = ml[2 * s]; mx = fmaxf(mx, s_m[s]); }
@@ -233,7 +258,7 @@ decode_attention_combine(const float* __restrict__ ws_ml, const float* __restric
     const float inv = 1.0f / block_reduce<false>(l, s_scratch[1]);  // its barrier also publishes s_m
 
     const int col = tid % DC, sl = tid / DC;
-    const float4* acc = reinterpret_cast<const float4*>(ws_acc + (size_t)h * n_splits * D) + col;
+    const float4* acc = reinterpret_cast<const float4*>(ws_acc + (size_t)bh * n_splits * D) + col;
     float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll 4
     for (int s = sl; s < n_active; s += NSL) {
@@ -247,15 +272,17 @@ decode_attention_combine(const float* __restrict__ ws_ml, const float* __restric
         float o = 0.0f;
 #pragma unroll 8
         for (int i = 0; i < NSL; i++) o += reinterpret_cast<const float*>(&s_red[i][d / 4])[d % 4];
-        out[(size_t)h * D + d] = from_f32<T>(o * inv);
+        out[(size_t)bh * D + d] = from_f32<T>(o * inv);
     }
 }
 
 #define DECODE_INSTANCE(T, D)                                                                                 \
-    template __global__ void decode_attention_partial<T, D>(const T*, const T*, const T*, const int*, float,   \
-                                                            int, int, int, int, float*, float*);
-#define COMBINE_INSTANCE(T, D) \
-    template __global__ void decode_attention_combine<T, D>(const float*, const float*, const int*, int, int, T*);
+    template __global__ void decode_attention_partial<T, D>(const T*, const T*, const T*, const int*,          \
+                                                            const int*, int, int, int, float, int, int, int,  \
+                                                            float*, float*);
+#define COMBINE_INSTANCE(T, D)                                                                                \
+    template __global__ void decode_attention_combine<T, D>(const float*, const float*, const int*, int, int, \
+                                                            int, T*);
 #define BOTH(T, D) DECODE_INSTANCE(T, D) COMBINE_INSTANCE(T, D)
 // Small head dims (8-32) are for tiny test models (tests/fixtures, stories260K); 64-256 for real ones.
 #define ALL_D(T) BOTH(T, 8) BOTH(T, 16) BOTH(T, 32) BOTH(T, 64) BOTH(T, 128) BOTH(T, 256)

@@ -1,25 +1,53 @@
-// prefill_attention.cu -- causal attention of a prompt chunk over the KV cache, with online softmax (never a
-// [T, T] matrix):  out[t, h] = softmax_k<=p(scale * q[t, h] . K[kvh, k]) . V[kvh, k],  p = start_pos + t,
-// kvh = h / (Hq / Hkv) (GQA). start_pos is read from device memory (no host sync between steps).
-// Layout: q, out T[T, Hq, D]; k_cache, v_cache T[Hkv, S, D] (rows 0..start_pos+T-1 valid, written by rope_qkv).
+// prefill_attention.cu -- causal attention of the new tokens of B sequences over the paged KV cache, with
+// online softmax (never a [T, T] matrix). Sequence b owns the flat rows qs..qs+n-1 of q and out
+// (qs = query_start_loc[b], n = query_start_loc[b+1] - qs); its query i sits at position p = len - n + i
+// (len = seq_lens[b]: the cached prefix plus these n tokens, already written by rope_qkv) and attends keys 0..p:
+//     out[qs + i, h] = softmax_k<=p(scale * q[qs + i, h] . K_b[k, kvh]) . V_b[k, kvh],  kvh = h / (Hq / Hkv).
+// Key k of sequence b lives in slot block_tables[b, k / block_size] * block_size + k % block_size.
+// Everything positional is read on the device (no host sync between steps). Rows outside
+// [query_start_loc[0], query_start_loc[B]) are never touched (the engine passes the prefill part of a mixed
+// batch this way). Lengths are clamped to the block table's reach and block ids to the cache: a bad input can
+// give wrong numbers but never an access out of bounds.
+// Layout: q, out T[N, Hq, D]; k_cache, v_cache T[num_slots, Hkv, D]; block_tables int[B, M].
 // Softmax runs in log2 units: scores are scaled by scale * log2(e) and exponentiated with exp2f.
+// Both kernels use grid (Hq, B, query tiles) with the query tiles in reverse: the hardware launches blocks in
+// x, y, z order, so every sequence's last (heaviest, causal) tiles go first, and tiles past a sequence's n exit.
+// K/V rows are gathered through the block table one tile at a time; the tile's slots are staged in shared
+// memory, so a 64-key tile may span any number of cache blocks.
 //
 // 1. prefill_attention<T>: the generic reference / fallback, any T, any D <= 256, fp32 math.
-//    grid (ceil(T/16), Hq), block 128 (4 warps), dynamic smem (16*D + 32*(D+1) + 32*D) * 4 bytes.
-//    A block owns 16 queries (4 per warp); K/V tiles of 32 keys are staged in smem as fp32.
-//    Lane l scores key l of the tile for all 4 rows of its warp at once (each smem K/V value serves 4 rows;
-//    K rows padded to D+1 floats so the 32 lanes hit 32 different banks), the warp max/sum come from
-//    shuffles, and lane l accumulates output dims l, l+32, ... .
+//    block 128 (4 warps), 16 queries per block, dynamic smem (16*D + 32*(D+1) + 32*D) * 4 bytes.
+//    K/V tiles of 32 keys are staged in smem as fp32. Lane l scores key l of the tile for all 4 rows of its
+//    warp at once (each smem K/V value serves 4 rows; K rows padded to D+1 floats so the 32 lanes hit 32
+//    different banks), the warp max/sum come from shuffles, and lane l accumulates output dims l, l+32, ... .
 //
 // 2. prefill_attention_tc<T, D>: FlashAttention-2 on tensor cores, T in {__half, __nv_bfloat16}, D in {64, 128}.
-//    grid (Hq, ceil(T/64)), block 128 (4 warps), dynamic smem 5 * 64 * (D+8) * 2 bytes (45 KB at D=64).
-//    A block owns 64 queries of one head; warp w owns rows 16w..16w+15. K/V tiles of 64 keys are double-
-//    buffered in smem with cp.async; S = Q K^T and O += P V use mma.sync m16n8k16 (fp32 accumulate).
-//    Tiles are visited in key order; only tiles that cross the diagonal are masked and tiles entirely above
-//    it are never loaded. Blocks run heaviest (last) query tiles first so the causal tail balances.
+//    block 128 (4 warps), 64 queries of one head per block, dynamic smem 5 * 64 * (D+8) * 2 bytes (45 KB at
+//    D=64). Warp w owns rows 16w..16w+15. K/V tiles of 64 keys are double-buffered in smem with cp.async (each
+//    16-byte chunk from its row's slot), and the block-table entries of tile j+2 are fetched while tile j is
+//    used. S = Q K^T and O += P V use mma.sync m16n8k16 (fp32 accumulate). Tiles are visited in key order;
+//    only tiles that cross the diagonal are masked and tiles entirely above it are never loaded.
 #include "dtype.cuh"
 
 constexpr float LOG2E = 1.4426950408889634f;
+
+// The sequence of this block: first flat row, number of new tokens, and the position of its first new token.
+struct Seq { int qs, n, start, len; };
+__device__ __forceinline__ Seq sequence(const int* query_start_loc, const int* seq_lens, int b, int max_len) {
+    Seq s;
+    s.qs = query_start_loc[b];
+    s.n = query_start_loc[b + 1] - s.qs;
+    s.len = min(max(seq_lens[b], 0), max_len);
+    s.start = max(s.len - s.n, 0);
+    return s;
+}
+
+// Cache slot of key `key` (< len) through a block-table row, or -1 past len; the block id is clamped to the cache.
+__device__ __forceinline__ int key_slot(const int* table, int key, int len, int block_size, int num_blocks) {
+    if (key >= len) return -1;
+    const unsigned blk = min((unsigned)table[key / block_size], (unsigned)num_blocks - 1u);
+    return (int)blk * block_size + key % block_size;
+}
 
 __device__ __forceinline__ float warp_max(float v) {
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
@@ -40,18 +68,25 @@ constexpr int G_BQ = 16, G_BK = 32, G_MAXJ = 8;  // queries per block, keys per 
 template <typename T>
 __global__ void __launch_bounds__(128, 4)
 prefill_attention(const T* __restrict__ q, const T* __restrict__ k_cache, const T* __restrict__ v_cache,
-                  const int* __restrict__ start_pos, float scale, int n_tokens, int Hq, int Hkv, int S, int D,
-                  T* __restrict__ out) {
+                  const int* __restrict__ block_tables, const int* __restrict__ query_start_loc,
+                  const int* __restrict__ seq_lens, int block_size, int M, int num_blocks, float scale, int Hq,
+                  int Hkv, int D, T* __restrict__ out) {
     extern __shared__ float smem[];
     float* Qs = smem;                    // [G_BQ][D], pre-scaled to log2 units
     float* Ks = Qs + G_BQ * D;           // [G_BK][D + 1]
     float* Vs = Ks + G_BK * (D + 1);     // [G_BK][D]
-    const int sp = start_pos[0], q0 = blockIdx.x * G_BQ, h = blockIdx.y, kvh = h / (Hq / Hkv);
+    __shared__ int s_slot[G_BK];         // cache slot of each key of the tile (-1: past the sequence)
+    const int h = blockIdx.x, b = blockIdx.y, kvh = h / (Hq / Hkv);
+    const int q0 = (gridDim.z - 1 - blockIdx.z) * G_BQ;
+    const Seq sq = sequence(query_start_loc, seq_lens, b, M * block_size);
+    if (q0 >= sq.n) return;  // whole block: before any barrier
+    const int sp = sq.start, n_tokens = sq.n;
+    const int* table = block_tables + (size_t)b * M;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 
     for (int i = threadIdx.x; i < G_BQ * D; i += blockDim.x) {
         const int r = i / D, t = q0 + r;
-        Qs[i] = t < n_tokens ? to_f32(q[((size_t)t * Hq + h) * D + i % D]) * (scale * LOG2E) : 0.0f;
+        Qs[i] = t < n_tokens ? to_f32(q[((size_t)(sq.qs + t) * Hq + h) * D + i % D]) * (scale * LOG2E) : 0.0f;
     }
     float m[4], l[4], acc[4][G_MAXJ];
 #pragma unroll
@@ -60,19 +95,20 @@ prefill_attention(const T* __restrict__ q, const T* __restrict__ k_cache, const 
 #pragma unroll
         for (int j = 0; j < G_MAXJ; j++) acc[i][j] = 0.0f;
     }
-    // Keys 0..n_keys-1 are needed: the last query of the block sits at position sp + q_end - 1. (Clamped to
-    // the cache so a bad start_pos can give wrong numbers but never read outside it.)
-    const int n_keys = min(sp + min(q0 + G_BQ, n_tokens), S);
+    // Keys 0..n_keys-1 are needed: the last query of the block sits at position sp + q_end - 1.
+    const int n_keys = min(sp + min(q0 + G_BQ, n_tokens), sq.len);
     const int nj = (D + 31) / 32;  // output dims per lane: lane, lane + 32, ...
-    const T* kb = k_cache + (size_t)kvh * S * D;
-    const T* vb = v_cache + (size_t)kvh * S * D;
+    const T* kb = k_cache + (size_t)kvh * D;  // key row of slot s: kb + s * Hkv * D
+    const T* vb = v_cache + (size_t)kvh * D;
     for (int k0 = 0; k0 < n_keys; k0 += G_BK) {
-        __syncthreads();  // previous tile fully consumed (and, on the first pass, Qs written)
+        // s_slot was last read before the previous tile's second barrier, so warp 0 may refill it now.
+        if (threadIdx.x < G_BK) s_slot[threadIdx.x] = key_slot(table, k0 + threadIdx.x, n_keys, block_size, num_blocks);
+        __syncthreads();  // previous tile fully consumed, slots ready (and, on the first pass, Qs written)
         for (int i = threadIdx.x; i < G_BK * D; i += blockDim.x) {
-            const int r = i / D, d = i % D, key = k0 + r;
+            const int r = i / D, d = i % D, slot = s_slot[r];
             // Keys past n_keys (never valid for a stored query) read as 0: finite, so 0 * v stays 0.
-            Ks[r * (D + 1) + d] = key < n_keys ? to_f32(kb[(size_t)key * D + d]) : 0.0f;
-            Vs[r * D + d] = key < n_keys ? to_f32(vb[(size_t)key * D + d]) : 0.0f;
+            Ks[r * (D + 1) + d] = slot >= 0 ? to_f32(kb[(size_t)slot * Hkv * D + d]) : 0.0f;
+            Vs[r * D + d] = slot >= 0 ? to_f32(vb[(size_t)slot * Hkv * D + d]) : 0.0f;
         }
         __syncthreads();
         // The warp's 4 query rows are processed together, so each K and V value read from smem serves 4 rows.
@@ -90,10 +126,11 @@ prefill_attention(const T* __restrict__ q, const T* __restrict__ k_cache, const 
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             if (key > sp + q0 + warp * 4 + i) s[i] = NEG_INF;  // causal mask (also covers keys >= n_keys)
-            // Key 0 of the first tile is visible to every row, so m_new is always finite here.
-            const float m_new = fmaxf(m[i], warp_max(s[i]));
-            const float alpha = exp2f(m[i] - m_new);
-            p[i] = exp2f(s[i] - m_new);
+            // Key 0 of the first tile is visible to every row, so m_new is finite here (for sane inputs; base
+            // keeps a row without keys at 0 rather than NaN).
+            const float m_new = fmaxf(m[i], warp_max(s[i])), base = m_new == NEG_INF ? 0.0f : m_new;
+            const float alpha = exp2f(m[i] - base);
+            p[i] = exp2f(s[i] - base);
             l[i] = l[i] * alpha + warp_sum(p[i]);
             m[i] = m_new;
 #pragma unroll
@@ -116,11 +153,11 @@ prefill_attention(const T* __restrict__ q, const T* __restrict__ k_cache, const 
     for (int i = 0; i < 4; i++) {
         const int t = q0 + warp * 4 + i;
         if (t >= n_tokens) continue;
-        const float inv = 1.0f / l[i];
+        const float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;  // no key at all only for seq_lens < q_len (bad input)
 #pragma unroll
         for (int j = 0; j < G_MAXJ; j++) {
             const int d = lane + 32 * j;
-            if (d < D) out[((size_t)t * Hq + h) * D + d] = from_f32<T>(acc[i][j] * inv);
+            if (d < D) out[((size_t)(sq.qs + t) * Hq + h) * D + d] = from_f32<T>(acc[i][j] * inv);
         }
     }
 }
@@ -193,11 +230,25 @@ __device__ __forceinline__ void load_tile(T* dst, const T* base, int row0, size_
     }
 }
 
+// The same for a K or V tile gathered from the cache: smem row r <- base + slots[r] * stride, zeros for -1.
+template <typename T, int D, int LD>
+__device__ __forceinline__ void load_kv_tile(T* dst, const T* base, const int* slots, size_t stride) {
+    constexpr int CPR = D / 8;
+#pragma unroll
+    for (int i = 0; i < TC_BK * CPR / 128; i++) {
+        const int c = threadIdx.x + i * 128, r = c / CPR, col = (c % CPR) * 8, slot = slots[r];
+        cp_async16(dst + r * LD + col, base + (slot >= 0 ? (size_t)slot * stride : 0) + col, slot >= 0);
+    }
+}
+
+// Registers: D=64 must stay <= 128 so 4 blocks are resident per SM (4 x 45 KB of smem fit); that is why the Q
+// fragments are re-read from smem per tile instead of held in registers (the block-table staging needed the room).
 template <typename T, int D>
 __global__ void __launch_bounds__(128)
 prefill_attention_tc(const T* __restrict__ q, const T* __restrict__ k_cache, const T* __restrict__ v_cache,
-                     const int* __restrict__ start_pos, float scale, int n_tokens, int Hq, int Hkv, int S,
-                     T* __restrict__ out) {
+                     const int* __restrict__ block_tables, const int* __restrict__ query_start_loc,
+                     const int* __restrict__ seq_lens, int block_size, int M, int num_blocks, float scale, int Hq,
+                     int Hkv, T* __restrict__ out) {
     // Rows padded by 8 elements (16 bytes): the 8 row addresses of one ldmatrix then fall in 8 different
     // 16-byte bank groups instead of all in one (a D*2-byte stride is a multiple of 128 bytes).
     constexpr int LD = D + 8, TILE = TC_BQ * LD;
@@ -205,20 +256,30 @@ prefill_attention_tc(const T* __restrict__ q, const T* __restrict__ k_cache, con
     T* Qs = reinterpret_cast<T*>(smem_raw);  // [64][LD]
     T* Ks = Qs + TILE;                       // [2][64][LD]
     T* Vs = Ks + 2 * TILE;                   // [2][64][LD]
+    __shared__ int s_slot[2][TC_BK];         // cache slots of the keys of the next tiles (-1: none)
     const T* tag = nullptr;
 
-    const int h = blockIdx.x, kvh = h / (Hq / Hkv);
-    const int q0 = (gridDim.y - 1 - blockIdx.y) * TC_BQ;  // heaviest query tiles are scheduled first
-    const int sp = start_pos[0];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
-    const int kv_len = min(sp + n_tokens, S);                // valid cache rows (clamped: never read past S)
-    const int n_kt = (sp + min(q0 + TC_BQ, n_tokens) - 1) / TC_BK + 1;  // tiles with a key <= the last query
-    const T* kb = k_cache + (size_t)kvh * S * D;
-    const T* vb = v_cache + (size_t)kvh * S * D;
+    const int h = blockIdx.x, b = blockIdx.y, kvh = h / (Hq / Hkv), tid = threadIdx.x;
+    const int q0 = (gridDim.z - 1 - blockIdx.z) * TC_BQ;  // heaviest query tiles are scheduled first
+    const Seq sq = sequence(query_start_loc, seq_lens, b, M * block_size);
+    if (q0 >= sq.n) return;  // whole block: before any barrier
+    const int sp = sq.start, n_tokens = sq.n;
+    const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
+    const int kv_len = min(sp + min(q0 + TC_BQ, n_tokens), sq.len);  // keys up to the block's last query
+    const int n_kt = max(1, (kv_len + TC_BK - 1) / TC_BK);  // >= 1: zero keys (bad input) give 0, not NaN
+    const int* table = block_tables + (size_t)b * M;
+    const size_t kv_stride = (size_t)Hkv * D;  // between the rows of consecutive slots
+    const T* kb = k_cache + (size_t)kvh * D;
+    const T* vb = v_cache + (size_t)kvh * D;
 
-    load_tile<T, D, LD>(Qs, q + (size_t)h * D, q0, (size_t)Hq * D, n_tokens);
-    load_tile<T, D, LD>(Ks, kb, 0, D, kv_len);
-    load_tile<T, D, LD>(Vs, vb, 0, D, kv_len);
+    // Slots of tiles 0 and 1 (their loads overlap the Q copy), then Q and K/V tile 0 in one cp.async group.
+    const int s0 = tid < TC_BK ? key_slot(table, tid, kv_len, block_size, num_blocks) : -1;
+    const int s1 = tid < TC_BK ? key_slot(table, TC_BK + tid, kv_len, block_size, num_blocks) : -1;
+    load_tile<T, D, LD>(Qs, q + ((size_t)sq.qs * Hq + h) * D, q0, (size_t)Hq * D, n_tokens);
+    if (tid < TC_BK) { s_slot[0][tid] = s0; s_slot[1][tid] = s1; }
+    __syncthreads();
+    load_kv_tile<T, D, LD>(Ks, kb, s_slot[0], kv_stride);
+    load_kv_tile<T, D, LD>(Vs, vb, s_slot[0], kv_stride);
     cp_async_commit();
 
     // Per thread: rows r0 = 16*warp + g and r1 = r0 + 8 of the block's 64 queries.
@@ -228,29 +289,27 @@ prefill_attention_tc(const T* __restrict__ q, const T* __restrict__ k_cache, con
     float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.0f, l1 = 0.0f;  // l: this thread's partial row sums
 #pragma unroll
     for (int n = 0; n < D / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-    unsigned qf[D / 16][4];                    // Q A-fragments, loaded once
 
     for (int j = 0; j < n_kt; j++) {
         const int buf = j & 1, k0 = j * TC_BK;
         if (j + 1 < n_kt) {  // prefetch the next tile into the other buffer while this one is used
-            load_tile<T, D, LD>(Ks + (buf ^ 1) * TILE, kb, k0 + TC_BK, D, kv_len);
-            load_tile<T, D, LD>(Vs + (buf ^ 1) * TILE, vb, k0 + TC_BK, D, kv_len);
+            load_kv_tile<T, D, LD>(Ks + (buf ^ 1) * TILE, kb, s_slot[buf ^ 1], kv_stride);
+            load_kv_tile<T, D, LD>(Vs + (buf ^ 1) * TILE, vb, s_slot[buf ^ 1], kv_stride);
             cp_async_commit();
             cp_async_wait<1>();
         } else {
             cp_async_wait<0>();
         }
+        // Slots of tile j + 2: the table load flies during this tile's math; stored into s_slot[buf] (tile j's
+        // slots, already used) before the barrier that ends the iteration.
+        const int next_slot = tid < TC_BK ? key_slot(table, k0 + 2 * TC_BK + tid, kv_len, block_size, num_blocks)
+                                          : -1;
         __syncthreads();
         const T* Kt = Ks + buf * TILE;
         const T* Vt = Vs + buf * TILE;
         // Matrix i of an ldmatrix.x4 gets its row addresses from lanes 8i..8i+7: row lane & 7, and
         // (lane >> 3) & 1 / lane >> 4 select which 8-row / 8-column half the matrix covers.
         const int lr = (lane & 7) + ((lane >> 3) & 1) * 8, lc = (lane >> 4) * 8;
-        if (j == 0) {
-#pragma unroll
-            for (int kk = 0; kk < D / 16; kk++)  // a0..a3 = rows 0-7|8-15 x cols 0-7|8-15 of the 16x16 block
-                ldmatrix_x4(qf[kk], Qs + (warp * 16 + lr) * LD + kk * 16 + lc);
-        }
 
         // S = Q K^T: 16 rows x 64 keys per warp = 8 n-tiles. K rows are keys, i.e. K^T stored "col": B frags
         // come straight from ldmatrix (non-trans): matrices = keys 0-7|8-15 (lane >> 4) x dims 0-7|8-15.
@@ -258,14 +317,19 @@ prefill_attention_tc(const T* __restrict__ q, const T* __restrict__ k_cache, con
 #pragma unroll
         for (int n = 0; n < TC_BK / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
 #pragma unroll
-        for (int kk = 0; kk < D / 16; kk++)
+        for (int kk = 0; kk < D / 16; kk++) {
+            // Q A-fragment, re-read from smem per tile (4% of the tile's ldmatrix) rather than held in 16
+            // registers: a0..a3 = rows 0-7|8-15 x cols 0-7|8-15 of the 16x16 block.
+            unsigned qf[4];
+            ldmatrix_x4(qf, Qs + (warp * 16 + lr) * LD + kk * 16 + lc);
 #pragma unroll
             for (int p = 0; p < TC_BK / 16; p++) {
                 unsigned b[4];  // b[0], b[1]: keys 16p..16p+7;  b[2], b[3]: keys 16p+8..16p+15
                 ldmatrix_x4(b, Kt + (p * 16 + (lane & 7) + (lane >> 4) * 8) * LD + kk * 16 + ((lane >> 3) & 1) * 8);
-                mma(s[2 * p], qf[kk], b[0], b[1], tag);
-                mma(s[2 * p + 1], qf[kk], b[2], b[3], tag);
+                mma(s[2 * p], qf, b[0], b[1], tag);
+                mma(s[2 * p + 1], qf, b[2], b[3], tag);
             }
+        }
 
         // Scale to log2 units; mask keys above the diagonal (only tiles that reach past the first query).
         const bool diag = k0 + TC_BK - 1 > sp + q0;
@@ -320,6 +384,7 @@ prefill_attention_tc(const T* __restrict__ q, const T* __restrict__ k_cache, con
                 mma(o[2 * dp + 1], a, b[2], b[3], tag);
             }
         }
+        if (tid < TC_BK) s_slot[buf][tid] = next_slot;
         __syncthreads();  // everyone is done with this buffer before the next iteration refills it
     }
 
@@ -330,8 +395,9 @@ prefill_attention_tc(const T* __restrict__ q, const T* __restrict__ k_cache, con
     l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
     const float inv0 = 1.0f / l0, inv1 = 1.0f / l1;
     const int t0 = q0 + warp * 16 + g, t1 = t0 + 8;
-    unsigned* out0 = reinterpret_cast<unsigned*>(out + ((size_t)t0 * Hq + h) * D + 2 * c);  // 2 values per store
-    unsigned* out1 = reinterpret_cast<unsigned*>(out + ((size_t)t1 * Hq + h) * D + 2 * c);
+    T* ob = out + ((size_t)sq.qs * Hq + h) * D + 2 * c;
+    unsigned* out0 = reinterpret_cast<unsigned*>(ob + (size_t)t0 * Hq * D);  // 2 values per store
+    unsigned* out1 = reinterpret_cast<unsigned*>(ob + (size_t)t1 * Hq * D);
 #pragma unroll
     for (int n = 0; n < D / 8; n++) {
         if (t0 < n_tokens) out0[n * 4] = pack2(o[n][0] * inv0, o[n][1] * inv0, tag);  // n-tile n: dims 8n + 2c, +1
@@ -340,10 +406,10 @@ prefill_attention_tc(const T* __restrict__ q, const T* __restrict__ k_cache, con
 }
 
 #define GENERIC_INSTANCE(T)                                                                                   \
-    template __global__ void prefill_attention<T>(const T*, const T*, const T*, const int*, float, int, int,  \
-                                                  int, int, int, T*);
+    template __global__ void prefill_attention<T>(const T*, const T*, const T*, const int*, const int*,       \
+                                                  const int*, int, int, int, float, int, int, int, T*);
 #define TC_INSTANCE(T, D)                                                                                     \
-    template __global__ void prefill_attention_tc<T, D>(const T*, const T*, const T*, const int*, float, int, \
-                                                        int, int, int, T*);
+    template __global__ void prefill_attention_tc<T, D>(const T*, const T*, const T*, const int*, const int*, \
+                                                        const int*, int, int, int, float, int, int, T*);
 GENERIC_INSTANCE(float) GENERIC_INSTANCE(__half) GENERIC_INSTANCE(__nv_bfloat16)
 TC_INSTANCE(__half, 64) TC_INSTANCE(__half, 128) TC_INSTANCE(__nv_bfloat16, 64) TC_INSTANCE(__nv_bfloat16, 128)

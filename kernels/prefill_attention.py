@@ -1,125 +1,218 @@
-"""Causal multi-head attention over a prompt chunk, CPU twin of prefill_attention.cu.
+"""Varlen causal attention over a paged KV cache, CPU twin of prefill_attention.cu (and home of the shared core).
 
-Query t sits at absolute position p = start_pos + t and attends keys 0..p of the KV cache (the cache already holds
-the start_pos earlier tokens plus this chunk, written by rope_qkv). GQA: query head h reads kv head h // (Hq // Hkv).
+Layout (SPEC "Paged KV cache layout"): k_cache, v_cache are [num_slots, Hkv, D]; key j of sequence b lives at slot
+block_tables[b, j // block_size] * block_size + j % block_size. The queries of sequence b are rows
+query_start_loc[b] .. query_start_loc[b+1]-1 of the flat q [N, Hq, D]; with q_len = the row count and L = seq_lens[b]
+(the context length, this step's keys already written by rope_qkv), query i sits at position L - q_len + i and
+attends keys 0..that position. GQA: query head h reads kv head h // (Hq // Hkv).
 
-The CPU version mirrors the GPU algorithm (FlashAttention's online softmax) rather than materialising a [T, T]
-score matrix: a work item is (q head, block of BQ queries); it sweeps the keys in tiles of BK, keeping per query a
-running max m, running denominator l and unnormalised output acc. When a tile raises the max from m to m', the
-old acc and l are rescaled by exp(m - m'), so every exp argument is <= 0 and nothing overflows. A K/V tile is
-reused by all BQ queries of the block while it is still in L1. Work items run in parallel (prange) when the
-call is big enough to pay for waking the worker threads.
+The core (attend) mirrors the GPU algorithm, FlashAttention's online softmax, rather than materialising a [T, T]
+score matrix. A work item is one kv head and a block of queries of one sequence; its rows are every (query, head)
+pair of the block over the `group` query heads that share the kv head, so each K/V tile is read once for all of
+them. The item sweeps its keys in tiles of BK, looking each tile's slots up in the block table once (K/V are read
+in place, no gather copy), and keeps per row a running max m, running denominator l and unnormalised output acc.
+When a tile raises the max from m to m', the old acc and l are rescaled by exp(m - m'), so every exp argument is
+<= 0 and nothing overflows. Decode (kernels/decode_attention.py) is the same core with one query per item.
 """
 import numpy as np
 from numba import njit, prange
 
-BQ = 16   # queries per work item: K/V tile reuse vs. enough items to keep both cores busy
-BK = 64   # keys per tile: a K tile (BK * D * 4 bytes = 16 KiB at D = 64) stays in L1 across the block
+ROWS = 16  # (query, head) rows per work item: K/V tile reuse vs. enough items to keep both cores busy
+BK = 64    # keys per tile: a K tile (BK * D * 4 bytes = 16 KiB at D = 64) stays in L1 across the item's rows
 
 # Reassociation lets LLVM vectorise the q.k dot product (a reduction); no nnan/ninf, so IEEE inf/NaN still hold.
 _FM = {"reassoc", "contract"}
-
-
-@njit(cache=True, nogil=True, fastmath=_FM)
-def attend_rows(q, t0, h, n, k_cache, v_cache, kvh, last0, scale, out):
-    """Row i < n is query q[t0 + i, h] attending keys 0..last0 + i of kv head kvh; result to out[t0 + i, h]."""
-    D = q.shape[2]
-    acc = np.zeros((n, D), np.float32)
-    m = np.full(n, -np.inf, np.float32)
-    l = np.zeros(n, np.float32)
-    s = np.empty(BK, np.float32)
-    for k0 in range(0, last0 + n, BK):
-        for i in range(n):
-            end = min(k0 + BK, last0 + i + 1)  # causal: keys past this query's position are never read
-            if end <= k0:
-                continue
-            mx = m[i]
-            for j in range(k0, end):
-                dot = np.float32(0.0)
-                for d in range(D):
-                    dot += q[t0 + i, h, d] * k_cache[kvh, j, d]
-                dot *= scale
-                s[j - k0] = dot
-                mx = max(mx, dot)
-            corr = np.exp(m[i] - mx)  # exp(-inf) = 0 on the first tile, when acc and l are still 0
-            l[i] *= corr
-            for d in range(D):
-                acc[i, d] *= corr
-            for j in range(k0, end):
-                pj = np.exp(s[j - k0] - mx)
-                l[i] += pj
-                for d in range(D):
-                    acc[i, d] += pj * v_cache[kvh, j, d]
-            m[i] = mx
-    for i in range(n):
-        inv = np.float32(1.0) / l[i]
-        for d in range(D):
-            out[t0 + i, h, d] = acc[i, d] * inv
-
-
-@njit(cache=True, nogil=True)
-def _work_item(item, nqb, T):
-    """Work item -> (q head, first query, number of queries)."""
-    h = item // nqb
-    r = item % nqb
-    # Causal blocks get costlier with t; prange hands each thread a contiguous range of items, so visit blocks
-    # zig-zag (0, last, 1, last-1, ...) to give any contiguous range a fair mix of cheap and costly blocks.
-    qb = r // 2 if r % 2 == 0 else nqb - 1 - r // 2
-    t0 = qb * BQ
-    return h, t0, min(BQ, T - t0)
-
-
-# Two drivers, not one function jitted twice: numba's on-disk cache is keyed by function, not by compile flags.
-@njit(cache=True, nogil=True, parallel=True)
-def attention_parallel(q, k_cache, v_cache, start_pos, scale, out):
-    T, Hq, _ = q.shape
-    group = Hq // k_cache.shape[0]
-    nqb = (T + BQ - 1) // BQ
-    for item in prange(Hq * nqb):
-        h, t0, n = _work_item(item, nqb, T)
-        attend_rows(q, t0, h, n, k_cache, v_cache, h // group, start_pos + t0, scale, out)
-
-
-@njit(cache=True, nogil=True)
-def attention_serial(q, k_cache, v_cache, start_pos, scale, out):
-    T, Hq, _ = q.shape
-    group = Hq // k_cache.shape[0]
-    nqb = (T + BQ - 1) // BQ
-    for item in range(Hq * nqb):
-        h, t0, n = _work_item(item, nqb, T)
-        attend_rows(q, t0, h, n, k_cache, v_cache, h // group, start_pos + t0, scale, out)
-
 
 # Waking the idle OpenMP threads costs ~40 us on a 2-vCPU box (passive wait policy), as much as a whole serial
 # decode step over ~2k keys with 6 heads of 64; below this many q.k multiply-adds one thread is faster.
 PARALLEL_MIN_MACS = 1 << 20
 
 
-def attention(q, k_cache, v_cache, start_pos, scale, out):
-    """Runs the causal kernel on q [T, Hq, D] at positions start_pos.., picking serial or parallel by size."""
-    T, Hq, D = q.shape
-    macs = Hq * D * T * (start_pos + (T + 1) // 2)
-    run = attention_parallel if macs >= PARALLEL_MIN_MACS else attention_serial
-    run(q, k_cache, v_cache, int(start_pos), np.float32(scale), out)
+@njit(cache=True, nogil=True, fastmath=_FM)
+def attend(q, t0, n, h0, nh, k_cache, v_cache, kvh, table, block_size, last0, scale, out):
+    """Rows (i < n, hh < nh): query q[t0 + i, h0 + hh] attends keys 0..last0 + i of kv head kvh, read through the
+    block table row `table`; result to out[t0 + i, h0 + hh]. A row with no key (last0 + i < 0) gets zeros."""
+    D = q.shape[2]
+    acc = np.zeros((n * nh, D), np.float32)
+    m = np.full(n * nh, -np.inf, np.float32)
+    l = np.zeros(n * nh, np.float32)
+    s = np.empty(BK, np.float32)
+    slots = np.empty(BK, np.int64)
+    for k0 in range(0, last0 + n, BK):
+        kend = min(k0 + BK, last0 + n)
+        for j in range(k0, kend):  # one block-table lookup per key per item, shared by all rows
+            slots[j - k0] = table[j // block_size] * block_size + j % block_size
+        for i in range(n):
+            end = min(kend, last0 + i + 1)  # causal: keys past this query's position are never read
+            if end <= k0:
+                continue
+            for hh in range(nh):
+                r = i * nh + hh
+                h = h0 + hh
+                mx = m[r]
+                for j in range(k0, end):
+                    slot = slots[j - k0]
+                    dot = np.float32(0.0)
+                    for d in range(D):
+                        dot += q[t0 + i, h, d] * k_cache[slot, kvh, d]
+                    dot *= scale
+                    s[j - k0] = dot
+                    mx = max(mx, dot)
+                corr = np.exp(m[r] - mx)  # exp(-inf) = 0 on the first tile, when acc and l are still 0
+                l[r] *= corr
+                for d in range(D):
+                    acc[r, d] *= corr
+                for j in range(k0, end):
+                    pj = np.exp(s[j - k0] - mx)
+                    l[r] += pj
+                    slot = slots[j - k0]
+                    for d in range(D):
+                        acc[r, d] += pj * v_cache[slot, kvh, d]
+                m[r] = mx
+    for i in range(n):
+        for hh in range(nh):
+            r = i * nh + hh
+            inv = np.float32(1.0) / l[r] if l[r] > 0 else np.float32(0.0)
+            for d in range(D):
+                out[t0 + i, h0 + hh, d] = acc[r, d] * inv
 
 
-def check_shapes(op, q, k_cache, v_cache, n_keys, out):
-    """Shared by the prefill and decode wrappers: q, out [T, Hq, D]; caches [Hkv, S, D] holding n_keys keys."""
-    T, Hq, D = q.shape
-    Hkv, S, Dk = k_cache.shape
-    if out.shape != q.shape or v_cache.shape != k_cache.shape or Dk != D:
+@njit(cache=True, nogil=True)
+def check_tables(block_tables, seq_lens, block_size, num_slots):
+    """Index of the first sequence whose length exceeds its block-table row or whose blocks (up to its length) lie
+    outside the cache, else -1. Numba does not bounds-check, so this is what keeps a bad table from reading
+    arbitrary memory."""
+    M = block_tables.shape[1]
+    num_blocks = num_slots // block_size
+    for b in range(seq_lens.shape[0]):
+        L = seq_lens[b]
+        if L < 0 or L > M * block_size:
+            return b
+        for blk in range((L + block_size - 1) // block_size):
+            if block_tables[b, blk] < 0 or block_tables[b, blk] >= num_blocks:
+                return b
+    return -1
+
+
+@njit(cache=True, nogil=True)
+def _plan(query_start_loc, seq_lens, bq):
+    """Query blocks of every sequence as rows (sequence, first row, n, position of the first query), ordered so that
+    any contiguous range of blocks mixes cheap and costly ones: prange hands each thread a contiguous range of
+    items, and causal blocks deep into a long sequence cost far more than early ones. Blocks are sorted by cost and
+    visited zig-zag (costliest, cheapest, 2nd costliest, ...)."""
+    B = seq_lens.shape[0]
+    nblk = 0
+    for b in range(B):
+        nblk += (query_start_loc[b + 1] - query_start_loc[b] + bq - 1) // bq
+    blocks = np.empty((nblk, 4), np.int64)
+    cost = np.empty(nblk, np.int64)
+    k = 0
+    for b in range(B):
+        q_len = query_start_loc[b + 1] - query_start_loc[b]
+        for t in range(0, q_len, bq):
+            n = min(bq, q_len - t)
+            last0 = seq_lens[b] - q_len + t
+            blocks[k, 0], blocks[k, 1], blocks[k, 2], blocks[k, 3] = b, query_start_loc[b] + t, n, last0
+            cost[k] = n * (last0 + n)
+            k += 1
+    order = np.argsort(-cost)
+    zig = np.empty((nblk, 4), np.int64)
+    for r in range(nblk):
+        zig[r] = blocks[order[r // 2 if r % 2 == 0 else nblk - 1 - r // 2]]
+    return zig
+
+
+# Two drivers, not one function jitted twice: numba's on-disk cache is keyed by function, not by compile flags.
+@njit(cache=True, nogil=True, parallel=True)
+def _prefill_parallel(q, k_cache, v_cache, block_tables, blocks, block_size, scale, out):
+    Hkv = k_cache.shape[1]
+    group = q.shape[1] // Hkv
+    nblk = blocks.shape[0]
+    for item in prange(Hkv * nblk):
+        kvh, r = item // nblk, item % nblk
+        b, t0, n, last0 = blocks[r, 0], blocks[r, 1], blocks[r, 2], blocks[r, 3]
+        attend(q, t0, n, kvh * group, group, k_cache, v_cache, kvh, block_tables[b], block_size, last0, scale, out)
+
+
+@njit(cache=True, nogil=True)
+def _prefill_serial(q, k_cache, v_cache, block_tables, blocks, block_size, scale, out):
+    Hkv = k_cache.shape[1]
+    group = q.shape[1] // Hkv
+    nblk = blocks.shape[0]
+    for item in range(Hkv * nblk):
+        kvh, r = item // nblk, item % nblk
+        b, t0, n, last0 = blocks[r, 0], blocks[r, 1], blocks[r, 2], blocks[r, 3]
+        attend(q, t0, n, kvh * group, group, k_cache, v_cache, kvh, block_tables[b], block_size, last0, scale, out)
+
+
+@njit(cache=True, nogil=True)
+def _prefill(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, block_size, scale, out, min_macs):
+    """Validates (returns the first bad sequence, or -1), then runs the serial or parallel driver by size."""
+    B = seq_lens.shape[0]
+    if query_start_loc[0] < 0 or query_start_loc[B] > q.shape[0]:
+        return B
+    for b in range(B):
+        q_len = query_start_loc[b + 1] - query_start_loc[b]
+        if q_len < 0 or q_len > seq_lens[b]:
+            return b
+    bad = check_tables(block_tables, seq_lens, block_size, k_cache.shape[0])
+    if bad >= 0:
+        return bad
+    Hq, D = q.shape[1], q.shape[2]
+    bq = max(1, ROWS // (Hq // k_cache.shape[1]))
+    blocks = _plan(query_start_loc, seq_lens, bq)
+    macs = 0
+    for r in range(blocks.shape[0]):
+        macs += blocks[r, 2] * (blocks[r, 3] + (blocks[r, 2] + 1) // 2) * Hq * D
+    if macs >= min_macs:
+        _prefill_parallel(q, k_cache, v_cache, block_tables, blocks, block_size, scale, out)
+    else:
+        _prefill_serial(q, k_cache, v_cache, block_tables, blocks, block_size, scale, out)
+    return -1
+
+
+def check_shapes(op, q, k_cache, v_cache, block_tables, seq_lens, block_size, out):
+    """Shared by the prefill and decode wrappers: dtypes, q/out [rows, Hq, D], caches [num_slots, Hkv, D]."""
+    for name, a, dt in (("q", q, np.float32), ("out", out, np.float32), ("k_cache", k_cache, np.float32),
+                        ("v_cache", v_cache, np.float32), ("block_tables", block_tables, np.int32),
+                        ("seq_lens", seq_lens, np.int32)):
+        if a.dtype != dt:
+            raise ValueError(f"{op}: {name} dtype {a.dtype} != {np.dtype(dt)}")
+    if q.ndim != 3 or out.shape != q.shape or k_cache.ndim != 3 or v_cache.shape != k_cache.shape \
+            or k_cache.shape[2] != q.shape[2]:
         raise ValueError(f"{op}: q {q.shape}, out {out.shape}, k_cache {k_cache.shape}, v_cache {v_cache.shape}")
-    if Hq % Hkv:
-        raise ValueError(f"{op}: {Hq} query heads is not a multiple of {Hkv} kv heads")
-    if not 0 < n_keys <= S:
-        raise ValueError(f"{op}: {n_keys} keys do not fit a cache of {S}")
+    if q.shape[1] % k_cache.shape[1]:
+        raise ValueError(f"{op}: {q.shape[1]} query heads is not a multiple of {k_cache.shape[1]} kv heads")
+    if seq_lens.ndim != 1 or block_tables.ndim != 2 or block_tables.shape[0] != seq_lens.shape[0]:
+        raise ValueError(f"{op}: block_tables {block_tables.shape} must be [B, M] for seq_lens {seq_lens.shape} [B]")
+    if block_size < 1:
+        raise ValueError(f"{op}: block_size {block_size} < 1")
 
 
-def prefill_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, start_pos: int, scale: float,
+def bad_sequence(op, b, block_tables, seq_lens, block_size, num_slots, extra=""):
+    """The ValueError for sequence b, rejected by check_tables or the query-range checks."""
+    L = int(seq_lens[b])
+    used = block_tables[b, :max(0, min(-(-L // block_size), block_tables.shape[1]))].tolist()
+    return ValueError(f"{op}: sequence {b}: seq_len {L}{extra}, blocks {used} of block_size {block_size}: out of "
+                      f"range (block table row holds {block_tables.shape[1]} blocks, cache {num_slots} slots)")
+
+
+def prefill_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, block_tables: np.ndarray,
+                      query_start_loc: np.ndarray, seq_lens: np.ndarray, block_size: int, scale: float,
                       out: np.ndarray) -> None:
-    """q: float32[T, Hq, D]; k_cache, v_cache: float32[Hkv, S, D] holding keys 0..start_pos+T-1;
-    out: float32[T, Hq, D], written in place."""
-    check_shapes("prefill_attention", q, k_cache, v_cache, start_pos + q.shape[0], out)
-    if start_pos < 0:
-        raise ValueError(f"prefill_attention: start_pos {start_pos} < 0")
-    attention(q, k_cache, v_cache, start_pos, scale, out)
+    """q, out: float32[N, Hq, D] (only rows query_start_loc[0]..query_start_loc[B]-1 are read / written);
+    k_cache, v_cache: float32[num_slots, Hkv, D]; block_tables: int32[B, M]; query_start_loc: int32[B+1];
+    seq_lens: int32[B], context lengths including this step's queries."""
+    op = "prefill_attention"
+    check_shapes(op, q, k_cache, v_cache, block_tables, seq_lens, block_size, out)
+    B = seq_lens.shape[0]
+    if query_start_loc.dtype != np.int32 or query_start_loc.shape != (B + 1,):
+        raise ValueError(f"{op}: query_start_loc {query_start_loc.dtype}{query_start_loc.shape} != int32[{B + 1}]")
+    bad = _prefill(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, int(block_size), np.float32(scale),
+                   out, PARALLEL_MIN_MACS)
+    if bad == B:
+        raise ValueError(f"{op}: query_start_loc {query_start_loc[0]}..{query_start_loc[B]} "
+                         f"outside q's {q.shape[0]} rows")
+    if bad >= 0:
+        raise bad_sequence(op, bad, block_tables, seq_lens, block_size, k_cache.shape[0],
+                           f", q_len {query_start_loc[bad + 1] - query_start_loc[bad]}")

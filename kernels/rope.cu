@@ -1,19 +1,23 @@
 // rope.cu -- post-process the fused QKV projection of T tokens: bias, optional per-head q/k RMSNorm (Qwen3),
-// rotary embedding (HF "rotate_half" pairs (i, i + D/2)), and the KV-cache write. For token t at position
-// p = start_pos + t (start_pos read from device memory, so a decode step needs no host value):
+// rotary embedding (HF "rotate_half" pairs (i, i + D/2)), and the write of K/V into the paged cache.
+// Token t sits at position p = positions[t] and owns cache slot s = slot_mapping[t] (both read on the device,
+// so a captured step replays with new values):
 //     q head h: v = qkv[t, h*D:(h+1)*D] (+bias); [v = rmsnorm(v) * q_norm];  q_out[t, h]   = rotate(v, p)
-//     k head j: same at column (Hq + j)*D with k_norm;                       k_cache[j, p] = rotate(v, p)
-//     v head j: v = qkv[t, (Hq+Hkv+j)*D ...] (+bias);                        v_cache[j, p] = v
+//     k head j: same at column (Hq + j)*D with k_norm;                       k_cache[s, j] = rotate(v, p)
+//     v head j: v = qkv[t, (Hq+Hkv+j)*D ...] (+bias);                        v_cache[s, j] = v
 //     rotate: out[i] = x[i]*c - x[i+D/2]*s,  out[i+D/2] = x[i+D/2]*c + x[i]*s,  c = cos[p, i], s = sin[p, i]
+// s < 0 marks a padding row (a CUDA-graph batch padded to its bucket): q is written, K/V are not. A position
+// outside the rope table skips every write of its row and a slot >= num_slots skips the K/V writes, so a bad
+// input gives wrong numbers but never a write out of bounds.
 // Rounding for 16-bit T follows HF: the bias add is rounded to T (it is part of the Linear output), the
 // normalised value is rounded to T before the weight multiply and again after it; the rotation runs in fp32
 // with fp32 tables and is rounded once.
 //
 // Layout (row-major): qkv T[T, (Hq+2Hkv)*D]; bias T[(Hq+2Hkv)*D] or nullptr; q_norm, k_norm T[D] or nullptr;
-// cos, sin float[S, D/2]; q_out T[T, Hq, D]; k_cache, v_cache T[Hkv, S, D].
+// cos, sin float[P, D/2]; positions, slot_mapping int[T]; q_out T[T, Hq, D]; k_cache, v_cache T[num_slots, Hkv, D].
 // Launch: block 128 threads = 4 warps, one warp per (token, head) item, grid ceil(T*(Hq+2Hkv) / 4).
 // Lane l owns the pairs (i, i + D/2) for i = l, l+32, ... (at most 4 for D <= 256), so the per-head norm is a
-// warp reduction and the rotation needs no data exchange. Decode (T = 1) is 18 warps in 5 blocks.
+// warp reduction and the rotation needs no data exchange. A decode step of one token is 18 warps in 5 blocks.
 #include "dtype.cuh"
 
 // Round an fp32 value to T and back: the value HF would hold in a T tensor at this point.
@@ -25,8 +29,8 @@ template <typename T>
 __global__ void __launch_bounds__(128)
 rope_qkv(const T* __restrict__ qkv, const T* __restrict__ bias, const T* __restrict__ q_norm,
          const T* __restrict__ k_norm, float eps, const float* __restrict__ cos_t, const float* __restrict__ sin_t,
-         const int* __restrict__ start_pos, int n_tokens, int Hq, int Hkv, int D, int S,
-         T* __restrict__ q_out, T* __restrict__ k_cache, T* __restrict__ v_cache) {
+         const int* __restrict__ positions, const int* __restrict__ slot_mapping, int n_tokens, int Hq, int Hkv,
+         int D, int n_pos, int num_slots, T* __restrict__ q_out, T* __restrict__ k_cache, T* __restrict__ v_cache) {
     const int NH = Hq + 2 * Hkv;
     const int item = blockIdx.x * 4 + (threadIdx.x >> 5);
     const int lane = threadIdx.x & 31;
@@ -35,6 +39,9 @@ rope_qkv(const T* __restrict__ qkv, const T* __restrict__ bias, const T* __restr
     const int half = D / 2;
     const int col = head * D;  // column of this head in the fused row (and in the bias)
     const T* src = qkv + (size_t)t * NH * D + col;
+    // Issued before the row loads, consumed after them: the three global round trips overlap.
+    const int p = positions[t];
+    const int slot = head >= Hq ? slot_mapping[t] : 0;
 
     // Load the pairs this lane owns, with the bias added and rounded to T (HF's Linear output).
     float x1[MAX_PAIRS], x2[MAX_PAIRS];
@@ -48,12 +55,11 @@ rope_qkv(const T* __restrict__ qkv, const T* __restrict__ bias, const T* __restr
             x1[k] = a; x2[k] = b;
         }
     }
-    // Read after the row loads are issued, so the start_pos and qkv round trips overlap (only cos/sin wait on p).
-    const int p = start_pos[0] + t;
-    if (p >= S) return;  // no room in the cache (or rope table): never write out of bounds
+    if ((unsigned)p >= (unsigned)n_pos) return;                              // outside the rope table
+    if (head >= Hq && (unsigned)slot >= (unsigned)num_slots) return;         // padding row (or bad slot): no K/V
 
     if (head >= Hq + Hkv) {  // v head: straight to the cache, no norm, no rotation
-        T* dst = v_cache + ((size_t)(head - Hq - Hkv) * S + p) * D;
+        T* dst = v_cache + ((size_t)slot * Hkv + (head - Hq - Hkv)) * D;
 #pragma unroll
         for (int k = 0; k < MAX_PAIRS; k++) {
             const int i = lane + 32 * k;
@@ -80,7 +86,7 @@ rope_qkv(const T* __restrict__ qkv, const T* __restrict__ bias, const T* __restr
         }
     }
 
-    T* dst = is_q ? q_out + ((size_t)t * Hq + head) * D : k_cache + ((size_t)(head - Hq) * S + p) * D;
+    T* dst = is_q ? q_out + ((size_t)t * Hq + head) * D : k_cache + ((size_t)slot * Hkv + (head - Hq)) * D;
     const float* cr = cos_t + (size_t)p * half;
     const float* sr = sin_t + (size_t)p * half;
 #pragma unroll
@@ -96,7 +102,8 @@ rope_qkv(const T* __restrict__ qkv, const T* __restrict__ bias, const T* __restr
 
 #define ROPE_INSTANCE(T)                                                                                      \
     template __global__ void rope_qkv<T>(const T*, const T*, const T*, const T*, float, const float*,         \
-                                         const float*, const int*, int, int, int, int, int, T*, T*, T*);
+                                         const float*, const int*, const int*, int, int, int, int, int, int,  \
+                                         T*, T*, T*);
 ROPE_INSTANCE(float)
 ROPE_INSTANCE(__half)
 ROPE_INSTANCE(__nv_bfloat16)

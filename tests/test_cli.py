@@ -1,4 +1,4 @@
-"""`python -m toolkit generate` and `bench`, run in-process on the CPU with fixture models."""
+"""`python -m toolkit generate`, run in-process on the CPU with fixture models (bench: test_bench_cli.py)."""
 import json
 import shutil
 
@@ -25,7 +25,8 @@ def test_jsonl_record_fields(capsys):
     r = recs[0]
     assert r["prompt"] == "The cat sat" and r["prompt_token_ids"][0] == 1  # BOS
     assert r["finish_reason"] in ("length", "stop") and len(r["token_ids"]) <= 5
-    assert set(r["timings"]) == {"prefill_ms", "prefill_tok_per_s", "decode_ms_per_step", "decode_tok_per_s"}
+    assert {"prefill_ms", "prefill_tok_per_s", "decode_ms_per_step", "decode_tok_per_s", "ttft_ms",
+            "cached_tokens"} <= set(r["timings"])
     assert "CPU backend (requested)" in err and "tok/s" in err
 
 
@@ -110,11 +111,21 @@ def test_unsupported_model_type(tmp_path, capsys):
     assert "unsupported model_type 'gpt_neox'" in capsys.readouterr().err
 
 
-def test_bench_runs_on_cpu(capsys):
-    rc = main(["bench", "--shape", "tiny", "--device", "cpu", "--prefill", "8,32", "--decode", "4",
-               "--repeats", "2", "--warmup", "0", "--format", "json"])
-    data = json.loads(capsys.readouterr().out)
-    assert rc == 0
-    assert [r["test"] for r in data["results"]] == ["pp8", "pp32", "tg4"]
-    assert all(r["tok_per_s"] > 0 for r in data["results"])
-    assert data["environment"]["backend"] == "cpu"
+def test_batch_records_follow_finish_order_and_text_keeps_input_order(tmp_path, capsys):
+    lines = ['{"id": "long", "prompt": "The cat sat on the mat", "max_tokens": 12}',
+             '{"id": "short", "prompt": "Hello", "max_tokens": 1}']
+    f = tmp_path / "req.jsonl"
+    f.write_text("\n".join(lines))
+    assert main(["generate", "--model", LLAMA, "--device", "cpu", "--prompts-file", str(f), "--format", "jsonl"]) == 0
+    assert [r["id"] for r in _jsonl(capsys.readouterr().out)] == ["short", "long"]  # as each finishes
+    assert main(["generate", "--model", LLAMA, "--device", "cpu", "--max-tokens", "3", "a b c d e f", "x"]) == 0
+    err = capsys.readouterr().err
+    assert err.index("[0]") < err.index("[1]")  # text mode: input order
+
+
+def test_engine_flags(capsys):
+    rc = main(["generate", "--model", LLAMA, "--device", "cpu", "--max-tokens", "3", "--max-num-seqs", "2",
+               "--max-num-batched-tokens", "4", "--kv-cache-tokens", "64", "--no-prefix-caching",
+               "--format", "jsonl", "one two three four five six", "seven", "eight nine"])
+    recs = _jsonl(capsys.readouterr().out)
+    assert rc == 0 and len(recs) == 3 and all(len(r["token_ids"]) == 3 for r in recs)

@@ -1,12 +1,17 @@
 """CPU twins (kernels/*.py) vs plain float64 NumPy references written the obvious way.
 
 The twins are the reference for every CUDA kernel, so they are checked here against formulas that share no code
-with them: attention as an explicit softmax over a masked [T, keys] score matrix, RoPE in HF's rotate_half form, etc.
-Shapes cover GQA ratios 1 and 7, D = 64 and 8, start_pos > 0, T = 1, and lengths that are not multiples of the
-attention tiles (BQ = 16 queries, BK = 64 keys). test_tests_can_fail shows the data tell the likely bugs apart.
+with them: attention gathers each sequence's keys through its block table and takes an explicit softmax over a
+masked [q_len, seq_len] score matrix, RoPE is HF's rotate_half form, etc. The paged caches are NaN everywhere a
+kernel must not read or write, and block tables are shuffled, so a wrong slot shows. Shapes cover ragged batches,
+block sizes 1, 16 and 32, GQA ratios 1 and 7, D = 64 and 8, cached prefixes (seq_len > q_len), q_len 1, padding
+rows, a query_start_loc that starts past row 0, and lengths that are not multiples of the attention tiles
+(BK = 64 keys). test_tests_can_fail shows the data tell the likely bugs apart.
 """
 import numpy as np
 import pytest
+from paged_cache import paged_cache
+from hypothesis import given, settings, strategies as st
 
 import kernels.prefill_attention as prefill_mod
 from kernels.activation import silu_mul
@@ -18,6 +23,7 @@ from kernels.rmsnorm import add_rmsnorm
 from kernels.rope import rope_qkv
 
 EPS = 1e-6
+I32 = np.int32
 
 
 def randn(rng, *shape, scale=1.0):
@@ -36,6 +42,10 @@ def rope_tables(S, D, theta=10000.0):
     return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
 
 
+def cdiv(a, b):
+    return -(-a // b)
+
+
 # ---- references (float64) ----
 
 def ref_rmsnorm(x, w):
@@ -52,33 +62,51 @@ def ref_rope(x, pos, cos, sin):
     return x * c + rotate_half * s
 
 
-def ref_attention(q, k, v, start_pos, scale, causal=True, kv_head=None):
-    """q [T, Hq, D] at positions start_pos.. ; k, v [Hkv, S, D]. Materialises the full masked score matrix."""
-    T, Hq, _ = q.shape
-    group = Hq // k.shape[0]
+def seq_slots(table, L, bs):
+    """Cache slots of keys 0..L-1 of one sequence."""
+    j = np.arange(L)
+    return table[j // bs].astype(np.int64) * bs + j % bs
+
+
+def ref_attention(q, k_cache, v_cache, block_tables, qsl, seq_lens, bs, scale, out, causal=True, kv_head=None):
+    """Returns a float64 copy of `out` with the rows of every sequence replaced by its attention: keys gathered
+    through the block table, then a softmax over the full masked score matrix."""
+    Hq = q.shape[1]
+    group = Hq // k_cache.shape[1]
     kv_head = kv_head or (lambda h: h // group)
-    n = start_pos + T
-    pos = start_pos + np.arange(T)
-    out = np.zeros(q.shape)
-    for h in range(Hq):
-        K = k[kv_head(h), :n].astype(np.float64)
-        V = v[kv_head(h), :n].astype(np.float64)
-        scores = scale * q[:, h].astype(np.float64) @ K.T
-        if causal:
-            scores[np.arange(n)[None, :] > pos[:, None]] = -np.inf
-        p = np.exp(scores - scores.max(axis=1, keepdims=True))
-        out[:, h] = (p / p.sum(axis=1, keepdims=True)) @ V
-    return out
+    res = out.astype(np.float64)
+    for b, L in enumerate(seq_lens):
+        rows = np.arange(qsl[b], qsl[b + 1])
+        pos = L - len(rows) + np.arange(len(rows))
+        if L == 0:
+            res[rows] = 0.0
+            continue
+        slots = seq_slots(block_tables[b], L, bs)
+        for h in range(Hq):
+            K = k_cache[slots, kv_head(h)].astype(np.float64)
+            V = v_cache[slots, kv_head(h)].astype(np.float64)
+            scores = scale * q[rows, h].astype(np.float64) @ K.T
+            if causal:
+                scores[np.arange(L)[None, :] > pos[:, None]] = -np.inf
+            p = np.exp(scores - scores.max(axis=1, keepdims=True))
+            res[rows, h] = (p / p.sum(axis=1, keepdims=True)) @ V
+    return res
 
 
-def make_attention(rng, T, Hq, Hkv, D, start_pos, S):
-    """q and a cache whose rows past the attended keys are NaN: reading any of them would poison the output."""
-    q = randn(rng, T, Hq, D, scale=2.0)  # peaky-ish softmax, so a wrong mask or head shows clearly
-    k = np.full((Hkv, S, D), np.nan, np.float32)
-    v = np.full((Hkv, S, D), np.nan, np.float32)
-    k[:, :start_pos + T] = randn(rng, Hkv, start_pos + T, D)
-    v[:, :start_pos + T] = randn(rng, Hkv, start_pos + T, D)
-    return q, k, v
+def make_cache(rng, seq_lens, Hkv, D, bs, spare=3):
+    """paged_cache() with -1 past each sequence's blocks, as the engine may leave its tables."""
+    return paged_cache(rng, list(seq_lens), Hkv, D, bs, spare, values=lambda shape: randn(rng, *shape), past_end="-1")
+
+
+def make_batch(rng, seq_lens, q_lens, Hq, Hkv, D, bs, lead=0, trail=0):
+    """A prefill batch: flat q with `lead` rows before and `trail` rows after the batch's own rows, out pre-filled
+    with a sentinel so untouched rows can be checked."""
+    k, v, tables = make_cache(rng, seq_lens, Hkv, D, bs)
+    qsl = (lead + np.concatenate([[0], np.cumsum(q_lens)])).astype(I32)
+    N = int(qsl[-1]) + trail
+    q = randn(rng, N, Hq, D, scale=2.0)  # peaky-ish softmax, so a wrong mask or head shows clearly
+    out = np.full_like(q, 7.0)
+    return q, k, v, tables, qsl, np.array(seq_lens, I32), out
 
 
 @pytest.fixture
@@ -123,19 +151,26 @@ def test_add_rmsnorm_out_may_alias_x(rng):
     assert_close(out, ref_rmsnorm(r0 + x, w))
 
 
-@pytest.mark.parametrize("T,Hq,Hkv,D,start_pos", [(1, 6, 6, 64, 37), (13, 7, 1, 8, 5), (5, 14, 2, 64, 0)])
+@pytest.mark.parametrize("Hq,Hkv,D,bs", [(6, 6, 64, 16), (7, 1, 8, 1), (14, 2, 64, 32)])
 @pytest.mark.parametrize("with_bias,with_norm", [(False, False), (True, False), (False, True), (True, True)])
-def test_rope_qkv(rng, T, Hq, Hkv, D, start_pos, with_bias, with_norm):
-    S = start_pos + T + 3
-    cos, sin = rope_tables(S, D)
+def test_rope_qkv(rng, Hq, Hkv, D, bs, with_bias, with_norm):
+    # Three sequences in one flat step: a decode token deep into its sequence, a chunk past a cached prefix, a fresh
+    # prompt; then a padding row (slot -1).
+    starts, lens = [37, 5, 0], [1, 13, 4]
+    positions = np.concatenate([s + np.arange(n) for s, n in zip(starts, lens)] + [[0]]).astype(I32)
+    T = len(positions)
+    num_slots = 3 * 64
+    slot_mapping = rng.permutation(num_slots)[:T].astype(I32)  # any distinct slots: block layout is not rope's concern
+    slot_mapping[-1] = -1
+    cos, sin = rope_tables(64, D)
     qkv = randn(rng, T, (Hq + 2 * Hkv) * D)
-    qkv[-1] *= 1e-3  # heads with mean square ~1e-6, where the norm's eps matters (unless a bias dominates)
+    qkv[-2] *= 1e-3  # heads with mean square ~1e-6, where the norm's eps matters (unless a bias dominates)
     bias = randn(rng, qkv.shape[1]) if with_bias else None
     q_norm, k_norm = (randn(rng, D), randn(rng, D)) if with_norm else (None, None)
     q_out = np.empty((T, Hq, D), np.float32)
-    k_cache = np.full((Hkv, S, D), np.nan, np.float32)
-    v_cache = np.full((Hkv, S, D), np.nan, np.float32)
-    rope_qkv(qkv, bias, q_norm, k_norm, EPS, cos, sin, start_pos, Hq, Hkv, q_out, k_cache, v_cache)
+    k_cache = np.full((num_slots, Hkv, D), np.nan, np.float32)
+    v_cache = np.full_like(k_cache, np.nan)
+    rope_qkv(qkv, bias, q_norm, k_norm, EPS, cos, sin, positions, slot_mapping, Hq, Hkv, q_out, k_cache, v_cache)
 
     x = qkv.astype(np.float64) + (bias if with_bias else 0.0)
     q = x[:, :Hq * D].reshape(T, Hq, D)
@@ -143,14 +178,13 @@ def test_rope_qkv(rng, T, Hq, Hkv, D, start_pos, with_bias, with_norm):
     v = x[:, (Hq + Hkv) * D:].reshape(T, Hkv, D)
     if with_norm:
         q, k = ref_rmsnorm(q, q_norm), ref_rmsnorm(k, k_norm)
-    pos = start_pos + np.arange(T)
-    rows = slice(start_pos, start_pos + T)
-    assert_close(q_out, ref_rope(q, pos, cos, sin))
-    assert_close(k_cache[:, rows], ref_rope(k, pos, cos, sin).transpose(1, 0, 2))
-    assert_close(v_cache[:, rows], v.transpose(1, 0, 2))
-    # Only this chunk's cache rows are written.
-    assert np.isnan(k_cache[:, :start_pos]).all() and np.isnan(k_cache[:, start_pos + T:]).all()
-    assert np.isnan(v_cache[:, :start_pos]).all() and np.isnan(v_cache[:, start_pos + T:]).all()
+    assert_close(q_out, ref_rope(q, positions, cos, sin))  # the padding row's q too
+    written = slot_mapping[:-1]
+    assert_close(k_cache[written], ref_rope(k, positions, cos, sin)[:-1])
+    assert_close(v_cache[written], v[:-1])
+    # Only the real tokens' slots are written.
+    rest = np.setdiff1d(np.arange(num_slots), written)
+    assert np.isnan(k_cache[rest]).all() and np.isnan(v_cache[rest]).all()
 
 
 @pytest.mark.parametrize("T,I", [(1, 1000), (9, 5)])
@@ -164,66 +198,205 @@ def test_silu_mul(rng, T, I):
     assert np.isfinite(out).all()
 
 
-@pytest.mark.parametrize("T,Hq,Hkv,D,start_pos", [
-    (37, 7, 1, 64, 0),     # GQA 7, three query blocks (the last partial), keys < one tile
-    (150, 6, 6, 8, 29),    # GQA 1, D 8, start_pos > 0, 179 keys = 2 tiles + a partial one
-    (1, 14, 2, 64, 70),    # a single query deep into the cache
-    (20, 4, 2, 64, 100),   # chunked prefill: every query crosses tile boundaries at a different key
+@pytest.mark.parametrize("seq_lens,q_lens,Hq,Hkv,D,bs,lead,trail", [
+    ([37], [37], 7, 1, 64, 16, 0, 0),          # one prompt, GQA 7, keys < one tile
+    # Ragged: a prefix of 29 (179 keys = 2 tiles + a partial one), a q_len 1 row at position 0, a chunk whose
+    # every query crosses tile boundaries at a different key, a padding sequence; rows before and after the batch.
+    ([179, 1, 120, 0], [150, 1, 20, 0], 6, 6, 8, 16, 3, 2),
+    ([70, 33], [1, 33], 14, 2, 64, 1, 5, 0),   # block size 1; a single query deep into its sequence
+    ([130, 65], [66, 65], 4, 2, 64, 32, 0, 4),  # block size 32
 ])
-def test_prefill_attention(rng, driver, T, Hq, Hkv, D, start_pos):
-    q, k, v = make_attention(rng, T, Hq, Hkv, D, start_pos, S=start_pos + T + 5)
-    out = np.empty_like(q)
-    prefill_attention(q, k, v, start_pos, D ** -0.5, out)
-    assert_close(out, ref_attention(q, k, v, start_pos, D ** -0.5))
+def test_prefill_attention(rng, driver, seq_lens, q_lens, Hq, Hkv, D, bs, lead, trail):
+    q, k, v, tables, qsl, lens, out = make_batch(rng, seq_lens, q_lens, Hq, Hkv, D, bs, lead, trail)
+    prefill_attention(q, k, v, tables, qsl, lens, bs, D ** -0.5, out)
+    want = ref_attention(q, k, v, tables, qsl, lens, bs, D ** -0.5, out)
+    assert_close(out, want)
+    assert (out[:lead] == 7.0).all() and (out[qsl[-1]:] == 7.0).all()  # rows outside the batch are untouched
 
 
-@pytest.mark.parametrize("Hq,Hkv,D,length", [(7, 1, 64, 1), (6, 6, 8, 1000), (14, 2, 64, 77), (6, 2, 64, 129)])
-def test_decode_attention(rng, driver, Hq, Hkv, D, length):
-    q, k, v = make_attention(rng, 1, Hq, Hkv, D, length - 1, S=length + 7)
-    out = np.empty((Hq, D), np.float32)
-    decode_attention(q[0], k, v, length, D ** -0.5, out)
-    assert_close(out, ref_attention(q, k, v, length - 1, D ** -0.5)[0])
+@pytest.mark.parametrize("seq_lens,Hq,Hkv,D,bs", [
+    ([1], 7, 1, 64, 16),
+    ([1000, 0, 3, 129], 6, 6, 8, 16),  # a padding row (seq_len 0) among ragged lengths
+    ([77, 64, 65], 14, 2, 64, 1),
+    ([129, 0, 200], 6, 2, 64, 32),
+])
+def test_decode_attention(rng, driver, seq_lens, Hq, Hkv, D, bs):
+    k, v, tables = make_cache(rng, seq_lens, Hkv, D, bs)
+    B = len(seq_lens)
+    q, out, lens = randn(rng, B, Hq, D, scale=2.0), np.full((B, Hq, D), 7.0, np.float32), np.array(seq_lens, I32)
+    decode_attention(q, k, v, tables, lens, bs, D ** -0.5, out)
+    assert_close(out, ref_attention(q, k, v, tables, np.arange(B + 1), lens, bs, D ** -0.5, out))
+    assert (out[lens == 0] == 0.0).all()
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), B=st.integers(1, 4), bs=st.sampled_from([1, 5, 16, 32]),
+       Hkv=st.sampled_from([1, 2]), group=st.sampled_from([1, 3]), D=st.sampled_from([8, 16]),
+       lead=st.integers(0, 3), parallel=st.booleans())
+def test_attention_property(seed, B, bs, Hkv, group, D, lead, parallel):
+    """Random ragged batches: prefill of (prefix, q_len) pairs and decode over the same caches match the reference."""
+    rng = np.random.default_rng(seed)
+    q_lens = rng.integers(0, 40, B)
+    seq_lens = [int(n + rng.integers(0, 80)) if n else int(rng.integers(0, 2) * rng.integers(0, 80)) for n in q_lens]
+    Hq = Hkv * group
+    q, k, v, tables, qsl, lens, out = make_batch(rng, seq_lens, q_lens, Hq, Hkv, D, bs, lead, trail=2)
+    old = prefill_mod.PARALLEL_MIN_MACS
+    prefill_mod.PARALLEL_MIN_MACS = 0 if parallel else 1 << 62
+    try:
+        prefill_attention(q, k, v, tables, qsl, lens, bs, D ** -0.5, out)
+        dq, dout = randn(rng, B, Hq, D), np.empty((B, Hq, D), np.float32)
+        decode_attention(dq, k, v, tables, lens, bs, D ** -0.5, dout)
+    finally:
+        prefill_mod.PARALLEL_MIN_MACS = old
+    assert_close(out, ref_attention(q, k, v, tables, qsl, lens, bs, D ** -0.5, out))
+    assert (out[:lead] == 7.0).all() and (out[qsl[-1]:] == 7.0).all()
+    assert_close(dout, ref_attention(dq, k, v, tables, np.arange(B + 1), lens, bs, D ** -0.5, dout))
+
+
+def test_whole_prefill_equals_chunked_equals_decode(rng):
+    """Two sequences through rope_qkv + attention three ways, each into fresh NaN caches: whole prompts in one
+    batched call, chunked prefill (later chunks attend the cached earlier ones), and one decode step per token
+    (with a finished sequence kept as a padding row). All three must agree with each other and the reference."""
+    Hq, Hkv, D, bs, L = 6, 2, 16, 16, [70, 45]
+    width = (Hq + 2 * Hkv) * D
+    cos, sin = rope_tables(128, D)
+    qkv = [randn(rng, n, width) for n in L]
+    tables = np.full((2, 6), -1, I32)
+    tables[0, :5], tables[1, :3] = [7, 2, 9, 0, 4], [5, 1, 8]
+    num_slots = 10 * bs
+
+    def fresh():
+        return np.full((num_slots, Hkv, D), np.nan, np.float32), np.full((num_slots, Hkv, D), np.nan, np.float32)
+
+    def prefill(kc, vc, parts):
+        """One batched step; parts: (sequence, first token, last token + 1). Returns q and the out rows per part."""
+        x = np.concatenate([qkv[b][a:e] for b, a, e in parts])
+        pos = np.concatenate([np.arange(a, e) for b, a, e in parts]).astype(I32)
+        slots = np.concatenate([seq_slots(tables[b], e, bs)[a:] for b, a, e in parts]).astype(I32)
+        q = np.empty((len(x), Hq, D), np.float32)
+        rope_qkv(x, None, None, None, EPS, cos, sin, pos, slots, Hq, Hkv, q, kc, vc)
+        qsl = np.concatenate([[0], np.cumsum([e - a for b, a, e in parts])]).astype(I32)
+        out = np.empty_like(q)
+        lens = np.array([e for b, a, e in parts], I32)
+        prefill_attention(q, kc, vc, tables[[b for b, a, e in parts]], qsl, lens, bs, D ** -0.5, out)
+        return q, np.split(out, qsl[1:-1])
+
+    kc, vc = fresh()
+    q_all, outs = prefill(kc, vc, [(0, 0, 70), (1, 0, 45)])
+    whole = np.concatenate(outs)
+    want = ref_attention(q_all, kc, vc, tables, np.array([0, 70, 115]), np.array(L), bs, D ** -0.5, whole)
+    assert_close(whole, want)
+
+    kc, vc = fresh()
+    got = {0: [], 1: []}
+    for parts in ([(0, 0, 30), (1, 0, 20)], [(0, 30, 31), (1, 20, 45)], [(0, 31, 70)]):
+        for (b, _, _), o in zip(parts, prefill(kc, vc, parts)[1]):
+            got[b].append(o)
+    assert_close(np.concatenate(got[0] + got[1]), want)
+
+    kc, vc = fresh()
+    got = {0: [], 1: []}
+    for p in range(70):
+        live = [True, p < L[1]]  # once sequence 1 is done it stays in the batch as a padding row
+        x = np.stack([qkv[b][p] if live[b] else np.zeros(width, np.float32) for b in range(2)])
+        pos = np.array([p if live[b] else 0 for b in range(2)], I32)
+        slots = np.array([seq_slots(tables[b], p + 1, bs)[p] if live[b] else -1 for b in range(2)], I32)
+        q = np.empty((2, Hq, D), np.float32)
+        rope_qkv(x, None, None, None, EPS, cos, sin, pos, slots, Hq, Hkv, q, kc, vc)
+        lens = np.array([p + 1 if live[b] else 0 for b in range(2)], I32)
+        out = np.full_like(q, 7.0)
+        decode_attention(q, kc, vc, tables, lens, bs, D ** -0.5, out)
+        for b in range(2):
+            if live[b]:
+                got[b].append(out[b:b + 1])
+            else:
+                assert (out[b] == 0.0).all()
+    assert_close(np.concatenate(got[0] + got[1]), want)
 
 
 def test_argmax(rng):
     logits = randn(rng, 1000)
     logits[[417, 800]] = 50.0  # a tie: the lowest index wins, as on the GPU
-    assert argmax(logits) == 417 and type(argmax(logits)) is int
+    assert argmax(logits) == 417
+    rows = np.stack([logits, -logits, np.zeros_like(logits)])
+    np.testing.assert_array_equal(argmax(rows), [417, int(np.argmin(logits)), 0])  # ties: lowest index
+    assert argmax(rows).dtype == np.int32
 
 
-def test_wrappers_reject_out_of_range_positions(rng):
-    # Numba does not bounds-check, so these checks are all that stops a write past the cache.
-    q, k, v = make_attention(rng, 4, 2, 1, 8, 0, S=4)
-    with pytest.raises(ValueError):
-        prefill_attention(q, k, v, 1, 1.0, np.empty_like(q))
-    with pytest.raises(ValueError):
-        decode_attention(q[0], k, v, 5, 1.0, np.empty_like(q[0]))
+def test_wrappers_reject_bad_inputs(rng):
+    # Numba does not bounds-check, so these checks are all that stops a read or write past the cache.
+    q, k, v, tables, qsl, lens, out = make_batch(rng, [20, 5], [4, 5], 2, 1, 8, 16)
+
+    def prefill(**kw):
+        a = dict(q=q, k_cache=k, v_cache=v, block_tables=tables, query_start_loc=qsl, seq_lens=lens, block_size=16,
+                 scale=1.0, out=out)
+        prefill_attention(**{**a, **kw})
+
+    def decode(**kw):
+        a = dict(q=q[:2], k_cache=k, v_cache=v, block_tables=tables, seq_lens=lens, block_size=16, scale=1.0,
+                 out=out[:2])
+        decode_attention(**{**a, **kw})
+
+    prefill(), decode()  # the valid call works
+    bad_table = tables.copy()
+    bad_table[0, 1] = len(k) // 16  # one block past the cache
+    for kw in (dict(seq_lens=np.array([20, 40], I32)),  # more keys than the table row holds
+               dict(seq_lens=np.array([3, 5], I32)),    # q_len 4 > seq_len 3
+               dict(block_tables=bad_table), dict(query_start_loc=np.array([0, 4, 10], I32)),
+               dict(query_start_loc=qsl.astype(np.int64)), dict(seq_lens=lens[:1]), dict(out=out[:-1]),
+               dict(block_size=0)):
+        with pytest.raises(ValueError):
+            prefill(**kw)
+    for kw in (dict(block_tables=bad_table), dict(seq_lens=np.array([20, -1], I32)), dict(q=q[:3]),
+               dict(seq_lens=lens.astype(np.int64)), dict(k_cache=k.astype(np.float64))):
+        with pytest.raises(ValueError):
+            decode(**kw)
     cos, sin = rope_tables(4, 8)
-    with pytest.raises(ValueError):
-        rope_qkv(randn(rng, 2, 32), None, None, None, EPS, cos, sin, 3, 2, 1, np.empty((2, 2, 8), np.float32), k, v)
+    qkv, q_out = randn(rng, 2, 32), np.empty((2, 2, 8), np.float32)
+    kc, vc = np.full((8, 1, 8), np.nan, np.float32), np.full((8, 1, 8), np.nan, np.float32)
+    for pos, slots in (([0, 4], [0, 1]), ([0, 1], [0, 8]), ([0, -1], [0, 1])):
+        with pytest.raises(ValueError):
+            rope_qkv(qkv, None, None, None, EPS, cos, sin, np.array(pos, I32), np.array(slots, I32), 2, 1,
+                     q_out, kc, vc)
+    assert np.isnan(kc).all()  # a rejected call writes nothing
 
 
 def test_tests_can_fail(rng):
     """The test data tell apart the mistakes these kernels are prone to: each wrong variant misses the tolerance."""
-    q, k, v = make_attention(rng, 20, 14, 2, 8, 6, S=26)  # GQA 7 over 2 kv heads, so a wrong mapping shows
-    out = np.empty_like(q)
-    prefill_attention(q, k, v, 6, 8 ** -0.5, out)
+    # GQA 7 over 2 kv heads, so a wrong mapping shows; a prefix, so queries see keys of earlier steps.
+    q, k, v, tables, qsl, lens, out = make_batch(rng, [26, 9], [20, 9], 14, 2, 8, 4)
+    prefill_attention(q, k, v, tables, qsl, lens, 4, 8 ** -0.5, out)
+    ref = lambda **kw: ref_attention(q, k, v, tables, qsl, lens, 4, 8 ** -0.5, out, **kw)
     with pytest.raises(AssertionError):  # missing causal mask (keys beyond the query are finite here)
-        assert_close(out, ref_attention(q, k, v, 6, 8 ** -0.5, causal=False))
+        assert_close(out, ref(causal=False))
     with pytest.raises(AssertionError):  # GQA heads interleaved (h % Hkv) instead of grouped (h // group)
-        assert_close(out, ref_attention(q, k, v, 6, 8 ** -0.5, kv_head=lambda h: h % 2))
+        assert_close(out, ref(kv_head=lambda h: h % 2))
+    with pytest.raises(AssertionError):  # queries placed at positions 0.. instead of after the cached prefix
+        assert_close(out, ref_attention(q, k, v, tables, qsl, np.array([20, 9], I32), 4, 8 ** -0.5, out))
+    with pytest.raises(AssertionError):  # the two sequences' block tables swapped
+        assert_close(out, ref_attention(q, k, v, tables[[1, 0]], qsl, lens, 4, 8 ** -0.5, out))
 
-    T, D, start_pos = 3, 8, 4
+    T, D = 3, 8
     cos, sin = rope_tables(8, D)
-    qkv = randn(rng, T, 3 * D)
-    q_out, kc, vc = np.empty((T, 1, D), np.float32), np.zeros((1, 8, D), np.float32), np.zeros((1, 8, D), np.float32)
-    rope_qkv(qkv, None, None, None, EPS, cos, sin, start_pos, 1, 1, q_out, kc, vc)
+    qkv, pos = randn(rng, T, 3 * D), np.array([4, 5, 6], I32)
+    q_out, kc, vc = np.empty((T, 1, D), np.float32), np.zeros((8, 1, D), np.float32), np.zeros((8, 1, D), np.float32)
+    rope_qkv(qkv, None, None, None, EPS, cos, sin, pos, np.array([2, 0, 7], I32), 1, 1, q_out, kc, vc)
     x = qkv[:, None, :D].astype(np.float64)
-    pos = start_pos + np.arange(T)
     gptj = x.copy()  # interleaved pairs (2i, 2i+1) instead of rotate_half's (i, i + D/2)
     gptj[..., 0::2] = x[..., 0::2] * cos[pos][:, None] - x[..., 1::2] * sin[pos][:, None]
     gptj[..., 1::2] = x[..., 1::2] * cos[pos][:, None] + x[..., 0::2] * sin[pos][:, None]
     with pytest.raises(AssertionError):
         assert_close(q_out, gptj)
-    with pytest.raises(AssertionError):  # rotated at t instead of start_pos + t
+    with pytest.raises(AssertionError):  # rotated at the row index t instead of positions[t]
         assert_close(q_out, ref_rope(x, np.arange(T), cos, sin))
+
+
+def test_gemv_twin(rng):
+    from kernels.gemv import gemv
+
+    x, w = randn(rng, 3, 40), randn(rng, 24, 40)
+    out = np.empty((3, 24), np.float32)
+    gemv(x, w, out)
+    np.testing.assert_allclose(out, x.astype(np.float64) @ w.T.astype(np.float64), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="gemv"):
+        gemv(randn(rng, 5, 40), w, np.empty((5, 24), np.float32))  # more rows than gemv.cu handles

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from toolkit.cli.common import default_model
-from toolkit.engine import Engine
+from toolkit.assembly import build_engine
 from toolkit.perplexity import perplexity
 
 WEIGHTS = Path(__file__).resolve().parents[1] / "weights"
@@ -18,7 +18,7 @@ PROMPTS = ("Once upon a time", "The king said unto", "It is a truth universally 
 def engine():
     if default_model() is None:
         pytest.skip("no default model in weights/")
-    return Engine.load(default_model(), device="cpu")
+    return build_engine(default_model(), device="cpu")
 
 
 def test_greedy_is_deterministic(engine):

@@ -1,17 +1,21 @@
 """Every CUDA kernel against its CPU twin (kernels/<op>.py) at Qwen2.5-0.5B shapes (hidden 896, Hq 14, Hkv 2,
-D 64, intermediate 4864, vocab 151936) plus D = 128, start_pos > 0, long contexts and GQA groups > 8.
+D 64, intermediate 4864, vocab 151936) plus D = 128, GQA groups > 8, and the paged, batched step inputs of the
+engine: batches up to 256, contexts up to 32K, ragged lengths, shuffled block tables, padding rows (slot -1,
+seq_len 0), mixed query lengths (1 included) and query_start_loc starting past row 0.
 
 Inputs are rounded to the device dtype first, so the fp32 CPU reference sees exactly the values the GPU sees;
 the remaining error is the GPU's own rounding. Tolerances: fp32 max|err| <= 1e-4 * max|ref|; 16-bit
 rel-L2 <= 1e-2 and max|err| <= 3e-2 * max|ref|. Every comparison prints its errors (pytest -s), and a failure
 message carries them too, so a single run on the GPU box says what is wrong and by how much.
-Cache rows the kernels must not read are filled with NaN: touching one shows up as NaNs in the output.
+Cache slots the kernels must not read (the tail of a sequence's last block, unused blocks, and the blocks that
+garbage block-table entries point to) are filled with NaN: touching one shows up as NaNs in the output.
 """
 import functools
 
 import ml_dtypes
 import numpy as np
 import pytest
+from paged_cache import paged_cache
 
 from kernels.activation import silu_mul
 from kernels.argmax import argmax
@@ -26,6 +30,7 @@ pytestmark = pytest.mark.gpu
 
 H, HQ, HKV, D, I, VOCAB = 896, 14, 2, 64, 4864, 151936
 DTYPES = ["float32", "bfloat16"]
+SENTINEL = 7.0  # rows the attention kernels must leave alone
 
 
 @functools.lru_cache(maxsize=None)
@@ -56,6 +61,10 @@ def host(a, dtype):
     return (h.astype(np.uint32) << 16).view(np.float32) if dtype == "bfloat16" else h.astype(np.float32)
 
 
+def ints(x):
+    return cp.asarray(np.ascontiguousarray(x, np.int32))
+
+
 def check(name, got, ref, dtype):
     diff = got.astype(np.float64) - ref.astype(np.float64)
     nans = int(np.isnan(got).sum())
@@ -69,10 +78,18 @@ def check(name, got, ref, dtype):
     assert ok and nans == 0, msg
 
 
-def sp_dev(start_pos):
-    return cp.asarray(np.array([start_pos], np.int32))
+def rope_tables(n_pos, hd, theta=1e6):
+    ang = np.outer(np.arange(n_pos), 1.0 / (theta ** (np.arange(0, hd, 2) / hd)))
+    return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
 
 
+def paged(rng, lens, hkv, hd, block_size=16, spare=5):
+    """paged_cache() with bf16-representable values (exact in fp32 and, away from tiny values, in fp16)."""
+    return paged_cache(rng, lens, hkv, hd, block_size, spare,
+                       values=lambda shape: rounded(rng.standard_normal(shape, np.float32), "bfloat16"))
+
+
+# -- elementwise ops (unchanged by paging) ----------------------------------------------------------------------
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("H", [H, 99])  # 99: rows that are not whole 16-byte chunks take the element path
 def test_embedding(dtype, H):
@@ -107,37 +124,6 @@ def test_add_rmsnorm(dtype, T, with_x, H):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("T, start_pos, hd, variant", [(4096, 0, 64, "bias"), (7, 100, 64, "bias"),
-                                                       (33, 5, 128, "qk_norm"), (1, 4000, 64, "plain")])
-def test_rope_qkv(dtype, T, start_pos, hd, variant):
-    rng = np.random.default_rng(T + hd)
-    S, NH = 4096 + 64, HQ + 2 * HKV
-    qkv = rounded(rng.standard_normal((T, NH * hd)), dtype)
-    bias = rounded(0.5 * rng.standard_normal(NH * hd), dtype) if variant == "bias" else None
-    qn = rounded(1 + 0.2 * rng.standard_normal(hd), dtype) if variant == "qk_norm" else None
-    kn = rounded(1 + 0.2 * rng.standard_normal(hd), dtype) if variant == "qk_norm" else None
-    inv = 1.0 / (1e6 ** (np.arange(0, hd, 2) / hd))
-    ang = np.outer(np.arange(S), inv)
-    cos, sin = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
-    q_ref = np.zeros((T, HQ, hd), np.float32)
-    kc_ref, vc_ref = np.zeros((HKV, S, hd), np.float32), np.zeros((HKV, S, hd), np.float32)
-    rope_qkv(qkv, bias, qn, kn, 1e-6, cos, sin, start_pos, HQ, HKV, q_ref, kc_ref, vc_ref)
-    q_out = dev(np.zeros((T, HQ, hd)), dtype)
-    kc, vc = dev(np.zeros((HKV, S, hd)), dtype), dev(np.zeros((HKV, S, hd)), dtype)
-    opt = [None if a is None else dev(a, dtype) for a in (bias, qn, kn)]
-    K(dtype).rope_qkv(dev(qkv, dtype), *opt, 1e-6, cp.asarray(cos), cp.asarray(sin), sp_dev(start_pos),
-                      HQ, HKV, q_out, kc, vc)
-    rows = slice(start_pos, start_pos + T)
-    check("rope_qkv.q", host(q_out, dtype), q_ref, dtype)
-    check("rope_qkv.k_cache", host(kc, dtype)[:, rows], kc_ref[:, rows], dtype)
-    check("rope_qkv.v_cache", host(vc, dtype)[:, rows], vc_ref[:, rows], dtype)
-    untouched = np.ones(S, bool)
-    untouched[rows] = False
-    assert not host(kc, dtype)[:, untouched].any() and not host(vc, dtype)[:, untouched].any(), \
-        "rope_qkv wrote cache rows outside start_pos..start_pos+T-1"
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("T, inter", [(4096, I), (1, I), (5, 37)])
 def test_silu_mul(dtype, T, inter):
     rng = np.random.default_rng(T)
@@ -149,92 +135,194 @@ def test_silu_mul(dtype, T, inter):
     check("silu_mul", host(out, dtype), ref, dtype)
 
 
+# -- rope + paged KV write ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("T, hd, variant, kind", [(4096, 64, "bias", "prompt"), (7, 64, "bias", "prompt"),
+                                                  (33, 128, "qk_norm", "prompt"), (1, 64, "plain", "decode"),
+                                                  (256, 64, "bias", "decode")])
+def test_rope_qkv(dtype, T, hd, variant, kind):
+    """'prompt': consecutive positions from a cached prefix into shuffled slots; 'decode': one token per sequence at
+    scattered positions up to 32K, rows 1, 6, 11, ... padding rows (slot -1: q written, no K/V)."""
+    rng = np.random.default_rng(T + hd)
+    n_pos, NH, n_slots = 32768, HQ + 2 * HKV, T + 300
+    qkv = rounded(rng.standard_normal((T, NH * hd)), dtype)
+    bias = rounded(0.5 * rng.standard_normal(NH * hd), dtype) if variant == "bias" else None
+    qn = rounded(1 + 0.2 * rng.standard_normal(hd), dtype) if variant == "qk_norm" else None
+    kn = rounded(1 + 0.2 * rng.standard_normal(hd), dtype) if variant == "qk_norm" else None
+    cos, sin = rope_tables(n_pos, hd)
+    slots = rng.permutation(n_slots)[:T].astype(np.int32)
+    if kind == "prompt":
+        positions = np.arange(100, 100 + T, dtype=np.int32)
+    else:
+        positions = rng.integers(0, n_pos, T).astype(np.int32)
+        positions[-1] = n_pos - 1
+        slots[1::5] = -1
+    q_ref = np.zeros((T, HQ, hd), np.float32)
+    kc_ref, vc_ref = np.zeros((n_slots, HKV, hd), np.float32), np.zeros((n_slots, HKV, hd), np.float32)
+    rope_qkv(qkv, bias, qn, kn, 1e-6, cos, sin, positions, slots, HQ, HKV, q_ref, kc_ref, vc_ref)
+    q_out = dev(np.zeros((T, HQ, hd)), dtype)
+    kc, vc = dev(kc_ref * 0, dtype), dev(vc_ref * 0, dtype)
+    opt = [None if a is None else dev(a, dtype) for a in (bias, qn, kn)]
+    K(dtype).rope_qkv(dev(qkv, dtype), *opt, 1e-6, cp.asarray(cos), cp.asarray(sin), ints(positions), ints(slots),
+                      HQ, HKV, q_out, kc, vc)
+    check("rope_qkv.q", host(q_out, dtype), q_ref, dtype)
+    check("rope_qkv.k_cache", host(kc, dtype), kc_ref, dtype)  # unwritten slots: 0 on both sides
+    check("rope_qkv.v_cache", host(vc, dtype), vc_ref, dtype)
+    written = np.zeros(n_slots, bool)
+    written[slots[slots >= 0]] = True
+    assert not host(kc, dtype)[~written].any() and not host(vc, dtype)[~written].any(), \
+        "rope_qkv wrote cache slots outside slot_mapping"
+
+
+def test_rope_qkv_skips_rows_it_cannot_place():
+    """A position outside the rope table skips the whole row; a slot past the cache skips the K/V writes. The CPU
+    twin rejects both (ValueError); the GPU must simply never write out of bounds."""
+    dtype, hd, NH, n_pos, n_slots = "bfloat16", 64, HQ + 2 * HKV, 64, 32
+    cos, sin = rope_tables(n_pos, hd)
+    qkv = dev(np.ones((4, NH * hd)), dtype)
+    q_out = dev(np.full((4, HQ, hd), SENTINEL), dtype)
+    kc, vc = dev(np.zeros((n_slots, HKV, hd)), dtype), dev(np.zeros((n_slots, HKV, hd)), dtype)
+    K(dtype).rope_qkv(qkv, None, None, None, 1e-6, cp.asarray(cos), cp.asarray(sin), ints([n_pos, -3, 5, 6]),
+                      ints([0, 1, n_slots, 3]), HQ, HKV, q_out, kc, vc)
+    q = host(q_out, dtype)
+    assert (q[:2] == SENTINEL).all(), "rows outside the rope table must not be written"
+    assert (q[2:] != SENTINEL).all(), "rows inside the table must be written"
+    k, v = host(kc, dtype), host(vc, dtype)
+    assert not k[[0, 1]].any() and not v[[0, 1]].any(), "K/V written for a position outside the table"
+    assert k[3].any() and v[3].any() and not np.delete(k, 3, 0).any(), "only slot 3 may be written"
+
+
+# -- paged decode attention ----------------------------------------------------------------------------------------
+DECODE_CASES = {  # name: (Hq, Hkv, D, lens, max_seq_len, block_size)
+    "long": (HQ, HKV, 64, [1, 100, 4096, 4095, 0, 32768, 20001, 17], 32768, 16),
+    "b256": (HQ, HKV, 64, "ragged256", 2048, 16),
+    "b32x4096": (HQ, HKV, 64, [4096] * 31 + [0], 4096, 16),
+    "d128": (HQ, HKV, 128, [777, 1, 5000], 8192, 16),
+    "group16": (32, 2, 128, [1500, 3], 2048, 32),   # GQA group 16 > 8 q heads per block
+    "d256": (8, 2, 256, [1000, 3, 0], 1024, 16),
+    "d32_bs7": (4, 4, 32, [5, 300, 64], 512, 7),    # tiny-model head dim; blocks that do not divide a tile
+}
+
+
 @functools.lru_cache(maxsize=None)
-def prefill_case(T, start_pos, hd, hq=HQ, hkv=HKV):
-    """bf16-representable inputs (exact in fp32 and, away from tiny values, in fp16), NaN past the valid keys."""
-    rng = np.random.default_rng(T + start_pos + hd)
-    n, S = start_pos + T, start_pos + T + 100
-    q = rounded(1.5 * rng.standard_normal((T, hq, hd)), "bfloat16")
-    kc = np.full((hkv, S, hd), np.nan, np.float32)
-    vc = np.full((hkv, S, hd), np.nan, np.float32)
-    kc[:, :n] = rounded(rng.standard_normal((hkv, n, hd)), "bfloat16")
-    vc[:, :n] = rounded(rng.standard_normal((hkv, n, hd)), "bfloat16")
-    ref = np.empty_like(q)
-    prefill_attention(q, kc, vc, start_pos, 1 / np.sqrt(hd), ref)
-    return q, kc, vc, ref
-
-
-@pytest.mark.parametrize("dtype, tc", [("float32", False), ("bfloat16", True), ("bfloat16", False), ("float16", True)])
-@pytest.mark.parametrize("T, start_pos, hd", [(4096, 0, 64), (1000, 300, 128), (77, 5, 64), (64, 0, 128),
-                                              (40, 3, 256)])  # D=256: generic kernel (also with tc=True), >48 KB smem
-def test_prefill_attention(dtype, tc, T, start_pos, hd):
-    q, kc, vc, ref = prefill_case(T, start_pos, hd)
-    out = dev(np.zeros_like(q), dtype)
-    K(dtype).prefill_attention(dev(q, dtype), dev(kc, dtype), dev(vc, dtype), sp_dev(start_pos), 1 / np.sqrt(hd),
-                               out, tensor_cores=tc)
-    check(f"prefill_attention({'tensor cores' if tc else 'generic'}, T={T}, start_pos={start_pos}, D={hd})",
-          host(out, dtype), ref, dtype)
+def decode_case(name):
+    hq, hkv, hd, lens, max_len, bs = DECODE_CASES[name]
+    rng = np.random.default_rng(len(name) + hd)
+    if lens == "ragged256":
+        lens = rng.integers(1, max_len + 1, 256)
+        lens[[0, 77, 200]] = 0
+        lens[[1, 100]] = max_len, 1
+    kc, vc, table = paged(rng, [int(x) for x in lens], hkv, hd, bs)
+    q = rounded(2 * rng.standard_normal((len(lens), hq, hd)), "bfloat16")
+    ref = np.full_like(q, np.nan)
+    seq_lens = np.asarray(lens, np.int32)
+    decode_attention(q, kc, vc, table, seq_lens, bs, 1 / np.sqrt(hd), ref)
+    return q, kc, vc, table, seq_lens, ref
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
-@pytest.mark.parametrize("S, hd, hq, hkv, lengths", [(4096, 64, HQ, HKV, (1, 100, 4096, 4095)),
-                                                     (4096, 128, HQ, HKV, (777,)),
-                                                     (32768, 64, HQ, HKV, (32768, 20001)),
-                                                     (2048, 128, 32, 2, (1500,)),   # GQA group 16 > 8 per block
-                                                     (1024, 256, 8, 2, (1000, 3))])
-def test_decode_attention(dtype, S, hd, hq, hkv, lengths):
-    rng = np.random.default_rng(S + hd)
-    n = max(lengths)
-    kc = np.full((hkv, S, hd), np.nan, np.float32)
-    vc = np.full((hkv, S, hd), np.nan, np.float32)
-    kc[:, :n] = rounded(rng.standard_normal((hkv, n, hd)), dtype)
-    vc[:, :n] = rounded(rng.standard_normal((hkv, n, hd)), dtype)
-    d_kc, d_vc = dev(kc, dtype), dev(vc, dtype)
-    for length in lengths:  # one CudaKernels, one workspace: later lengths replay what a graph would
-        q = rounded(2 * rng.standard_normal((hq, hd)), dtype)
-        ref = np.empty_like(q)
-        decode_attention(q, kc, vc, length, 1 / np.sqrt(hd), ref)
-        out = dev(np.zeros_like(q), dtype)
-        K(dtype).decode_attention(dev(q, dtype), d_kc, d_vc, sp_dev(length - 1), 1 / np.sqrt(hd), out)
-        check(f"decode_attention(S={S}, D={hd}, Hq={hq}, Hkv={hkv}, length={length})", host(out, dtype), ref, dtype)
+@pytest.mark.parametrize("name", list(DECODE_CASES))
+def test_decode_attention(dtype, name):
+    hq, hkv, hd, _, max_len, bs = DECODE_CASES[name]
+    q, kc, vc, table, seq_lens, ref = decode_case(name)
+    out = dev(np.full_like(q, SENTINEL), dtype)
+    K(dtype).decode_attention(dev(q, dtype), dev(kc, dtype), dev(vc, dtype), ints(table), ints(seq_lens), bs,
+                              1 / np.sqrt(hd), out, max_len)
+    got = host(out, dtype)
+    assert not got[seq_lens == 0].any(), "padding rows (seq_len 0) must be zeros"
+    check(f"decode_attention({name}: B={len(seq_lens)}, Hq={hq}, Hkv={hkv}, D={hd}, max len {seq_lens.max()})",
+          got, ref, dtype)
 
 
 def test_decode_step_replays_in_a_cuda_graph():
-    """rope_qkv + decode_attention captured once, replayed at new positions by updating start_pos only."""
-    dtype, S, NH = "bfloat16", 1024, HQ + 2 * HKV
+    """rope_qkv + decode_attention for a batch of 4 captured once, replayed with new positions, slots, lengths and
+    block tables written into the same device buffers (a padding row included), against the CPU twins."""
+    dtype, B, bs, max_len, NH = "bfloat16", 4, 16, 1024, HQ + 2 * HKV
     kern, rng = K(dtype), np.random.default_rng(7)
-    kc0 = rounded(rng.standard_normal((HKV, S, D)), dtype)
-    vc0 = rounded(rng.standard_normal((HKV, S, D)), dtype)
-    ang = np.outer(np.arange(S), 1.0 / (1e4 ** (np.arange(0, D, 2) / D)))
-    cos, sin = cp.asarray(np.cos(ang).astype(np.float32)), cp.asarray(np.sin(ang).astype(np.float32))
-    d_qkv, d_q = dev(np.zeros((1, NH * D)), dtype), dev(np.zeros((1, HQ, D)), dtype)
-    d_out = dev(np.zeros((HQ, D)), dtype)
-    d_kc, d_vc, pos = dev(kc0, dtype), dev(vc0, dtype), sp_dev(0)
+    M = max_len // bs
+    n_slots = B * M * bs
+    kc_ref = rounded(rng.standard_normal((n_slots, HKV, D)), dtype)
+    vc_ref = rounded(rng.standard_normal((n_slots, HKV, D)), dtype)
+    cos, sin = rope_tables(max_len, D)
+    d_cos, d_sin = cp.asarray(cos), cp.asarray(sin)
+    d_qkv, d_q = dev(np.zeros((B, NH * D)), dtype), dev(np.zeros((B, HQ, D)), dtype)
+    d_out = dev(np.zeros((B, HQ, D)), dtype)
+    d_kc, d_vc = dev(kc_ref, dtype), dev(vc_ref, dtype)
+    pos, slots, lens = ints(np.zeros(B)), ints(np.full(B, -1)), ints(np.zeros(B))
+    d_table = ints(np.zeros((B, M)))
 
     def step():
-        kern.rope_qkv(d_qkv, None, None, None, 1e-6, cos, sin, pos, HQ, HKV, d_q, d_kc, d_vc)
-        kern.decode_attention(d_q[0], d_kc, d_vc, pos, 0.125, d_out)
+        kern.rope_qkv(d_qkv, None, None, None, 1e-6, d_cos, d_sin, pos, slots, HQ, HKV, d_q, d_kc, d_vc)
+        kern.decode_attention(d_q, d_kc, d_vc, d_table, lens, bs, 0.125, d_out, max_len)
 
     stream = cp.cuda.Stream(non_blocking=True)
     with stream:
-        step()  # compile + allocate the workspace outside the capture (writes k/v row 0 from the zero qkv)
+        step()  # compile + allocate the workspace outside the capture (all padding rows: no cache writes)
         stream.begin_capture()
         step()
         graph = stream.end_capture()
-        kc_ref, vc_ref = kc0.copy(), vc0.copy()  # the reference cache follows every write the GPU makes
-        kc_ref[:, 0] = vc_ref[:, 0] = 0.0
-        for p in (5, 700):
-            qkv = rounded(rng.standard_normal((1, NH * D)), dtype)
-            d_qkv[...] = dev(qkv, dtype)
-            pos[...] = p
+        for lengths in ([5, 700, 1, 0], [1024, 33, 0, 512]):
+            seq_lens = np.array(lengths, np.int32)
+            table = rng.permutation(B * M).reshape(B, M).astype(np.int32)  # a fresh shuffle per replay
+            p = np.maximum(seq_lens - 1, 0).astype(np.int32)
+            s = np.where(seq_lens > 0, table[np.arange(B), p // bs] * bs + p % bs, -1).astype(np.int32)
+            qkv = rounded(rng.standard_normal((B, NH * D)), dtype)
+            for d, h in ((d_qkv, dev(qkv, dtype)), (pos, ints(p)), (slots, ints(s)), (lens, ints(seq_lens)),
+                         (d_table, ints(table))):
+                d[...] = h
             graph.launch(stream)
             stream.synchronize()
-            q_ref = np.zeros((1, HQ, D), np.float32)
-            rope_qkv(qkv, None, None, None, 1e-6, cp.asnumpy(cos), cp.asnumpy(sin), p, HQ, HKV, q_ref, kc_ref, vc_ref)
-            kc_ref[:, p], vc_ref[:, p] = rounded(kc_ref[:, p], dtype), rounded(vc_ref[:, p], dtype)
-            ref = np.empty((HQ, D), np.float32)
-            decode_attention(rounded(q_ref[0], dtype), kc_ref, vc_ref, p + 1, 0.125, ref)
-            check(f"graph replay at start_pos={p}", host(d_out, dtype), ref, dtype)
+            q_ref = np.zeros((B, HQ, D), np.float32)
+            rope_qkv(qkv, None, None, None, 1e-6, cos, sin, p, s, HQ, HKV, q_ref, kc_ref, vc_ref)
+            w = s[s >= 0]
+            kc_ref[w], vc_ref[w] = rounded(kc_ref[w], dtype), rounded(vc_ref[w], dtype)
+            ref = np.empty((B, HQ, D), np.float32)
+            decode_attention(rounded(q_ref, dtype), kc_ref, vc_ref, table, seq_lens, bs, 0.125, ref)
+            check(f"graph replay at seq_lens={lengths}", host(d_out, dtype), ref, dtype)
+
+
+# -- paged varlen prefill attention -------------------------------------------------------------------------------
+PREFILL_CASES = {  # name: (Hq, Hkv, D, q_lens, cached prefixes, block_size, first row, rows after)
+    "prompt4096": (HQ, HKV, 64, [4096], [0], 16, 0, 0),
+    "mixed_d128": (HQ, HKV, 128, [1, 77, 300, 64, 1000, 5], [0, 100, 0, 4000, 300, 30000], 16, 7, 3),
+    "mixed_d64": (HQ, HKV, 64, [130, 1, 64, 500, 2], [32000, 9, 0, 700, 0], 16, 3, 0),
+    "chunks_b64": (HQ, HKV, 64, "chunks64", None, 16, 0, 5),
+    "bs8_d64": (HQ, HKV, 64, [200, 65], [63, 1], 8, 1, 1),   # a 64-key tile spans 8 blocks
+    "d256": (8, 2, 256, [40, 9], [3, 0], 16, 2, 0),           # generic kernel even with tc=True, > 48 KB smem
+}
+
+
+@functools.lru_cache(maxsize=None)
+def prefill_case(name):
+    hq, hkv, hd, q_lens, prefixes, bs, first, after = PREFILL_CASES[name]
+    rng = np.random.default_rng(len(name) + hd)
+    if q_lens == "chunks64":  # chunked prefill of 64 requests: ragged chunks over ragged cached prefixes
+        q_lens, prefixes = rng.integers(1, 100, 64).tolist(), rng.integers(0, 2000, 64).tolist()
+    seq_lens = np.array([p + n for p, n in zip(prefixes, q_lens)], np.int32)
+    kc, vc, table = paged(rng, seq_lens.tolist(), hkv, hd, bs)
+    qsl = (first + np.concatenate([[0], np.cumsum(q_lens)])).astype(np.int32)
+    N = int(qsl[-1]) + after
+    q = np.full((N, hq, hd), np.nan, np.float32)  # rows outside the sequences: NaN, must never be read
+    q[first:qsl[-1]] = rounded(1.5 * rng.standard_normal((qsl[-1] - first, hq, hd)), "bfloat16")
+    ref = np.full_like(q, SENTINEL)
+    prefill_attention(q, kc, vc, table, qsl, seq_lens, bs, 1 / np.sqrt(hd), ref)
+    return q, kc, vc, table, qsl, seq_lens, ref, max(q_lens)
+
+
+@pytest.mark.parametrize("dtype, tc", [("float32", False), ("bfloat16", True), ("bfloat16", False), ("float16", True)])
+@pytest.mark.parametrize("name", list(PREFILL_CASES))
+def test_prefill_attention(dtype, tc, name):
+    hq, hkv, hd, _, _, bs, first, _ = PREFILL_CASES[name]
+    q, kc, vc, table, qsl, seq_lens, ref, max_q = prefill_case(name)
+    out = dev(np.full_like(q, SENTINEL), dtype)
+    K(dtype).prefill_attention(dev(q, dtype), dev(kc, dtype), dev(vc, dtype), ints(table), ints(qsl),
+                               ints(seq_lens), bs, 1 / np.sqrt(hd), out, max_q, tensor_cores=tc)
+    got = host(out, dtype)
+    outside = np.ones(len(q), bool)
+    outside[qsl[0]:qsl[-1]] = False
+    assert (got[outside] == SENTINEL).all(), "rows outside query_start_loc[0]..query_start_loc[B] were written"
+    check(f"prefill_attention({'tensor cores' if tc else 'generic'}, {name}: B={len(seq_lens)}, D={hd}, "
+          f"max q_len {max_q}, max len {seq_lens.max()})", got, ref, dtype)
 
 
 def test_argmax():
@@ -246,7 +334,7 @@ def test_argmax():
     rows[4] = -np.inf                            # all -inf -> 0
     rows[5, VOCAB - 1] = 100.0                   # the very last entry
     out = cp.zeros(6, cp.int32)
-    want = [argmax(r) for r in rows]
+    want = argmax(rows).tolist()
     for attempt in range(2):  # the second call checks that the kernel left its workspace clean
         K("float32").argmax(cp.asarray(rows), out)
         got = cp.asnumpy(out).tolist()
@@ -257,4 +345,20 @@ def test_argmax():
     assert int(one[0]) == VOCAB - 1
     odd = rng.standard_normal(1001).astype(np.float32)  # V not a multiple of 4: the scalar path
     K("float32").argmax(cp.asarray(odd), one)
-    assert int(one[0]) == argmax(odd)
+    assert int(one[0]) == int(argmax(odd))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("M, N, Kin, logits", [(1, 1152, 896, False), (4, 896, 4864, False), (3, 9728, 896, False),
+                                               (1, VOCAB, 896, True), (2, 40, 24, True)])
+def test_gemv(dtype, M, N, Kin, logits):
+    from kernels.gemv import gemv
+
+    rng = np.random.default_rng(M * N)
+    x, w = rounded(rng.standard_normal((M, Kin)), dtype), rounded(0.05 * rng.standard_normal((N, Kin)), dtype)
+    ref = np.empty((M, N), np.float32)
+    gemv(x, w, ref)
+    out = cp.empty((M, N), cp.float32) if logits else dev(np.zeros((M, N)), dtype)
+    K(dtype).gemv(dev(x, dtype), dev(w, dtype), out)
+    check("gemv", host(out, "float32" if logits else dtype), ref, "float32" if logits and dtype == "float32"
+          else dtype)

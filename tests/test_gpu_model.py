@@ -8,10 +8,8 @@ import pytest
 from conftest import FIXTURES
 from reference_run import FIXTURE_NAMES, greedy_tokens, reference_logits
 
-from toolkit.backends import make_backend
-from toolkit.engine import Engine
-from toolkit.shapes import shape_config
-from toolkit.weights import random_checkpoint
+from toolkit.assembly import build_engine
+from toolkit.options import EngineOptions
 
 pytestmark = pytest.mark.gpu
 
@@ -20,8 +18,9 @@ pytestmark = pytest.mark.gpu
 def test_cuda_fp32_matches_cpu(name):
     folder = FIXTURES / name
     ref = np.load(folder / "reference.npz")
-    cpu = reference_logits(Engine.load(folder, device="cpu", max_context=64), ref)
-    gpu = reference_logits(Engine.load(folder, device="cuda", max_context=64, dtype="float32"), ref)
+    cpu = reference_logits(build_engine(folder, device="cpu", max_context=64), ref)
+    gpu = reference_logits(build_engine(folder, device="cuda", max_context=64, dtype="float32",
+                                        max_num_seqs=8, kv_cache_tokens=256), ref)
     for c, g in zip(cpu, gpu):
         err = np.abs(c - g).max()
         print(f"{name}: max |dlogit| fp32 cuda vs cpu = {err:.2e}")
@@ -32,20 +31,19 @@ def test_cuda_fp32_matches_cpu(name):
 def test_cuda_bf16_same_greedy_tokens(name):
     folder = FIXTURES / name
     ref = np.load(folder / "reference.npz")
-    engine = Engine.load(folder, device="cuda", max_context=64, dtype="bfloat16")
+    engine = build_engine(folder, device="cuda", max_context=64, dtype="bfloat16", max_num_seqs=8,
+                          kv_cache_tokens=256)
     assert greedy_tokens(engine, ref["input_ids"], 17) == ref["generated_ids"].tolist()
 
 
 @pytest.mark.parametrize("tensor_cores", [True, False])
 def test_bf16_model_close_to_fp32_cpu(tensor_cores):
     """Head dim 64 (the tensor-core attention path) on a 300-token prompt, random weights."""
-    cfg = shape_config("tiny")
-    ids = np.random.default_rng(1).integers(0, cfg.vocab_size, 300)
-    cpu = Engine(cfg, random_checkpoint(cfg, "bfloat16", seed=3), make_backend("cpu"), max_context=512)
-    gpu_backend = make_backend("cuda", "bfloat16")
-    gpu_backend.tensor_cores = tensor_cores
-    gpu = Engine(cfg, random_checkpoint(cfg, "bfloat16", seed=3), gpu_backend, max_context=512)
-    a, b = cpu.logits(ids), gpu.logits(ids)
+    ids = np.random.default_rng(1).integers(0, 4096, 300)
+    cpu = build_engine(shape="tiny", device="cpu", dtype="bfloat16", max_context=512, weights_seed=3)
+    gpu = build_engine(shape="tiny", device="cuda", dtype="bfloat16", max_context=512, weights_seed=3,
+                       max_num_seqs=8, kv_cache_tokens=2048, options=EngineOptions(tensor_cores=tensor_cores))
+    a, b = cpu.logits(ids, chunk=128), gpu.logits(ids, chunk=128)  # chunks: prefill over a cached prefix
     rel = np.linalg.norm(a - b) / np.linalg.norm(a)
     print(f"tiny bf16 (tensor_cores={tensor_cores}) vs fp32 cpu: rel-L2 {rel:.2e}")
     assert rel < 3e-2
@@ -53,8 +51,8 @@ def test_bf16_model_close_to_fp32_cpu(tensor_cores):
 
 
 def test_stories_same_text_on_gpu(stories_dir):
-    cpu = Engine.load(stories_dir, device="cpu")
-    gpu = Engine.load(stories_dir, device="cuda")
+    cpu = build_engine(stories_dir, device="cpu")
+    gpu = build_engine(stories_dir, device="cuda", max_num_seqs=8)
     ids = cpu.tokenizer.encode("Once upon a time")
     assert greedy_tokens(gpu, ids, 32) == greedy_tokens(cpu, ids, 32)
 
@@ -65,8 +63,8 @@ def test_default_model_same_greedy_text_on_gpu():
 
     if default_model() is None:
         pytest.skip("no default model in weights/")
-    cpu = Engine.load(default_model(), device="cpu")
-    gpu = Engine.load(default_model(), device="cuda")
+    cpu = build_engine(default_model(), device="cpu")
+    gpu = build_engine(default_model(), device="cuda", max_num_seqs=8)
     for prompt in ("Once upon a time", "The king said unto", "It is a truth universally acknowledged"):
         ids = cpu.tokenizer.encode(prompt)
         a, b = greedy_tokens(cpu, ids, 32), greedy_tokens(gpu, ids, 32)

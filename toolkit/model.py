@@ -1,17 +1,21 @@
-"""The decoder: one forward pass over a chunk of tokens, on any backend.
+"""The decoder: one forward pass over a batched step, on any backend.
 
-    ids -> embedding -> N x [ RMSNorm -> QKV -> RoPE/KV-cache -> attention -> O
+    ids -> embedding -> N x [ RMSNorm -> QKV -> RoPE + KV write -> attention -> O
                               (+ residual) RMSNorm -> gate_up -> SiLU*up -> down ]
-        -> (+ residual) RMSNorm -> lm_head -> logits
+        -> (+ residual) RMSNorm -> gather each request's last row -> lm_head -> logits [B, V]
+
+Everything the pass needs arrives as arguments: the staged `DeviceStep` (ids,
+positions, KV slots, query_start_loc, seq_lens, block tables), the paged
+`KVCache`, and the output buffer. The model keeps no per-step state, so two
+requests never share hidden state and a step can be captured and replayed.
 
 The residual stream `h` is updated in place: each `add_rmsnorm` first adds the
-previous block's output into `h`, then normalises it for the next block, so
-the add and the norm cost one pass over memory instead of two.
+previous block's output into `h`, then normalises it, so the add and the norm
+cost one pass over memory instead of two.
 
-Prefill (many tokens) and decode (one token) run the same code; only the
-attention kernel differs, and the backend picks it from the chunk length.
-All scratch buffers are allocated once for the largest chunk and reused, so a
-decode step allocates nothing (a prerequisite for CUDA-graph capture).
+Attention is chosen from the step, not from a tensor shape: the first
+`num_decodes` requests feed one token each and use the split-K decode kernel;
+the rest (prompt chunks) use the varlen prefill kernel over the same cache.
 """
 from dataclasses import dataclass
 
@@ -23,36 +27,50 @@ from .weights import Weights
 
 @dataclass
 class Scratch:
-    """Activations for a chunk of up to `rows` tokens; views for T tokens via `view(T)`."""
-    h: object  # residual stream [T, H]
-    x: object  # normalised input of the current block [T, H]
-    qkv: object  # [T, (Hq + 2Hkv) * D]
-    q: object  # [T, Hq, D]
-    attn: object  # [T, Hq, D]
-    attn_out: object  # [T, H]
-    gate_up: object  # [T, 2I]
-    act: object  # [T, I]
-    mlp_out: object  # [T, H]
+    """Activations for up to `rows` tokens; `view(N)` gives the first N rows of each."""
+    h: object  # residual stream [N, H]
+    x: object  # normalised input of the current block [N, H]
+    qkv: object  # [N, (Hq + 2Hkv) * D]
+    q: object  # [N, Hq, D]
+    attn: object  # [N, Hq, D]
+    attn_out: object  # [N, H]
+    gate_up: object  # [N, 2I]
+    act: object  # [N, I]
+    mlp_out: object  # [N, H]
 
-    def view(self, T: int) -> "Scratch":
-        return Scratch(**{k: v[:T] for k, v in vars(self).items()})
+    def view(self, n: int) -> "Scratch":
+        return Scratch(**{k: v[:n] for k, v in vars(self).items()})
+
+
+@dataclass
+class KVCache:
+    """Paged K/V for every layer: k[i], v[i] are [num_blocks * block_size, Hkv, D]."""
+    k: list
+    v: list
+    block_size: int
+    num_blocks: int
+
+    @classmethod
+    def allocate(cls, backend, cfg: ModelConfig, num_blocks: int, block_size: int) -> "KVCache":
+        shape = (num_blocks * block_size, cfg.num_kv_heads, cfg.head_dim)
+        return cls([backend.empty(shape) for _ in range(cfg.num_layers)],
+                   [backend.empty(shape) for _ in range(cfg.num_layers)], block_size, num_blocks)
+
+    @staticmethod
+    def bytes_per_token(cfg: ModelConfig, itemsize: int) -> int:
+        return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * itemsize
 
 
 class Model:
-    def __init__(self, cfg: ModelConfig, weights: Weights, backend, max_context: int, max_chunk: int):
+    def __init__(self, cfg: ModelConfig, weights: Weights, backend, max_context: int, max_tokens: int,
+                 max_seqs: int):
         self.cfg, self.w, self.be = cfg, weights, backend
-        self.max_context, self.max_chunk = max_context, max_chunk
-        be, c = backend, cfg
-        self.scale = float(c.head_dim) ** -0.5
-        cos, sin = rope_tables(c, max_context)
-        self.cos, self.sin = be.from_host_f32(cos), be.from_host_f32(sin)
-        # KV cache: per layer [Hkv, S, D], preallocated for the whole context.
-        kv_shape = (c.num_kv_heads, max_context, c.head_dim)
-        self.k_cache = [be.zeros(kv_shape) for _ in range(c.num_layers)]
-        self.v_cache = [be.zeros(kv_shape) for _ in range(c.num_layers)]
-        self.scratch = self._alloc_scratch(max_chunk)
-        self._views = {1: self.scratch.view(1)}  # decode reuses one set of views
-        self.logits = be.empty((1, c.vocab_size), np.float32)
+        self.max_context = max_context
+        self.scale = float(cfg.head_dim) ** -0.5
+        cos, sin = rope_tables(cfg, max_context)
+        self.cos, self.sin = backend.from_host_f32(cos), backend.from_host_f32(sin)
+        self.scratch = self._alloc_scratch(max_tokens)
+        self.x_last = backend.empty((max_seqs, cfg.hidden_size))
 
     def _alloc_scratch(self, rows: int) -> Scratch:
         be, c = self.be, self.cfg
@@ -63,29 +81,29 @@ class Model:
             attn_out=be.empty((rows, H)), gate_up=be.empty((rows, 2 * I)),
             act=be.empty((rows, I)), mlp_out=be.empty((rows, H)))
 
-    def forward(self, ids: np.ndarray, start_pos: int, timer, all_logits: bool = False):
-        """Run len(ids) tokens at positions start_pos.. and return fp32 logits on the device.
+    def forward(self, step, kv: KVCache, logits, options, timer, all_rows: bool = False):
+        """Run the staged `step`; write fp32 logits of each request's last row into logits[:B].
 
-        Returns [1, V] logits for the last token, or [T, V] for every token when
-        `all_logits` (tests and perplexity; allocated per call, not for the hot path).
+        `options` (EngineOptions, as effective on this backend) picks kernels: tensor-core prefill
+        attention, our small-batch GEMV. `all_rows` writes the logits of every fed token instead
+        (logits[:N]; tests, perplexity).
         """
-        T = len(ids)
-        assert 1 <= T <= self.max_chunk and start_pos + T <= self.max_context
-        be, c, w = self.be, self.cfg, self.w
-        s = self._views.get(T) or self.scratch.view(T)
-        ids_dev = be.begin_step(start_pos, ids)
+        c, w = self.cfg, self.w
+        be = _Ops(self.be, options.small_batch_gemv)
+        N, B, nd = step.num_tokens, step.num_seqs, step.num_decodes
+        s = self.scratch.view(N)
         timer.start()
-        be.embedding(ids_dev, w.embed, s.h)
+        be.embedding(step.input_ids, w.embed, s.h)
         timer.lap("embedding")
         eps = c.rms_norm_eps
         for i, L in enumerate(w.layers):
             # Attention block. Layer 0 has no previous MLP output to add into h.
             be.add_rmsnorm(None if i == 0 else s.mlp_out, s.h, L.input_norm, eps, s.x)
             be.linear(s.x, L.qkv, s.qkv)
-            be.rope_qkv(s.qkv, L.qkv_bias, L.q_norm, L.k_norm, eps, self.cos, self.sin,
-                        c.num_heads, c.num_kv_heads, s.q, self.k_cache[i], self.v_cache[i])
-            be.attention(s.q, self.k_cache[i], self.v_cache[i], self.scale, s.attn)
-            be.linear(s.attn.reshape(T, -1), L.o_proj, s.attn_out)
+            be.rope_qkv(s.qkv, L.qkv_bias, L.q_norm, L.k_norm, eps, self.cos, self.sin, step.positions,
+                        step.slot_mapping, c.num_heads, c.num_kv_heads, s.q, kv.k[i], kv.v[i])
+            self._attention(step, kv, i, s, nd, B, options.tensor_cores)
+            be.linear(s.attn.reshape(N, -1), L.o_proj, s.attn_out)
             timer.lap("attention")
             # MLP block: h += attention output, then SwiGLU on its norm.
             be.add_rmsnorm(s.attn_out, s.h, L.post_norm, eps, s.x)
@@ -94,11 +112,36 @@ class Model:
             be.linear(s.act, L.down, s.mlp_out)
             timer.lap("mlp")
         be.add_rmsnorm(s.mlp_out, s.h, w.final_norm, eps, s.x)
-        if all_logits:
-            logits = be.empty((T, c.vocab_size), np.float32)
-            be.linear(s.x, w.lm_head, logits)
-        else:  # only the last position picks the next token
-            logits = self.logits
-            be.linear(s.x[T - 1:T], w.lm_head, logits)
+        if all_rows:
+            be.linear(s.x, w.lm_head, logits[:N])
+        elif nd == N:  # every request fed one token: row b is request b's last row already
+            be.linear(s.x, w.lm_head, logits[:B])
+        else:  # gather each request's last row, so the lm_head runs on B rows, not N
+            x_last = self.x_last[:B]
+            be.embedding(step.logits_rows, s.x, x_last)
+            be.linear(x_last, w.lm_head, logits[:B])
         timer.lap("lm_head")
         return logits
+
+    def _attention(self, step, kv: KVCache, layer: int, s: Scratch, nd: int, B: int, tensor_cores: bool):
+        be, bs = self.be, kv.block_size
+        k, v = kv.k[layer], kv.v[layer]
+        if nd:
+            be.decode_attention(s.q[:nd], k, v, step.block_tables[:nd], step.seq_lens[:nd], bs, self.scale,
+                                s.attn[:nd], self.max_context)
+        if nd < B:
+            be.prefill_attention(s.q, k, v, step.block_tables[nd:], step.query_start_loc[nd:],
+                                 step.seq_lens[nd:], bs, self.scale, s.attn, step.max_query_len, tensor_cores)
+
+
+class _Ops:
+    """The backend with `linear` bound to this step's GEMM choice; every other op passes through."""
+
+    def __init__(self, backend, small_batch_gemv: bool):
+        self._be, self._gemv = backend, small_batch_gemv
+
+    def linear(self, x, w, out):
+        self._be.linear(x, w, out, self._gemv)
+
+    def __getattr__(self, name):
+        return getattr(self._be, name)

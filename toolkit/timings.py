@@ -1,45 +1,106 @@
-"""Where the time of each step goes, as plain data every front end reads.
+"""Where the time of each step goes, as immutable values that travel beside the tokens.
 
-One `StepTiming` per forward step (the prefill, then each decode step). The
-device sections (embedding, attention, mlp, lm_head, sampling) are measured
-on the device's own clock: CUDA events on the GPU, `perf_counter` on the CPU.
-Detokenization is host work, timed with `perf_counter`. `other_ms` is the
-wall time no section covers: Python overhead, launch latency, the final
-device->host copy. Sections add up to `total_ms` by construction.
+`StepTiming` is one engine step (a prefill, a decode, or a mix of both for
+several requests). Two clocks:
+  * `gpu_ms`: the device time of the whole step, from two CUDA events around
+    everything launched for it (its graph replay or its eager kernels, and the
+    sampler). The events are read after the step's one synchronisation (the
+    sampled ids coming back), so timing adds no synchronisation of its own.
+    On the CPU the work is synchronous and this is the model+sampler wall time.
+  * `wall_ms`: host time from scheduling to the outputs, detokenization included.
+The per-section split (embedding, attention, mlp, lm_head, sampling) needs an
+event pair per layer and section, so only eager steps have it; a graph replay
+is one launch, and its `sections_ms` is empty (`graph=True` says why).
+
+`RequestStats` is a snapshot of one request's running totals, made fresh for
+each output, so an earlier output's numbers never change under its reader.
 """
 import time
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 SECTIONS = ("embedding", "attention", "mlp", "lm_head", "sampling")
+_EMPTY = MappingProxyType({})
 
 
-@dataclass
+@dataclass(frozen=True)
 class StepTiming:
-    kind: str  # "prefill" or "decode"
-    n_tokens: int  # tokens processed in this step (prompt length for the prefill)
-    total_ms: float = 0.0
-    sections_ms: dict = field(default_factory=dict)  # SECTIONS -> ms
+    index: int  # step number since the engine started
+    kind: str  # "prefill", "decode" or "mixed"
+    n_tokens: int  # tokens run through the model (all requests)
+    n_seqs: int  # requests in the step
+    wall_ms: float = 0.0
+    gpu_ms: float = 0.0
+    sections_ms: MappingProxyType = field(default_factory=lambda: _EMPTY)  # SECTIONS -> ms, eager steps only
+    graph: bool = False  # replayed from a captured CUDA graph
+    options: object = None  # the EngineOptions in force (as run: see EngineOptions.effective)
+    cached_tokens: int = 0  # prompt tokens taken from the prefix cache by requests admitted in this step
     detokenize_ms: float = 0.0
 
     @property
+    def total_ms(self) -> float:
+        return self.wall_ms
+
+    @property
     def other_ms(self) -> float:
-        return max(0.0, self.total_ms - sum(self.sections_ms.values()) - self.detokenize_ms)
+        """Host time outside the device work and detokenization: scheduling, staging, Python."""
+        return max(0.0, self.wall_ms - self.gpu_ms - self.detokenize_ms)
+
+
+@dataclass(frozen=True)
+class RequestStats:
+    """One request's totals at the moment of one output."""
+    prompt_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens served from the prefix cache (not prefilled)
+    generated_tokens: int = 0
+    ttft_ms: float = 0.0  # arrival -> first token
+    prefill_ms: float = 0.0  # wall time of the steps that prefilled this request
+    decode_ms_total: float = 0.0  # wall time of the decode steps that produced its tokens
+    decode_steps: int = 0
+    preemptions: int = 0
+
+    @property
+    def prefill_tps(self) -> float:
+        n = self.prompt_tokens - self.cached_tokens
+        return n / (self.prefill_ms / 1e3) if self.prefill_ms > 0 else 0.0
+
+    @property
+    def decode_tps(self) -> float:
+        return self.decode_steps / (self.decode_ms_total / 1e3) if self.decode_ms_total > 0 else 0.0
+
+    @property
+    def ms_per_step(self) -> float:
+        return self.decode_ms_total / self.decode_steps if self.decode_steps else 0.0
+
+    def as_dict(self) -> dict:
+        return {"prompt_tokens": self.prompt_tokens, "cached_tokens": self.cached_tokens,
+                "generated_tokens": self.generated_tokens, "ttft_ms": round(self.ttft_ms, 3),
+                "prefill_ms": round(self.prefill_ms, 3), "prefill_tok_per_s": round(self.prefill_tps, 2),
+                "decode_ms_per_step": round(self.ms_per_step, 3), "decode_tok_per_s": round(self.decode_tps, 2),
+                "preemptions": self.preemptions}
 
 
 class CpuTimer:
-    """Laps on the host clock: NumPy/Numba work is synchronous, so wall time is device time."""
+    """Section laps on the host clock: NumPy/Numba work is synchronous, so wall time is device time."""
 
     def __init__(self):
         self._laps = []
+        self._t0 = self._t = 0.0
 
     def start(self):
         self._laps.clear()
-        self._t = time.perf_counter()
+        self._t0 = self._t = time.perf_counter()
 
     def lap(self, section: str):
         now = time.perf_counter()
         self._laps.append((section, now - self._t))
         self._t = now
+
+    def stop(self):
+        self._end = time.perf_counter()
+
+    def total_ms(self) -> float:
+        return (self._end - self._t0) * 1e3
 
     def sections_ms(self) -> dict:
         out = dict.fromkeys(SECTIONS, 0.0)
@@ -48,31 +109,29 @@ class CpuTimer:
         return out
 
 
+class NullTimer:
+    """Stands in for a timer where no per-section laps are wanted (graph capture, quiet steps)."""
+
+    def start(self):
+        pass
+
+    def lap(self, section: str):
+        pass
+
+
 @dataclass
-class RunStats:
-    """Summary of one request: what the CLI prints and the JSONL `timings` holds."""
+class StatsAccumulator:
+    """The mutable side of RequestStats, owned by the request's Sequence."""
     prompt_tokens: int = 0
+    cached_tokens: int = 0
     generated_tokens: int = 0
+    arrival: float = field(default_factory=time.perf_counter)
+    ttft_ms: float = 0.0
     prefill_ms: float = 0.0
-    decode_ms: list = field(default_factory=list)  # per decode step
+    decode_ms_total: float = 0.0
+    decode_steps: int = 0
+    preemptions: int = 0
 
-    @property
-    def prefill_tps(self) -> float:
-        return self.prompt_tokens / (self.prefill_ms / 1e3) if self.prefill_ms > 0 else 0.0
-
-    @property
-    def decode_tps(self) -> float:
-        total = sum(self.decode_ms)
-        return len(self.decode_ms) / (total / 1e3) if total > 0 else 0.0
-
-    @property
-    def ms_per_step(self) -> float:
-        return sum(self.decode_ms) / len(self.decode_ms) if self.decode_ms else 0.0
-
-    def as_dict(self) -> dict:
-        return {
-            "prefill_ms": round(self.prefill_ms, 3),
-            "prefill_tok_per_s": round(self.prefill_tps, 2),
-            "decode_ms_per_step": [round(x, 3) for x in self.decode_ms],
-            "decode_tok_per_s": round(self.decode_tps, 2),
-        }
+    def snapshot(self) -> RequestStats:
+        return RequestStats(self.prompt_tokens, self.cached_tokens, self.generated_tokens, self.ttft_ms,
+                            self.prefill_ms, self.decode_ms_total, self.decode_steps, self.preemptions)

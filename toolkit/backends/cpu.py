@@ -1,8 +1,11 @@
 """CPU backend: NumPy for GEMMs, our Numba/NumPy twins (kernels/*.py) for the rest.
 
 Everything is float32: 16-bit checkpoints are upcast at load, which makes this
-backend the reference the CUDA kernels are tested against.
+backend the reference the CUDA kernels are tested against. NumPy work is
+synchronous, so "device time" is simply host time here.
 """
+import time
+
 import numpy as np
 
 from kernels.activation import silu_mul
@@ -16,12 +19,20 @@ from kernels.rope import rope_qkv
 from ..timings import CpuTimer
 
 
+class CpuClock:
+    def start(self):
+        self._t0 = time.perf_counter()
+
+    def stop(self):
+        self._t1 = time.perf_counter()
+
+    def elapsed_ms(self) -> float:
+        return (self._t1 - self._t0) * 1e3
+
+
 class CpuBackend:
     name = "cpu"
     dtype = "float32"
-
-    def __init__(self):
-        self.start_pos = 0
 
     # -- memory ---------------------------------------------------------------
     def from_host(self, a: np.ndarray) -> np.ndarray:
@@ -32,43 +43,50 @@ class CpuBackend:
     def empty(self, shape, dtype=None) -> np.ndarray:
         return np.empty(shape, dtype=dtype or np.float32)
 
-    def zeros(self, shape, dtype=None) -> np.ndarray:
-        return np.zeros(shape, dtype=dtype or np.float32)
-
     def to_host(self, a) -> np.ndarray:
-        # A copy, as on the GPU: the model reuses its logits buffer on the next step.
+        # A copy, as on the GPU: the runner reuses its logits buffer on the next step.
         return np.array(a, dtype=np.float32)
 
-    # -- step state -----------------------------------------------------------
-    def begin_step(self, start_pos: int, ids: np.ndarray) -> np.ndarray:
-        self.start_pos = start_pos
-        return np.ascontiguousarray(ids, dtype=np.int32)
+    def int_buffer(self, n: int) -> tuple:
+        a = np.zeros(n, np.int32)
+        return a, a  # host and "device" are the same memory: staging needs no copy
+
+    def upload(self, host, dev, n: int):
+        pass
 
     # -- ops --------------------------------------------------------------------
-    def linear(self, x, w, out):
-        # HF layout: w is [out, in]; BLAS reads w.T without a copy.
+    def linear(self, x, w, out, small_batch_gemv=False):
+        # HF layout: w is [out, in]; BLAS reads w.T without a copy. (BLAS is the GEMV twin too: kernels/gemv.py.)
         np.matmul(x, w.T, out=out)
 
     embedding = staticmethod(embedding)
     add_rmsnorm = staticmethod(add_rmsnorm)
     silu_mul = staticmethod(silu_mul)
+    rope_qkv = staticmethod(rope_qkv)
 
-    def rope_qkv(self, qkv, bias, q_norm, k_norm, eps, cos, sin, n_heads, n_kv_heads, q_out, k_cache, v_cache):
-        rope_qkv(qkv, bias, q_norm, k_norm, eps, cos, sin, self.start_pos, n_heads, n_kv_heads,
-                 q_out, k_cache, v_cache)
+    def decode_attention(self, q, k_cache, v_cache, block_tables, seq_lens, block_size, scale, out,
+                         max_seq_len=None):
+        decode_attention(q, k_cache, v_cache, block_tables, seq_lens, block_size, scale, out)
 
-    def attention(self, q, k_cache, v_cache, scale, out):
-        if q.shape[0] == 1:  # one new token: the decode kernel, over the whole cache so far
-            decode_attention(q[0], k_cache, v_cache, self.start_pos + 1, scale, out[0])
-        else:
-            prefill_attention(q, k_cache, v_cache, self.start_pos, scale, out)
+    def prefill_attention(self, q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, block_size,
+                          scale, out, max_query_len=None, tensor_cores=False):
+        prefill_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, block_size, scale, out)
 
-    def argmax(self, logits) -> int:
-        return int(argmax(logits[-1]))
+    def argmax(self, logits, out):
+        out[:] = argmax(logits)
 
     # -- timing -------------------------------------------------------------------
-    def timer(self) -> CpuTimer:
+    def section_timer(self) -> CpuTimer:
         return CpuTimer()
+
+    def step_clock(self) -> CpuClock:
+        return CpuClock()
 
     def synchronize(self):
         pass
+
+    def bind_thread(self):
+        pass
+
+    def ids_to_host(self, dev, n: int) -> np.ndarray:
+        return dev[:n].copy()

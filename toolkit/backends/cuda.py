@@ -2,9 +2,17 @@
 
 Arrays are CuPy arrays in the compute dtype (bf16 is stored as uint16: the
 same bits, and our kernels only need the pointer). Every launch goes to one
-stream; nothing here synchronizes with the host except `argmax`/`to_host`,
-which end a step by bringing the chosen token back.
+stream, which each step binds to the calling thread (CuPy's current stream is
+per thread, and the engine may run on a worker thread).
+
+GEMMs go through nvmath-python's cuBLAS binding with our stream and a
+preallocated workspace set on the handle: that call can be captured in a CUDA
+graph, while CuPy's own cuBLAS wrapper refuses to run during stream capture.
+Without nvmath-python the backend falls back to CuPy's wrapper and reports
+`graphs_supported = False`, so the engine runs every step eagerly.
 """
+import ctypes
+
 import numpy as np
 
 from ..timings import SECTIONS
@@ -13,14 +21,20 @@ from .cuda_kernels import CudaKernels
 # cuBLAS / CUDA enum values (cublas_api.h, library_types.h).
 _OP_N, _OP_T = 0, 1
 _CUDA_TYPE = {"float32": 0, "float16": 2, "bfloat16": 14}
-_COMPUTE_32F = 68  # fp32 accumulation; no TF32 unless CUPY_TF32=1 asks for it
+_COMPUTE_32F = 68  # fp32 accumulation; no TF32
 _GEMM_DEFAULT = -1
+_WORKSPACE_BYTES = 32 << 20  # cuBLAS workspace set on the handle (capture forbids cuBLAS allocating its own)
+# Where our GEMV beats cuBLAS, measured on the H200 (benchmarks/results/bench_kernels.log, Qwen2.5-0.5B shapes):
+# at one row the qkv/o/gate_up/down projections take 2.4-5.9 us against cuBLAS's ~9-17 us eager launches, and the
+# whole batch-1 step went from 1.049 to 0.990 ms; at 2 and 4 rows, and for the 151,936-row lm_head (86.8 us
+# against 67.4 us), cuBLAS is faster, so those stay on cuBLAS.
+_GEMV_ROWS, _GEMV_MAX_N = 1, 32768
 
 
 class CudaTimer:
-    """Laps as CUDA events on the stream; read once per step after the last one completes."""
+    """Section laps as CUDA events on the stream; read after the step's synchronisation."""
 
-    def __init__(self, cp, stream, n_events: int = 512):
+    def __init__(self, cp, stream, n_events: int = 1024):
         self._cp, self._stream = cp, stream
         self._events = [cp.cuda.Event() for _ in range(n_events)]
         self._sections = []
@@ -42,31 +56,87 @@ class CudaTimer:
         return out
 
 
+class CudaClock:
+    """Two events around a whole step (graph replay or eager launches, plus sampling)."""
+
+    def __init__(self, cp, stream):
+        self._cp, self._stream = cp, stream
+        self._start, self._stop = cp.cuda.Event(), cp.cuda.Event()
+
+    def start(self):
+        self._start.record(self._stream)
+
+    def stop(self):
+        self._stop.record(self._stream)
+
+    def elapsed_ms(self) -> float:
+        self._stop.synchronize()  # already complete once the step's tokens are on the host: no wait
+        return self._cp.cuda.get_elapsed_time(self._start, self._stop)
+
+
+class _NvmathGemm:
+    """cublasGemmEx through nvmath-python: explicit stream and workspace, so it can be captured."""
+    capturable = True
+
+    def __init__(self, cp, stream):
+        from nvmath.bindings import cublas
+
+        self._cublas = cublas
+        self._handle = cublas.create()
+        cublas.set_stream(self._handle, stream.ptr)
+        self._workspace = cp.empty(_WORKSPACE_BYTES, dtype=cp.uint8)
+        cublas.set_workspace(self._handle, self._workspace.data.ptr, _WORKSPACE_BYTES)
+        self._one, self._zero = ctypes.c_float(1.0), ctypes.c_float(0.0)  # host scalars (pointer mode host)
+        self._alpha, self._beta = ctypes.addressof(self._one), ctypes.addressof(self._zero)
+
+    def __call__(self, transa, transb, m, n, k, a, atype, lda, b, btype, ldb, c, ctype, ldc):
+        self._cublas.gemm_ex(self._handle, transa, transb, m, n, k, self._alpha, a, atype, lda, b, btype, ldb,
+                             self._beta, c, ctype, ldc, _COMPUTE_32F, _GEMM_DEFAULT)
+
+
+class _CupyGemm:
+    """CuPy's cuBLAS wrapper: fine eagerly, refused inside stream capture."""
+    capturable = False
+
+    def __init__(self, cp, stream):
+        from cupy_backends.cuda.libs import cublas
+
+        self._cublas = cublas
+        self._handle = cp.cuda.device.get_cublas_handle()
+        self._stream = stream
+        self._one, self._zero = np.ones(1, np.float32), np.zeros(1, np.float32)
+
+    def __call__(self, transa, transb, m, n, k, a, atype, lda, b, btype, ldb, c, ctype, ldc):
+        self._cublas.setStream(self._handle, self._stream.ptr)
+        self._cublas.gemmEx(self._handle, transa, transb, m, n, k, self._one.ctypes.data, a, atype, lda, b,
+                            btype, ldb, self._zero.ctypes.data, c, ctype, ldc, _COMPUTE_32F, _GEMM_DEFAULT)
+
+
 class CudaBackend:
     name = "cuda"
 
     def __init__(self, dtype: str = "bfloat16"):
         import cupy as cp
-        from cupy_backends.cuda.libs import cublas
 
         if dtype not in _CUDA_TYPE:
             raise ValueError(f"unsupported CUDA compute dtype {dtype!r}")
-        self.cp, self._cublas = cp, cublas
+        self.cp = cp
         self.dtype = dtype
         self.kernels = CudaKernels(dtype)
         self.stream = cp.cuda.Stream(non_blocking=True)
-        self._handle = cp.cuda.device.get_cublas_handle()
-        cublas.setPointerMode(self._handle, 0)  # alpha/beta are host scalars
-        self._one = np.ones(1, np.float32)
-        self._zero = np.zeros(1, np.float32)
+        try:
+            self._gemm = _NvmathGemm(cp, self.stream)
+            self.gemm_note = "cuBLAS via nvmath-python (capturable)"
+        except ImportError:
+            self._gemm = _CupyGemm(cp, self.stream)
+            self.gemm_note = "cuBLAS via CuPy (nvmath-python missing: no CUDA graphs)"
+        self.graphs_supported = self._gemm.capturable
         self._storage = {"float32": cp.float32, "float16": cp.float16, "bfloat16": cp.uint16}[dtype]
-        # Step state lives on the device (see backends/__init__.py).
-        self.start_pos_dev = cp.zeros(1, dtype=cp.int32)
-        self._ids_dev = cp.zeros(1, dtype=cp.int32)
-        self._step_host = np.zeros(1, np.int32)
-        self.start_pos = 0
-        # Fast-path switch: tensor-core prefill attention (False: the generic fp32-math kernel).
-        self.tensor_cores = dtype != "float32"
+        self._in_type = _CUDA_TYPE[dtype]
+
+    def bind_thread(self):
+        """Make our stream the calling thread's current CuPy stream (kernels launch on it)."""
+        self.stream.use()
 
     # -- memory ---------------------------------------------------------------
     def from_host(self, a: np.ndarray):
@@ -81,17 +151,12 @@ class CudaBackend:
             return self.cp.asarray(a)
 
     def from_host_f32(self, a: np.ndarray):
-        """Host array -> float32 device array (tables that stay fp32 whatever the dtype)."""
         with self.stream:
             return self.cp.asarray(np.ascontiguousarray(a, dtype=np.float32))
 
     def empty(self, shape, dtype=None):
         with self.stream:
             return self.cp.empty(shape, dtype=dtype or self._storage)
-
-    def zeros(self, shape, dtype=None):
-        with self.stream:
-            return self.cp.zeros(shape, dtype=dtype or self._storage)
 
     def to_host(self, a) -> np.ndarray:
         """Device array -> float32 NumPy array (synchronizes)."""
@@ -101,33 +166,39 @@ class CudaBackend:
             return (h.astype(np.uint32) << 16).view(np.float32)
         return h.astype(np.float32, copy=False)
 
-    # -- step state -----------------------------------------------------------
-    def begin_step(self, start_pos: int, ids: np.ndarray):
-        self.stream.use()  # every launch of this thread goes to our stream
-        self.start_pos = start_pos
-        if self._ids_dev.size < len(ids):
-            self._ids_dev = self.cp.empty(max(len(ids), 1), dtype=self.cp.int32)
-        ids_dev = self._ids_dev[: len(ids)]
-        ids_dev.set(np.asarray(ids, dtype=np.int32), stream=self.stream)
-        self._step_host[0] = start_pos
-        self.start_pos_dev.set(self._step_host, stream=self.stream)
-        return ids_dev
+    def int_buffer(self, n: int) -> tuple:
+        """Pinned host int32[n] + device int32[n]: staging copies are then truly asynchronous."""
+        mem = self.cp.cuda.alloc_pinned_memory(n * 4)
+        host = np.frombuffer(mem, np.int32, n)
+        host[:] = 0
+        with self.stream:
+            return host, self.cp.zeros(n, self.cp.int32)
+
+    def upload(self, host, dev, n: int):
+        # The runner synchronises once per step (the sampled ids), so the pinned source is never
+        # rewritten while this copy is still in flight.
+        self.cp.cuda.runtime.memcpyAsync(dev.data.ptr, host.ctypes.data, n * 4,
+                                         self.cp.cuda.runtime.memcpyHostToDevice, self.stream.ptr)
+
+    def ids_to_host(self, dev, n: int) -> np.ndarray:
+        """The step's one synchronisation: the sampled ids come back."""
+        return dev[:n].get(stream=self.stream)
 
     # -- ops --------------------------------------------------------------------
-    def linear(self, x, w, out):
-        """out[T, N] = x[T, K] @ w[N, K].T through cuBLAS, fp32 accumulation.
+    def linear(self, x, w, out, small_batch_gemv: bool = False):
+        """out[T, N] = x[T, K] @ w[N, K].T, fp32 accumulation: our GEMV for T <= 4 when asked, else cuBLAS.
 
         cuBLAS is column-major: our row-major w[N, K] is its K x N matrix, so we ask
         for C(N x T) = op_T(w) @ x, which is exactly the row-major out[T, N].
         """
         T, K = x.shape
         N = w.shape[0]
-        out_type = 0 if out.dtype == np.float32 else _CUDA_TYPE[self.dtype]
-        in_type = _CUDA_TYPE[self.dtype]
-        self._cublas.gemmEx(
-            self._handle, _OP_T, _OP_N, N, T, K,
-            self._one.ctypes.data, w.data.ptr, in_type, K, x.data.ptr, in_type, K,
-            self._zero.ctypes.data, out.data.ptr, out_type, N, _COMPUTE_32F, _GEMM_DEFAULT)
+        if small_batch_gemv and T <= _GEMV_ROWS and N <= _GEMV_MAX_N and K % self.kernels.vec == 0:
+            self.kernels.gemv(x, w, out)
+            return
+        out_type = 0 if out.dtype == np.float32 else self._in_type
+        self._gemm(_OP_T, _OP_N, N, T, K, w.data.ptr, self._in_type, K, x.data.ptr, self._in_type, K,
+                   out.data.ptr, out_type, N)
 
     def embedding(self, ids, table, out):
         self.kernels.embedding(ids, table, out)
@@ -135,29 +206,45 @@ class CudaBackend:
     def add_rmsnorm(self, x, residual, weight, eps, out):
         self.kernels.add_rmsnorm(x, residual, weight, eps, out)
 
-    def rope_qkv(self, qkv, bias, q_norm, k_norm, eps, cos, sin, n_heads, n_kv_heads, q_out, k_cache, v_cache):
-        self.kernels.rope_qkv(qkv, bias, q_norm, k_norm, eps, cos, sin, self.start_pos_dev,
-                              n_heads, n_kv_heads, q_out, k_cache, v_cache)
+    def rope_qkv(self, qkv, bias, q_norm, k_norm, eps, cos, sin, positions, slot_mapping, n_heads, n_kv_heads,
+                 q_out, k_cache, v_cache):
+        self.kernels.rope_qkv(qkv, bias, q_norm, k_norm, eps, cos, sin, positions, slot_mapping, n_heads,
+                              n_kv_heads, q_out, k_cache, v_cache)
 
     def silu_mul(self, gate_up, out):
         self.kernels.silu_mul(gate_up, out)
 
-    def attention(self, q, k_cache, v_cache, scale, out):
-        if q.shape[0] == 1:
-            self.kernels.decode_attention(q[0], k_cache, v_cache, self.start_pos_dev, scale, out[0])
-        else:
-            self.kernels.prefill_attention(q, k_cache, v_cache, self.start_pos_dev, scale, out,
-                                           tensor_cores=self.tensor_cores)
+    def decode_attention(self, q, k_cache, v_cache, block_tables, seq_lens, block_size, scale, out, max_seq_len):
+        self.kernels.decode_attention(q, k_cache, v_cache, block_tables, seq_lens, block_size, scale, out,
+                                      max_seq_len)
 
-    def argmax(self, logits) -> int:
-        if not hasattr(self, "_argmax_out"):
-            self._argmax_out = self.cp.zeros(1, dtype=self.cp.int32)
-        self.kernels.argmax(logits[-1:], self._argmax_out)
-        return int(self._argmax_out.get(stream=self.stream)[0])  # the step's one sync
+    def prefill_attention(self, q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, block_size, scale,
+                          out, max_query_len, tensor_cores=True):
+        self.kernels.prefill_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, block_size,
+                                       scale, out, max_query_len, tensor_cores=tensor_cores)
 
-    # -- timing -------------------------------------------------------------------
-    def timer(self) -> CudaTimer:
+    def argmax(self, logits, out):
+        self.kernels.argmax(logits, out)
+
+    # -- graphs and timing ---------------------------------------------------------------
+    def capture(self, fn):
+        """Run fn() under stream capture and return the CUDA graph (replay with graph.launch(stream))."""
+        # Relaxed: other threads' CUDA calls (a UI, CuPy's allocator) are not forbidden during the capture.
+        self.stream.begin_capture(self.cp.cuda.runtime.streamCaptureModeRelaxed)
+        try:
+            fn()
+        finally:
+            graph = self.stream.end_capture()
+        return graph
+
+    def replay(self, graph):
+        graph.launch(self.stream)
+
+    def section_timer(self) -> CudaTimer:
         return CudaTimer(self.cp, self.stream)
+
+    def step_clock(self) -> CudaClock:
+        return CudaClock(self.cp, self.stream)
 
     def synchronize(self):
         self.stream.synchronize()

@@ -4,9 +4,12 @@ Each .cu file is compiled once per process and compute dtype into a cupy.RawModu
 current GPU; CuPy also keeps it in its on-disk kernel cache), and each kernel function is looked up once per
 CudaKernels object. A launch is then a shape check on the host plus one or two kernel launches on the
 current CuPy stream: no host synchronisation, no device allocation (the decode workspace is allocated once
-per cache shape), so a decode step can be captured in a CUDA graph.
+per plan), so a step can be captured in a CUDA graph.
 
-The decoder position `start_pos` is a device int32[1] array read by the kernels themselves.
+The step's inputs (positions, slot mapping, query_start_loc, seq_lens, block tables) are device int32 arrays read
+by the kernels themselves, so a captured graph replays with new values; the host ints that shape a launch
+(max_seq_len, max_query_len, block_size) are fixed per plan or per step. KV caches are paged:
+[num_slots, Hkv, D] with num_slots = num_blocks * block_size (see the kernels' headers).
 Storage: bf16 arrays are cupy uint16 arrays (same bits), fp16 float16, fp32 float32; logits are fp32.
 
 This module imports without CuPy (cupy is imported when a CudaKernels is made), so CPU-only installs and
@@ -27,6 +30,7 @@ STORAGE = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}
 OPTIONS = ("-std=c++17",)
 DECODE_HEAD_DIMS = (8, 16, 32, 64, 128, 256)   # decode_attention_partial<T, D> instantiations
 TC_HEAD_DIMS = (64, 128)            # prefill_attention_tc<T, D> instantiations (16-bit T only)
+GEMV_MAX_ROWS = 4                   # gemv<T, TO, M> instantiations: M = 1..4
 MAX_SPLITS = 1024                   # decode_attention.cu: MAX_SPLITS
 ARGMAX_CHUNK = 4096                 # logits per argmax block: 256 threads x 4 float4 loads
 LOG2E = 1.4426950408889634          # kernels work in log2 units: exp(x) = exp2(x * log2(e))
@@ -44,6 +48,9 @@ def kernel_names(op: str, ctype: str) -> list:
         return [f"prefill_attention<{ctype}>"] + tc
     if op == "argmax":
         return []  # extern "C", fp32 only
+    if op == "gemv":
+        outs = [ctype] if ctype == "float" else [ctype, "float"]
+        return [f"gemv<{ctype}, {o}, {m}>" for o in outs for m in range(1, GEMV_MAX_ROWS + 1)]
     return [{"embedding": "embedding", "rmsnorm": "add_rmsnorm", "rope": "rope_qkv",
              "activation": "silu_mul"}[op] + f"<{ctype}>"]
 
@@ -71,18 +78,23 @@ def _module(op: str, ctype: str):
     return mod
 
 
-def decode_splits(S: int, n_kv_heads: int, group: int, D: int, itemsize: int, n_sm: int) -> int:
-    """Number of sequence splits for decode attention, fixed per cache size S (so a captured graph stays valid).
-    The kernels spread the actual length evenly over the splits in whole tiles of KT keys (mirroring Shape<T, D>
-    in decode_attention.cu). Enough splits for ~2 blocks per SM, and at most 2 tiles per block at full context
-    (a block's tiles run one after another, so long chunks are latency-bound), but never a split shorter than
-    a tile at full context."""
+def decode_splits(batch: int, n_kv_heads: int, group: int, D: int, itemsize: int, n_sm: int,
+                  max_seq_len: int) -> int:
+    """Number of sequence splits for decode attention, fixed per (batch, max_seq_len) plan so a captured graph
+    stays valid at every length <= max_seq_len. The kernels spread each sequence's actual length evenly over
+    the splits in whole tiles of KT keys (mirroring Shape<T, D> in decode_attention.cu).
+    Enough splits for ~2 blocks per SM, and at most 2 tiles per block at full context (a block's tiles run one
+    after another, so long chunks are latency-bound), but never a split shorter than a tile at full context;
+    and at most ~16 blocks per SM in all: a big batch fills the GPU by itself, and every split costs a block
+    launch (mostly empty ones at short lengths) and combine work."""
     ch = D // (16 // itemsize)
     lpk = min(ch, 32)
     kt = 4 * (32 // lpk) * 4
-    blocks_per_split = n_kv_heads * math.ceil(group / 8)
-    want = max(math.ceil(2 * n_sm / blocks_per_split), math.ceil(S / (2 * kt)))
-    return max(1, min(MAX_SPLITS, math.ceil(S / kt), want))
+    blocks_per_split = batch * n_kv_heads * math.ceil(group / 8)
+    tiles = math.ceil(max_seq_len / kt)
+    want = max(math.ceil(2 * n_sm / blocks_per_split), math.ceil(tiles / 2))
+    cap = 16 * n_sm // blocks_per_split
+    return max(1, min(MAX_SPLITS, tiles, want, cap))
 
 
 I32, F32 = np.dtype(np.int32), np.dtype(np.float32)
@@ -135,7 +147,7 @@ class CudaKernels:
         self.itemsize = self.storage.itemsize
         self.vec = 16 // self.itemsize  # elements per 16-byte chunk
         self._fns = {}          # name -> cupy Function
-        self._decode_plans = {} # (q shape, cache shape) -> kernels, grid, workspace, fixed arguments
+        self._decode_plans = {} # (B, Hq, Hkv, D, max_seq_len) -> kernels, grid, splits, workspace
         self._n_sm = None
         self._smem_optin = {}   # name -> dynamic shared memory opted in
         self._argmax_ws = None  # (packed best key, finished-block counter) per row
@@ -188,31 +200,36 @@ class CudaKernels:
             self._fn("rmsnorm", self._names["rmsnorm"][0])(
                 (rows,), (threads,), (x, residual, weight, out, _f32(eps), _i32(H)))
 
-    def rope_qkv(self, qkv, bias, q_norm, k_norm, eps, cos, sin, start_pos_dev, n_heads, n_kv_heads,
+    def rope_qkv(self, qkv, bias, q_norm, k_norm, eps, cos, sin, positions, slot_mapping, n_heads, n_kv_heads,
                  q_out, k_cache, v_cache):
-        """Bias, optional q/k norm, rotary embedding; q -> q_out[T, Hq, D], k/v -> caches[Hkv, S, D] at
-        positions start_pos_dev[0] + t. Positions >= S are skipped (the caller must keep them in range)."""
+        """Bias, optional q/k norm, rotary embedding; token t at position positions[t]: q -> q_out[t], k/v ->
+        caches[slot_mapping[t]] ([num_slots, Hkv, D]). A slot < 0 (padding row) writes q only; a position
+        outside the cos table or a slot >= num_slots skips the writes (never out of bounds)."""
         self._check("rope_qkv", self.storage, qkv, bias, q_norm, k_norm, q_out, k_cache, v_cache)
         self._check("rope_qkv", F32, cos, sin)
-        self._check("rope_qkv", I32, start_pos_dev)
+        self._check("rope_qkv", I32, positions, slot_mapping)
         T = qkv.shape[0]
-        Hkv, S, D = kshape = k_cache.shape
+        num_slots, Hkv, D = kshape = k_cache.shape
         NH = n_heads + 2 * n_kv_heads
         if (Hkv != n_kv_heads or qkv.shape[1] != NH * D or q_out.shape != (T, n_heads, D)
                 or v_cache.shape != kshape or D % 2 or D > 256):
             raise ValueError(f"rope_qkv: qkv {qkv.shape}, q_out {q_out.shape}, k_cache {kshape}, "
                              f"v_cache {v_cache.shape}, Hq={n_heads}, Hkv={n_kv_heads} (D even, <= 256)")
+        if positions.shape != (T,) or slot_mapping.shape != (T,):
+            raise ValueError(f"rope_qkv: positions {positions.shape} / slot_mapping {slot_mapping.shape} "
+                             f"must be [{T}]")
         cshape = cos.shape
-        if sin.shape != cshape or cshape[1] != D // 2 or cshape[0] < S:
-            raise ValueError(f"rope_qkv: cos {cshape} / sin {sin.shape} must be [>= S={S}, D/2={D // 2}]")
+        if sin.shape != cshape or cshape[1] != D // 2:
+            raise ValueError(f"rope_qkv: cos {cshape} / sin {sin.shape} must be [positions, D/2={D // 2}]")
         if ((bias is not None and bias.shape != (NH * D,)) or (q_norm is not None and q_norm.shape != (D,))
                 or (k_norm is not None and k_norm.shape != (D,))):
             raise ValueError(f"rope_qkv: bias / q_norm / k_norm must be [{NH * D}] / [{D}] / [{D}]")
         if T:
             self._fn("rope", self._names["rope"][0])(
                 (-(-T * NH // 4),), (128,),
-                (qkv, bias, q_norm, k_norm, _f32(eps), cos, sin, start_pos_dev, _i32(T),
-                 _i32(n_heads), _i32(n_kv_heads), _i32(D), _i32(S), q_out, k_cache, v_cache))
+                (qkv, bias, q_norm, k_norm, _f32(eps), cos, sin, positions, slot_mapping, _i32(T),
+                 _i32(n_heads), _i32(n_kv_heads), _i32(D), _i32(cshape[0]), _i32(num_slots), q_out, k_cache,
+                 v_cache))
 
     def silu_mul(self, gate_up, out):
         """out[T, I] = silu(gate_up[:, :I]) * gate_up[:, I:]."""
@@ -226,60 +243,92 @@ class CudaKernels:
             self._fn("activation", self._names["activation"][0])(
                 (blocks,), (256,), (gate_up, out, _i32(T), _i32(I2 // 2)))
 
-    def prefill_attention(self, q, k_cache, v_cache, start_pos_dev, scale, out, tensor_cores=True):
-        """Causal attention of q[T, Hq, D] (positions start_pos..start_pos+T-1) over the caches -> out.
-        tensor_cores: use the mma.sync FlashAttention-2 kernel when the dtype is 16-bit and D is 64 or 128;
-        False forces the generic fp32-math kernel (the reference path)."""
-        self._check("prefill_attention", self.storage, q, k_cache, v_cache, out)
-        self._check("prefill_attention", I32, start_pos_dev)
-        T, Hq, D = q.shape
-        Hkv, S, Dk = k_cache.shape
-        if out.shape != q.shape or v_cache.shape != k_cache.shape or Dk != D or Hq % Hkv or D > 256:
-            raise ValueError(f"prefill_attention: q {q.shape}, out {out.shape}, k_cache {k_cache.shape}, "
-                             f"v_cache {v_cache.shape} (Hq % Hkv == 0, D <= 256)")
-        if not T:
+    def gemv(self, x, w, out):
+        """out[M, N] = x[M, K] @ w[N, K].T for 1 <= M <= GEMV_MAX_ROWS (decode projections); out is the storage
+        dtype or fp32 (logits). K must be a multiple of 16 bytes' worth of elements."""
+        self._check("gemv", self.storage, x, w)
+        M, K = x.shape
+        N = w.shape[0]
+        if not 1 <= M <= GEMV_MAX_ROWS or w.shape[1] != K or out.shape != (M, N) or K % self.vec:
+            raise ValueError(f"gemv: x {x.shape}, w {w.shape}, out {out.shape} (1 <= M <= {GEMV_MAX_ROWS}, "
+                             f"K % {self.vec} == 0)")
+        to = "float" if out.dtype == F32 else self.ctype
+        self._check("gemv", F32 if to == "float" else self.storage, out)
+        self._fn("gemv", f"gemv<{self.ctype}, {to}, {M}>")((-(-N // 8),), (256,), (x, w, out, _i32(N), _i32(K)))
+
+    def _paged(self, op, q, k_cache, v_cache, block_tables, seq_lens, block_size, out):
+        """Shared checks of the attention ops; returns (Hq, D, Hkv, M, num_blocks)."""
+        self._check(op, self.storage, q, k_cache, v_cache, out)
+        self._check(op, I32, block_tables, seq_lens)
+        Hq, D = q.shape[1:]
+        num_slots, Hkv, Dk = k_cache.shape
+        B = seq_lens.shape[0]
+        if (out.shape != q.shape or v_cache.shape != k_cache.shape or Dk != D or Hq % Hkv or D > 256
+                or block_tables.ndim != 2 or block_tables.shape[0] != B or not 0 < block_size <= num_slots):
+            raise ValueError(f"{op}: q {q.shape}, out {out.shape}, k_cache {k_cache.shape}, v_cache "
+                             f"{v_cache.shape}, block_tables {block_tables.shape}, seq_lens {seq_lens.shape}, "
+                             f"block_size {block_size} (Hq % Hkv == 0, D <= 256, a cache of >= 1 block)")
+        return Hq, D, Hkv, block_tables.shape[1], num_slots // block_size
+
+    def prefill_attention(self, q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, block_size, scale,
+                          out, max_query_len, tensor_cores=True):
+        """Varlen causal attention over the paged caches: sequence b's queries are the rows
+        query_start_loc[b]..query_start_loc[b+1]-1 of q [N, Hq, D], at positions ending at seq_lens[b]-1.
+        max_query_len bounds every sequence's query count (it sizes the grid); rows outside
+        [query_start_loc[0], query_start_loc[B]) are not touched. tensor_cores: the mma.sync FlashAttention-2
+        kernel when the dtype is 16-bit and D is 64 or 128; False forces the generic fp32-math kernel."""
+        Hq, D, Hkv, M, n_blocks = self._paged("prefill_attention", q, k_cache, v_cache, block_tables, seq_lens,
+                                               block_size, out)
+        self._check("prefill_attention", I32, query_start_loc)
+        B = seq_lens.shape[0]
+        if query_start_loc.shape != (B + 1,):
+            raise ValueError(f"prefill_attention: query_start_loc {query_start_loc.shape} != ({B + 1},)")
+        if not B or max_query_len < 1 or not q.shape[0]:
             return
-        args = (q, k_cache, v_cache, start_pos_dev, _f32(scale), _i32(T), _i32(Hq), _i32(Hkv),
-                _i32(S))
+        args = (q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, _i32(block_size), _i32(M),
+                _i32(n_blocks), _f32(scale), _i32(Hq), _i32(Hkv))
         if tensor_cores and self.dtype != "float32" and D in TC_HEAD_DIMS:
             smem = 5 * 64 * (D + 8) * self.itemsize  # Q + double-buffered K and V, rows padded by 8
             f = self._fn("prefill_attention", f"prefill_attention_tc<{self.ctype}, {D}>", smem)
-            f((Hq, -(-T // 64)), (128,), args + (out,), shared_mem=smem)
+            f((Hq, B, -(-int(max_query_len) // 64)), (128,), args + (out,), shared_mem=smem)
         else:
             smem = (16 * D + 32 * (D + 1) + 32 * D) * 4
             f = self._fn("prefill_attention", f"prefill_attention<{self.ctype}>", smem)
-            f((-(-T // 16), Hq), (128,), args + (_i32(D), out), shared_mem=smem)
+            f((Hq, B, -(-int(max_query_len) // 16)), (128,), args + (_i32(D), out), shared_mem=smem)
 
-    def decode_attention(self, q, k_cache, v_cache, start_pos_dev, scale, out):
-        """One query per head, q[Hq, D], over keys 0..start_pos_dev[0] of the caches -> out[Hq, D]."""
-        self._check("decode_attention", self.storage, q, k_cache, v_cache, out)
-        self._check("decode_attention", I32, start_pos_dev)
-        qshape, kshape = q.shape, k_cache.shape
-        if out.shape != qshape or v_cache.shape != kshape:
-            raise ValueError(f"decode_attention: q {qshape}, out {out.shape}, k_cache {kshape}, "
-                             f"v_cache {v_cache.shape}")
-        plan = self._decode_plans.get((qshape, kshape))
+    def decode_attention(self, q, k_cache, v_cache, block_tables, seq_lens, block_size, scale, out, max_seq_len):
+        """One query per sequence and head, q[B, Hq, D], over keys 0..seq_lens[b]-1 of the paged caches ->
+        out[B, Hq, D] (zeros where seq_lens[b] == 0). max_seq_len (>= every seq_lens entry) and B fix the
+        split count and workspace: one plan, reused by every call and graph replay of that shape."""
+        Hq, D, Hkv, M, n_blocks = self._paged("decode_attention", q, k_cache, v_cache, block_tables, seq_lens,
+                                               block_size, out)
+        B = q.shape[0]
+        if seq_lens.shape != (B,):
+            raise ValueError(f"decode_attention: seq_lens {seq_lens.shape} != ({B},)")
+        if not B:
+            return
+        key = (B, Hq, Hkv, D, max_seq_len)
+        plan = self._decode_plans.get(key)
         if plan is None:
-            plan = self._decode_plans[(qshape, kshape)] = self._decode_plan(qshape, kshape)
-        partial, grid, combine, ws_ml, ws_acc, tail = plan
-        partial(grid, (128,), (q, k_cache, v_cache, start_pos_dev, _f32(scale * LOG2E)) + tail)
-        combine((qshape[0],), (256,), (ws_ml, ws_acc, start_pos_dev, tail[2], tail[3], out))
+            plan = self._decode_plans[key] = self._decode_plan(*key)
+        partial, grid, combine, n, ws_ml, ws_acc = plan
+        partial(grid, (128,), (q, k_cache, v_cache, block_tables, seq_lens, _i32(block_size), _i32(M),
+                               _i32(n_blocks), _f32(scale * LOG2E), _i32(Hq), _i32(Hkv), n, ws_ml, ws_acc))
+        combine((Hq, B), (256,), (ws_ml, ws_acc, seq_lens, _i32(M * block_size), _i32(Hq), n, out))
 
-    def _decode_plan(self, qshape, kshape):
-        """Kernels, grid and workspace for one (q, cache) shape: made once, so decode steps allocate nothing."""
-        (Hq, D), (Hkv, S, Dk) = qshape, kshape
-        if Dk != D or Hq % Hkv or D not in DECODE_HEAD_DIMS:
-            raise ValueError(f"decode_attention: q {qshape}, k_cache {kshape} "
-                             f"(Hq % Hkv == 0, D in {DECODE_HEAD_DIMS})")
+    def _decode_plan(self, B, Hq, Hkv, D, max_seq_len):
+        """Kernels, grid, split count and workspace for one plan: made once, so decode steps allocate nothing."""
+        if D not in DECODE_HEAD_DIMS:
+            raise ValueError(f"decode_attention: head dim {D} not in {DECODE_HEAD_DIMS}")
         if self._n_sm is None:
             self._n_sm = self.cp.cuda.Device().attributes["MultiProcessorCount"]
         group = Hq // Hkv
-        n = decode_splits(S, Hkv, group, D, self.itemsize, self._n_sm)
-        ws_ml, ws_acc = self.cp.empty((Hq, n, 2), self.cp.float32), self.cp.empty((Hq, n, D), self.cp.float32)
+        n = decode_splits(B, Hkv, group, D, self.itemsize, self._n_sm, max(1, max_seq_len))
+        ws_ml = self.cp.empty((B, Hq, n, 2), self.cp.float32)
+        ws_acc = self.cp.empty((B, Hq, n, D), self.cp.float32)
         partial = self._fn("decode_attention", f"decode_attention_partial<{self.ctype}, {D}>")
         combine = self._fn("decode_attention", f"decode_attention_combine<{self.ctype}, {D}>")
-        tail = (_i32(Hq), _i32(Hkv), _i32(S), _i32(n), ws_ml, ws_acc)
-        return partial, (Hkv * -(-group // 8), n), combine, ws_ml, ws_acc, tail
+        return partial, (Hkv * -(-group // 8), n, B), combine, _i32(n), ws_ml, ws_acc
 
     def argmax(self, logits, out):
         """out[r] = argmax(logits[r]) (lowest index on ties, first NaN wins); logits float32[R, V] (or [V]),

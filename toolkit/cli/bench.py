@@ -1,134 +1,224 @@
-"""`python -m toolkit bench`: prefill and decode speed, llama-bench style.
+"""`python -m toolkit bench`: prefill and decode speed, llama-bench style; `bench throughput`: many requests.
 
 Random weights of a named shape (`--shape qwen2.5-0.5b`, no checkpoint) or a
-real model folder. Each test runs `--warmup` times untimed, then `--repeats`
-times; we report medians, because single runs on a shared GPU wander.
-Tokenization and detokenization are excluded: random token ids go straight in.
+model folder (default: the embedded model). Every list flag is a sweep and
+every engine switch too (`--cuda-graphs on,off`): each test runs once per
+combination, switched with `engine.set_options` between tests, `--warmup`
+times untimed and `-r` times timed, reported as mean ± stddev. Tokenization is
+excluded: random token ids go straight in. The engine is sized for the tests
+(context and KV budget) unless `--max-context` / `--kv-cache-tokens` say
+otherwise; a test that still does not fit is skipped with a note. Defaults
+are small on the CPU, so a bare `bench` finishes in seconds there.
 """
 import argparse
-import json
-import platform
-import statistics
-import subprocess
+import gc
 import sys
+from pathlib import Path
 
-import numpy as np
-
-from ..backends import make_backend
-from ..checkpoint import Checkpoint
+from ..bench.env import environment, peak_gbps
+from ..bench.report import as_json, markdown
+from ..bench.speed import plan, run_speed, skip_reason
+from ..bench.sweep import add_switch_args, int_list, option_grid
+from ..bench.throughput import run_throughput
 from ..config import ModelConfig
 from ..device import resolve_device
-from ..engine import Engine
+from ..engine.scheduler import POLICIES
 from ..errors import ToolkitError
+from ..options import EngineOptions
 from ..shapes import NAMES, shape_config
-from ..timings import SECTIONS
-from ..weights import random_checkpoint
-from .common import add_model_args, positive_int, run
+from .common import add_model_args, non_negative_float, non_negative_int, positive_int, run
+
+DEFAULTS = {  # llama-bench's tests on the GPU; a set that finishes in seconds on the CPU
+    "cuda": dict(batch=[1, 8, 32, 128], depth=[0, 4096], prefill=[512, 4096], decode=128, repeats=5,
+                 num_requests=256, min_len=100, max_len=1024),
+    "cpu": dict(batch=[1, 4], depth=[0, 128], prefill=[64, 256], decode=16, repeats=3,
+                num_requests=16, min_len=16, max_len=128),
+}
+BLOCK = 16  # the engine's KV block size: sizing rounds each sequence up to whole blocks
+MIN_STEP_TOKENS = 2048
 
 
-def setup_arg_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m toolkit bench", description="Measure prefill and decode speed.")
+def _common_args(p: argparse.ArgumentParser):
     p.add_argument("--shape", choices=NAMES, help="random weights of this shape (no checkpoint needed)")
     add_model_args(p, model_required=False)
-    p.add_argument("--prefill", default="512,4096", help="prompt lengths, comma-separated (default: 512,4096)")
-    p.add_argument("--decode", type=positive_int, default=128, help="decode steps at batch 1 (default: 128)")
-    p.add_argument("--repeats", type=positive_int, default=5)
-    p.add_argument("--warmup", type=int, default=1)
+    g = p.add_argument_group("engine sizing (default: bench sizes the engine for its tests)")
+    g.add_argument("--kv-cache-tokens", type=positive_int, default=None, help="KV-cache size in tokens")
+    g.add_argument("--max-num-seqs", type=positive_int, default=None, help="requests running at once")
+    g.add_argument("--max-num-batched-tokens", type=positive_int, default=None, help="tokens fed per step")
+    add_switch_args(p)
+    p.add_argument("-r", "--repeats", type=positive_int, default=None,
+                   help="timed runs per test (GPU 5, CPU 3; throughput 1)")
     p.add_argument("--format", choices=("md", "json"), default="md")
+
+
+def speed_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m toolkit bench",
+                                description="Measure prefill and decode speed (`bench throughput -h`: many requests).")
+    _common_args(p)
+    p.add_argument("--prefill", type=int_list(1), help="prefill lengths at batch 1 (GPU 512,4096; CPU 64,256)")
+    p.add_argument("--batch", type=int_list(1), help="decode batch sizes (GPU 1,8,32,128; CPU 1,4)")
+    p.add_argument("--depth", type=int_list(0), help="context before decode (GPU 0,4096; CPU 0,128)")
+    p.add_argument("--decode", type=positive_int, help="decode steps per test (GPU 128, CPU 16)")
+    p.add_argument("--warmup", type=non_negative_int, default=1, help="untimed runs per test (default: 1)")
+    p.add_argument("--peak-gbps", type=non_negative_float, default=None,
+                   help="HBM peak for the roofline column (default: from the GPU's memory clock and bus)")
+    p.add_argument("--peer", choices=("torch",), help="also time benchmarks/torch_peer.py in this process")
     return p
 
 
-def environment(backend_name: str) -> dict:
-    env = {"python": platform.python_version(), "numpy": np.__version__, "backend": backend_name}
+def _policy_list(text: str) -> list[str]:
+    words = list(dict.fromkeys(w.strip() for w in text.split(",") if w.strip()))
+    bad = [w for w in words if w not in POLICIES]
+    if bad or not words:
+        raise argparse.ArgumentTypeError(f"expected policies from {', '.join(POLICIES)}, got {text!r}")
+    return words
+
+
+def throughput_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m toolkit bench throughput",
+                                description="nano-vllm's workload: many random requests served at once.")
+    _common_args(p)
+    p.add_argument("--num-requests", type=positive_int, help="requests (GPU 256, CPU 16)")
+    p.add_argument("--min-len", type=positive_int, help="shortest prompt/output (GPU 100, CPU 16)")
+    p.add_argument("--max-len", type=positive_int, help="longest prompt/output (GPU 1024, CPU 128)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--scheduler", type=_policy_list, help=f"sweep the scheduler policy ({','.join(POLICIES)}; "
+                                                          "default: the engine's, alternate)")
+    return p
+
+
+def setup_arg_parser() -> argparse.ArgumentParser:
+    return speed_parser()
+
+
+def _fill_defaults(args, backend_name: str):
+    for k, v in DEFAULTS[backend_name].items():
+        if getattr(args, k, v) is None:
+            setattr(args, k, v)
+
+
+def _config(args) -> ModelConfig:
+    if args.shape:
+        return shape_config(args.shape)
+    if args.model:
+        return ModelConfig.from_dir(args.model)
+    raise ToolkitError("bench: give --shape NAME or --model DIR")
+
+
+def _build(args, backend_name, max_context, kv_tokens, max_seqs, step_tokens, options, **extra):
+    from ..assembly import build_engine
+
+    return build_engine(model=None if args.shape else args.model, shape=args.shape, device=backend_name,
+                        dtype=args.dtype, max_context=max_context, kv_cache_tokens=kv_tokens,
+                        max_num_seqs=max_seqs, max_num_batched_tokens=step_tokens,
+                        options=options, warmup=True, **extra)
+
+
+def _free_device_memory(backend_name: str):
+    """After the last reference to an engine is dropped: return its memory, so a free-memory-sized KV
+    cache of the next engine sees it again."""
+    gc.collect()
     if backend_name == "cuda":
         import cupy as cp
 
-        rt = cp.cuda.runtime
-        env["gpu"] = rt.getDeviceProperties(0)["name"].decode()
-        env["cupy"] = cp.__version__
-        env["cuda_runtime"] = rt.runtimeGetVersion()
-        env["cuda_driver_api"] = rt.driverGetVersion()
-        try:
-            env["driver"] = subprocess.run(
-                ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                capture_output=True, text=True, timeout=10).stdout.strip()
-        except OSError:
-            env["driver"] = "unknown (no nvidia-smi)"
-    else:
-        env["cpu"] = platform.processor() or platform.machine()
+        cp.get_default_memory_pool().free_all_blocks()
+
+
+def _environment(engine, args, backend_name) -> dict:
+    env = environment(backend_name)
+    env.update(model=f"{args.shape} (random weights)" if args.shape else args.model, dtype=engine.backend.dtype,
+               weights_gb=round(engine.weight_bytes / 1e9, 3), max_context=engine.max_context,
+               kv_cache_tokens=engine.kv_cache_tokens)
     return env
 
 
-def _median_sections(steps) -> dict:
-    return {k: statistics.median(s.sections_ms.get(k, 0.0) for s in steps) for k in SECTIONS}
+def _peer_class(device: str):
+    """benchmarks/torch_peer.py lives beside the package, not in it: import it from the repo root."""
+    root = str(Path(__file__).resolve().parents[2])
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    try:
+        from benchmarks.torch_peer import TorchPeer, torch_available
+    except ImportError as e:
+        raise ToolkitError(f"--peer torch: cannot import benchmarks/torch_peer.py ({e})") from None
+    if not torch_available(device):
+        raise ToolkitError(f"--peer torch: PyTorch is not installed{' or sees no GPU' if device == 'cuda' else ''}")
+    return TorchPeer
 
 
-def bench(engine: Engine, prefill_lengths, decode_steps, repeats, warmup) -> list[dict]:
-    rng = np.random.default_rng(0)
-    vocab = engine.cfg.vocab_size
-    results = []
-    for P in prefill_lengths:
-        ids = rng.integers(0, vocab, P)
-        steps = []
-        for i in range(warmup + repeats):
-            step = next(engine.generate(ids, max_tokens=1, ignore_eos=True)).step
-            if i >= warmup:
-                steps.append(step)
-        ms = statistics.median(s.total_ms for s in steps)
-        results.append({"test": f"pp{P}", "ms": ms, "tok_per_s": P / ms * 1e3,
-                        "sections_ms": _median_sections(steps)})
-    ids = rng.integers(0, vocab, 16)
-    runs = []
-    for i in range(warmup + repeats):
-        steps = [r.step for r in engine.generate(ids, max_tokens=decode_steps + 1, ignore_eos=True)][1:]
-        if i >= warmup:
-            runs.append(steps)
-    per_run = [statistics.median(s.total_ms for s in steps) for steps in runs]
-    ms = statistics.median(per_run)
-    all_steps = [s for steps in runs for s in steps]
-    results.append({"test": f"tg{decode_steps}", "ms": ms, "tok_per_s": 1e3 / ms,
-                    "gb_per_s": engine.weight_bytes / (ms / 1e3) / 1e9,
-                    "sections_ms": _median_sections(all_steps),
-                    "other_ms": statistics.median(s.other_ms for s in all_steps)})
-    return results
+def _speed(args) -> int:
+    backend_name, _ = resolve_device(args.device)
+    _fill_defaults(args, backend_name)
+    peer_device = "cuda" if backend_name == "cuda" else "cpu"
+    peer_cls = _peer_class(peer_device) if args.peer else None
+    cfg = _config(args)
+    tests = plan(args.prefill, args.batch, args.depth, args.decode)
+    max_seqs = args.max_num_seqs or max(args.batch)
+    # One step must hold the longest prefill; at least MIN_STEP_TOKENS keeps the untimed depth prefill short.
+    longest = max([n for n in args.prefill if n < cfg.max_position_embeddings] or [0])
+    step_tokens = args.max_num_batched_tokens or max(longest, MIN_STEP_TOKENS, max_seqs)
+    max_context = args.max_context or min(cfg.max_position_embeddings, max(t.context(step_tokens) for t in tests))
+    fits = [t for t in tests if t.context(step_tokens) <= max_context]
+    kv_tokens = args.kv_cache_tokens or max(
+        [t.batch * (-(-t.context(step_tokens) // BLOCK) + 1) * BLOCK for t in fits] or [max_context + BLOCK])
+    engine = _build(args, backend_name, max_context, kv_tokens, max_seqs, step_tokens, EngineOptions())
+    grid, notes = option_grid(args, engine.backend.name, engine.backend.dtype)
+    peak, peak_src = peak_gbps(engine.backend.name, args.peak_gbps)
+    env = _environment(engine, args, backend_name)
+    env["peak_hbm_gbps"] = f"{peak:.0f} ({peak_src})" if peak else peak_src
+    peer = None
+    if peer_cls is not None:
+        runnable = [t for t in tests if skip_reason(engine, t) is None]
+        peer = peer_cls(engine.cfg, engine.backend.dtype, device=peer_device,
+                        max_batch=max([t.batch for t in runnable] or [1]),
+                        max_seq_len=max([t.context(step_tokens) for t in runnable] or [2]), compile=True)
+        env["peer"] = peer.label
+    rows, run_notes = run_speed(engine, tests, grid, args.repeats, args.warmup, peak, peer)
+    return _print(args, engine.device_note, env, rows, notes + run_notes, throughput=False)
 
 
-def _bench(args) -> int:
-    backend_name, note = resolve_device(args.device)
-    if args.shape:
-        cfg = shape_config(args.shape)
-        dtype = args.dtype or ("float32" if backend_name == "cpu" else "bfloat16")
-        source, label = random_checkpoint(cfg, dtype), f"{args.shape} (random weights)"
-    elif args.model:
-        cfg = ModelConfig.from_dir(args.model)
-        dtype = args.dtype or {"float16": "float16", "bfloat16": "bfloat16"}.get(cfg.torch_dtype, "float32")
-        source, label = Checkpoint(args.model), args.model
-    else:
-        raise ToolkitError("bench: give --shape NAME or --model DIR")
-    lengths = [int(x) for x in args.prefill.split(",") if x.strip()]
-    context = args.max_context or min(cfg.max_position_embeddings, max(lengths + [16]) + args.decode + 8)
-    backend = make_backend(backend_name, dtype)
-    engine = Engine(cfg, source, backend, max_context=context, max_chunk=max(lengths + [16]))
-    env = environment(backend_name)
-    env.update(model=label, dtype=backend.dtype, weights_gb=round(engine.weight_bytes / 1e9, 3))
-    results = bench(engine, lengths, args.decode, args.repeats, args.warmup)
-    if args.format == "json":
-        print(json.dumps({"environment": env, "results": results}, indent=2))
-        return 0
+def _throughput(args) -> int:
+    backend_name, _ = resolve_device(args.device)
+    args.repeats = args.repeats or 1  # one pass over 256 requests is already a long average
+    _fill_defaults(args, backend_name)
+    if args.min_len > args.max_len:
+        raise ToolkitError(f"--min-len {args.min_len} > --max-len {args.max_len}")
+    cfg = _config(args)
+    max_context = args.max_context or min(cfg.max_position_embeddings, 2 * args.max_len)
+    rows, notes, env, note = [], [], None, None
+    for policy in args.scheduler or [None]:
+        extra = {} if policy is None else {"scheduler_policy": policy}
+        engine = _build(args, backend_name, max_context, args.kv_cache_tokens, args.max_num_seqs,
+                        args.max_num_batched_tokens, EngineOptions(), **extra)
+        if env is None:
+            env, note = _environment(engine, args, backend_name), engine.device_note
+            env["workload"] = (f"{args.num_requests} requests, prompt and output lengths uniform in "
+                               f"[{args.min_len}, {args.max_len}], seed {args.seed}, ignore_eos")
+        grid, grid_notes = option_grid(args, engine.backend.name, engine.backend.dtype)
+        notes += [n for n in grid_notes if n not in notes]
+        for opts in grid:
+            engine.set_options(opts)
+            row, run_notes = run_throughput(engine, args.num_requests, args.min_len, args.max_len, args.seed,
+                                            args.repeats, engine.scheduler.policy)
+            rows.append(row)
+            notes += [n for n in run_notes if n not in notes]
+            if row["first_error"]:
+                notes.append(f"{row['errors']} request(s) failed, e.g.: {row['first_error']}")
+        del engine
+        _free_device_memory(backend_name)
+    return _print(args, note, env, rows, notes, throughput=True)
+
+
+def _print(args, note, env, rows, notes, throughput) -> int:
     print(note, file=sys.stderr)
-    for k, v in env.items():
-        print(f"{k}: {v}")
-    print("\n| test | ms (median) | tok/s | " + " | ".join(f"{s} ms" for s in SECTIONS) + " |")
-    print("|---|---|---|" + "---|" * len(SECTIONS))
-    for r in results:
-        sec = " | ".join(f"{r['sections_ms'][s]:.3f}" for s in SECTIONS)
-        print(f"| {r['test']} | {r['ms']:.3f} | {r['tok_per_s']:.1f} | {sec} |")
-    dec = results[-1]
-    print(f"\ndecode: {dec['tok_per_s']:.1f} tok/s, {dec['ms']:.3f} ms/step, {dec['gb_per_s']:.1f} GB/s of weights, "
-          f"host time outside the sections {dec['other_ms']:.3f} ms/step")
+    print(as_json(env, rows, notes) if args.format == "json" else markdown(env, rows, notes, throughput))
     return 0
 
 
 def main(argv=None) -> int:
-    args = setup_arg_parser().parse_args(argv)
-    return run(lambda _: _bench(args), argv, args.debug)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["throughput"]:
+        args = throughput_parser().parse_args(argv[1:])
+        return run(lambda _: _throughput(args), argv, args.debug)
+    args = speed_parser().parse_args(argv)
+    return run(lambda _: _speed(args), argv, args.debug)

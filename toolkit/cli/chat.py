@@ -1,17 +1,18 @@
 """`python -m toolkit chat`: talk to a model in the terminal, one line per turn.
 
-Each turn renders the whole conversation with the model's chat template and
-prefills it again (the default model's 1,024-token context makes that cheap;
-reusing the KV cache across turns is a later optimisation). When the history
-no longer fits, the oldest turns are dropped. `/reset` starts over, `/quit`
+Each turn renders the whole conversation with the model's chat template; the
+engine's prefix cache already holds the earlier turns' KV blocks, so only the
+new turn is prefilled (the summary line says how many tokens were reused).
+When the history no longer fits, the oldest turns are dropped. `/reset` starts over, `/quit`
 (or end of input) leaves. Reads stdin, so it also works piped.
 """
 import argparse
 import sys
 
-from ..engine import Engine
+from ..assembly import build_engine
+from ..engine import SamplingParams
 from ..errors import ToolkitError
-from .common import add_model_args, non_negative_float, non_negative_int, run
+from .common import add_engine_args, add_model_args, engine_kwargs, non_negative_float, non_negative_int, run
 
 DEFAULT_TEMPERATURE = 0.7
 DEFAULT_MAX_TOKENS = 512
@@ -25,11 +26,12 @@ def setup_arg_parser() -> argparse.ArgumentParser:
                    help=f"reply length limit (default: {DEFAULT_MAX_TOKENS})")
     p.add_argument("--temperature", type=non_negative_float, default=DEFAULT_TEMPERATURE,
                    help=f"0 is greedy (default: {DEFAULT_TEMPERATURE})")
-    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--seed", type=non_negative_int, default=None)
+    add_engine_args(p)
     return p
 
 
-def _fit(engine: Engine, messages: list, reserve: int) -> list[int]:
+def _fit(engine, messages: list, reserve: int) -> list[int]:
     """Prompt ids for `messages`, dropping the oldest turns until `reserve` tokens of reply fit."""
     while True:
         ids = engine.tokenizer.encode(engine.chat_template.render(messages), add_special_tokens=False)
@@ -40,7 +42,7 @@ def _fit(engine: Engine, messages: list, reserve: int) -> list[int]:
 
 
 def _chat(args, stdin, stdout) -> int:
-    engine = Engine.load(args.model, device=args.device, max_context=args.max_context, dtype=args.dtype)
+    engine = build_engine(args.model, **engine_kwargs(args))
     if engine.chat_template is None:
         raise ToolkitError(f"{args.model}: this model has no chat template")
     print(f"{engine.device_note}\n/reset starts over, /quit leaves.", file=sys.stderr, flush=True)
@@ -65,7 +67,8 @@ def _chat(args, stdin, stdout) -> int:
         reply, stats = [], None
         try:
             ids = _fit(engine, messages, reserve=min(args.max_tokens, engine.max_context // 2))
-            for r in engine.generate(ids, max_tokens=args.max_tokens, temperature=args.temperature, seed=seed):
+            params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=seed)
+            for r in engine.generate(ids, params):
                 reply.append(r.text)
                 stdout.write(r.text)
                 stdout.flush()
@@ -78,7 +81,7 @@ def _chat(args, stdin, stdout) -> int:
         stdout.write("\n")
         messages.append({"role": "assistant", "content": "".join(reply).strip()})
         if stats is not None:
-            print(f"[{stats.prompt_tokens} prompt tok, {stats.prefill_tps:.0f} tok/s | "
+            print(f"[{stats.prompt_tokens} prompt tok ({stats.cached_tokens} reused), {stats.prefill_tps:.0f} tok/s | "
                   f"{stats.generated_tokens} tok, {stats.decode_tps:.1f} tok/s]", file=sys.stderr, flush=True)
 
 

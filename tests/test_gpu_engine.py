@@ -1,0 +1,105 @@
+"""The batched runtime on the GPU: CUDA graphs change no token, batching changes no token (fp32),
+and how often it changes none in bf16. Skipped without a GPU."""
+import numpy as np
+import pytest
+from conftest import FIXTURES
+from test_batching import alone, run_mixed, workload
+
+from toolkit.assembly import build_engine
+from toolkit.cli.common import default_model
+from toolkit.engine import SamplingParams
+from toolkit.options import EngineOptions
+
+pytestmark = pytest.mark.gpu
+
+
+def prompts(rng, vocab, n, lo=3, hi=40):
+    return [rng.integers(1, vocab, rng.integers(lo, hi)).tolist() for _ in range(n)]
+
+
+def run_batch(engine, batch, n_tokens, toggle=None):
+    """All requests at once; toggle(step_no) may return new options. Returns tokens per request and steps."""
+    rids = [engine.add_request(ids, SamplingParams(max_tokens=n_tokens, ignore_eos=True)) for ids in batch]
+    got, steps, k = {r: [] for r in rids}, [], 0
+    while engine.has_unfinished():
+        if toggle is not None and toggle(k) is not None:
+            engine.set_options(toggle(k))
+        outs = engine.step()
+        for o in outs:
+            got[o.request_id].append(o.token)
+        if outs:
+            steps.append(outs[0].step)
+        k += 1
+    return [got[r] for r in rids], steps
+
+
+@pytest.fixture(scope="module")
+def tiny_bf16():
+    return build_engine(shape="tiny", device="cuda", dtype="bfloat16", max_context=256, kv_cache_tokens=256 * 80)
+
+
+@pytest.mark.parametrize("batch", [1, 2, 3, 8, 17, 64, 256])
+def test_graph_equals_eager_every_bucket(tiny_bf16, batch):
+    eng = tiny_bf16
+    reqs = prompts(np.random.default_rng(batch), eng.cfg.vocab_size, batch)
+    eng.set_options(EngineOptions(cuda_graphs=True))
+    with_graphs, steps = run_batch(eng, reqs, 6)
+    assert any(s.graph for s in steps) and all(s.graph == (s.kind == "decode") for s in steps)
+    eng.set_options(EngineOptions(cuda_graphs=False))
+    eager, steps = run_batch(eng, reqs, 6)
+    assert not any(s.graph for s in steps) and all(s.sections_ms for s in steps)
+    eng.set_options(EngineOptions())
+    assert with_graphs == eager
+
+
+def test_toggling_graphs_mid_request_changes_no_token(tiny_bf16):
+    eng = tiny_bf16
+    reqs = prompts(np.random.default_rng(7), eng.cfg.vocab_size, 5)
+    eng.set_options(EngineOptions(cuda_graphs=False))
+    want, _ = run_batch(eng, reqs, 12)
+    flip = lambda k: EngineOptions(cuda_graphs=(k // 3) % 2 == 0)  # on, off, on, ... every 3 steps
+    got, steps = run_batch(eng, reqs, 12, toggle=flip)
+    eng.set_options(EngineOptions())
+    assert got == want
+    assert {s.graph for s in steps if s.kind == "decode"} == {True, False}
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen3"])
+def test_batch_invariance_fp32_with_preemption(name):
+    engine = build_engine(FIXTURES / name, device="cuda", dtype="float32", max_context=64, kv_cache_tokens=96,
+                          max_num_batched_tokens=48, max_num_seqs=8)
+    requests, arrivals = workload(engine.cfg.vocab_size)
+    want = [alone(engine, ids, n) for ids, n in requests]
+    assert run_mixed(engine, requests, arrivals) == want
+    assert engine.scheduler.num_preemptions > 0
+
+
+def test_bf16_batch_agreement_rate():
+    """bf16 GEMMs may round differently at another batch size; report how often tokens still agree."""
+    if default_model() is None:
+        pytest.skip("no default model")
+    engine = build_engine(default_model(), device="cuda", max_num_seqs=64, kv_cache_tokens=64 * 1024)
+    rng = np.random.default_rng(0)
+    reqs = [engine.tokenizer.encode(t) for t in ("Once upon a time", "The king said unto", "It is a truth",
+                                                 "And the LORD spake", "To be, or not to be")]
+    reqs += prompts(rng, engine.cfg.vocab_size, 27, 5, 200)
+    want = [alone(engine, ids, 32) for ids in reqs]
+    got, _ = run_batch(engine, reqs, 32)
+    same_seq = np.mean([a == b for a, b in zip(got, want)])
+    first_diff = [next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(a)) for a, b in zip(got, want)]
+    agree = sum(first_diff) / sum(len(w) for w in want)
+    print(f"bf16 default model, batch 32 vs alone: {same_seq:.1%} of requests identical, "
+          f"{agree:.1%} of tokens before the first divergence")
+    assert agree > 0.8
+
+
+def test_prefix_reuse_on_gpu():
+    engine = build_engine(FIXTURES / "qwen2", device="cuda", dtype="float32", max_context=64, max_num_seqs=8,
+                          kv_cache_tokens=512)
+    prefix = np.random.default_rng(3).integers(1, engine.cfg.vocab_size, 40).tolist()
+    list(engine.generate(prefix + [7, 8], SamplingParams(max_tokens=1)))
+    follow = prefix + [9, 10, 11]
+    out = list(engine.generate(follow, SamplingParams(max_tokens=1)))[0]
+    assert out.stats.cached_tokens == 32 and out.step.n_tokens == len(follow) - 32
+    warm = engine.backend.to_host(engine.runner.logits[:1])[0]
+    np.testing.assert_allclose(warm, engine.logits(follow)[-1], atol=1e-3)

@@ -1,0 +1,119 @@
+"""The one place an engine is built, for `generate`, `chat`, `bench` and the UI.
+
+    model folder (or a named shape with random weights)
+      -> config, tokenizer, chat template
+      -> backend (CUDA when usable, else the CPU, with the reason)
+      -> weights on the backend
+      -> sizes: context, KV-cache blocks, batch limits
+      -> LLMEngine, warmed up (kernels compiled, CUDA graphs captured)
+
+Sizing defaults, and why:
+  * context: min(model maximum, 4096), as before.
+  * KV cache on the GPU: half the memory left free after the weights and scratch, capped at what
+    max_num_seqs requests of the full context could ever use; on the CPU 16,384 tokens (a fixed
+    size: RAM is shared with everything else, and CPU batches are small).
+  * max_num_seqs 256 on the GPU (the largest CUDA-graph bucket), 16 on the CPU.
+  * max_num_batched_tokens 8192 on the GPU (a 4,096-token prompt prefills in one step),
+    2048 on the CPU (bounds the scratch memory and a step's latency).
+"""
+from pathlib import Path
+
+from .backends import make_backend
+from .checkpoint import Checkpoint
+from .config import ModelConfig
+from .device import resolve_device
+from .engine import LLMEngine, SamplingParams
+from .engine.scheduler import DEFAULT_POLICY
+from .errors import ToolkitError
+from .model import KVCache
+from .options import EngineOptions
+from .weights import load_weights, random_checkpoint
+
+BLOCK_SIZE = 16
+DEFAULT_MAX_CONTEXT = 4096
+CPU_KV_TOKENS = 16384
+GPU_KV_FRACTION = 0.5
+
+
+def _context(cfg: ModelConfig, max_context: int | None) -> int:
+    limit = cfg.max_position_embeddings
+    if cfg.sliding_window:
+        limit = min(limit, cfg.sliding_window)
+    if max_context is None:
+        max_context = min(limit, DEFAULT_MAX_CONTEXT)
+    if not 2 <= max_context <= limit:
+        raise ToolkitError(f"--max-context must be between 2 and {limit} for this model, got {max_context}")
+    return max_context
+
+
+def _kv_tokens(backend, cfg, requested, max_context, max_num_seqs) -> int:
+    if requested is not None:
+        if requested < BLOCK_SIZE:
+            raise ToolkitError(f"--kv-cache-tokens must be at least {BLOCK_SIZE}, got {requested}")
+        return requested
+    ceiling = max_num_seqs * max_context + BLOCK_SIZE
+    if backend.name == "cpu":
+        return min(max(CPU_KV_TOKENS, max_context + BLOCK_SIZE), ceiling)
+    free, _ = backend.cp.cuda.runtime.memGetInfo()
+    per_token = KVCache.bytes_per_token(cfg, backend.empty((1,)).itemsize)
+    return max(min(int(free * GPU_KV_FRACTION) // per_token, ceiling), max_context + BLOCK_SIZE)
+
+
+def build_engine(model=None, shape: str | None = None, device: str = "auto", dtype: str | None = None,
+                 max_context: int | None = None, kv_cache_tokens: int | None = None,
+                 max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
+                 options: EngineOptions | None = None, warmup: bool = True,
+                 scheduler_policy: str = DEFAULT_POLICY, config: ModelConfig | None = None,
+                 weights_seed: int = 0) -> LLMEngine:
+    """`config` overrides the model's config.json (tests); `weights_seed` seeds a shape's random weights."""
+    from .chat_template import ChatTemplate
+    from .shapes import shape_config
+    from .tokenizer import Tokenizer
+
+    tokenizer = template = None
+    if shape is not None:
+        cfg = config or shape_config(shape)
+    else:
+        if model is None:
+            raise ToolkitError("give a model folder or a shape")
+        model = Path(model)
+        if not model.is_dir():
+            raise ToolkitError(f"{model}: no such model folder")
+        cfg = config or ModelConfig.from_dir(model)
+        tokenizer, template = Tokenizer.from_dir(model), ChatTemplate.from_dir(model)
+    backend_name, note = resolve_device(device)
+    if dtype is None:
+        # 16-bit checkpoints run in their own dtype on the GPU; fp32 ones stay fp32; the CPU is fp32.
+        dtype = {"float16": "float16", "bfloat16": "bfloat16"}.get(cfg.torch_dtype, "float32")
+    backend = make_backend(backend_name, dtype)
+    if backend_name == "cuda":
+        note += f"; {backend.gemm_note}"
+    max_context = _context(cfg, max_context)
+    on_gpu = backend_name == "cuda"
+    max_num_seqs = max_num_seqs or (256 if on_gpu else 16)
+    max_num_batched_tokens = max_num_batched_tokens or (8192 if on_gpu else 2048)
+    if max_num_batched_tokens < max_num_seqs:
+        raise ToolkitError(f"--max-num-batched-tokens ({max_num_batched_tokens}) must be at least "
+                           f"--max-num-seqs ({max_num_seqs}): every running request feeds a token per step")
+    source = random_checkpoint(cfg, dtype, seed=weights_seed) if shape is not None else Checkpoint(model)
+    weights = load_weights(source, cfg, backend.from_host)
+    kv_tokens = _kv_tokens(backend, cfg, kv_cache_tokens, max_context, max_num_seqs)
+    engine = LLMEngine(cfg, weights, backend, max_context=max_context, num_blocks=kv_tokens // BLOCK_SIZE,
+                       block_size=BLOCK_SIZE, max_num_seqs=max_num_seqs,
+                       max_num_batched_tokens=max_num_batched_tokens, options=options or EngineOptions(),
+                       tokenizer=tokenizer, chat_template=template, device_note=note,
+                       scheduler_policy=scheduler_policy)
+    if warmup:
+        warm_up(engine)
+    return engine
+
+
+def warm_up(engine: LLMEngine):
+    """A 2-token request and a decode step, then every CUDA-graph bucket, so one-off costs (Numba's
+    thread pool, module loading, cuBLAS handles, graph capture) never land in a request's timings."""
+    for _ in engine.generate([0, 0], SamplingParams(max_tokens=2, ignore_eos=True)):
+        pass
+    options = engine.effective_options()
+    if options.cuda_graphs:
+        engine.runner.capture_all(options)
+    engine.backend.synchronize()

@@ -1,0 +1,174 @@
+"""Prefill and decode speed, llama-bench style, through the engine's public API.
+
+- `ppL`: one request of L random tokens that generates one token. Its time is
+  the device time (`StepTiming.gpu_ms`) of the one step that prefills it; a
+  length the engine would chunk (over `--max-num-batched-tokens`) is skipped.
+- `tgN@bB dD`: B requests, each with a prompt of max(D, 1) random tokens. Once
+  every request has its first token (the prefill, untimed), the next N steps are
+  timed, and the requests are aborted. A repeat's time is the median `gpu_ms`
+  of those steps that are pure decode at the full batch (kind "decode", B
+  sequences; a preemption would break that). Waiting for the whole batch rather
+  than giving each request N tokens matters: with chunked prefill the first
+  requests start decoding while later ones still prefill, and would finish
+  before the batch is ever whole. The early ones decode a few tokens meanwhile
+  (`slack` in `Test.context`), which the context and KV sizing include.
+
+Every run draws fresh random prompts, so the prefix cache never hits and each
+test measures the cold path whatever `--prefix-caching` says. Decode reads all
+weights plus every sequence's K/V once per step; that byte count over the step
+time is the achieved bandwidth set against the HBM roofline (K/V counted at the
+prompt plus half the timed steps: a slight undercount where early requests ran
+ahead). A test the engine
+cannot hold (context, KV budget, batch limit) is skipped with a note.
+"""
+import statistics
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..engine.sequence import SamplingParams
+from ..errors import ToolkitError
+from .sweep import mean_std, switches_label
+
+
+@dataclass(frozen=True)
+class Test:
+    kind: str  # "prefill" or "decode"
+    length: int = 0  # prefill tokens
+    batch: int = 1
+    depth: int = 0
+    steps: int = 0  # decode steps
+
+    @property
+    def name(self) -> str:
+        return f"pp{self.length}" if self.kind == "prefill" else f"tg{self.steps}@b{self.batch} d{self.depth}"
+
+    @property
+    def prompt_len(self) -> int:
+        return self.length if self.kind == "prefill" else max(self.depth, 1)
+
+    def context(self, step_tokens: int) -> int:
+        """Tokens one sequence needs in the cache when a step feeds at most step_tokens tokens."""
+        if self.kind == "prefill":
+            return self.length + 1
+        # Steps until the last prompt is prefilled; each earlier request decodes one token per step.
+        slack = -(-self.batch * self.prompt_len // max(step_tokens - self.batch, 1)) + 1
+        return self.prompt_len + slack + self.steps
+
+
+def plan(prefill, batches, depths, decode) -> list[Test]:
+    return ([Test("prefill", length=n) for n in prefill]
+            + [Test("decode", batch=b, depth=d, steps=decode) for d in depths for b in batches])
+
+
+def skip_reason(engine, t: Test) -> str | None:
+    need = t.context(engine.max_num_batched_tokens)
+    if need > engine.max_context:
+        return f"needs {need} tokens of context; the engine has {engine.max_context} (--max-context)"
+    if t.batch * need > engine.kv_cache_tokens:
+        return f"needs {t.batch} x {need} KV tokens; the budget is {engine.kv_cache_tokens} (--kv-cache-tokens)"
+    if t.batch > engine.max_num_seqs:
+        return f"batch {t.batch} > --max-num-seqs {engine.max_num_seqs}"
+    if t.kind == "prefill" and t.length > engine.max_num_batched_tokens:
+        return f"would be chunked: --max-num-batched-tokens is {engine.max_num_batched_tokens}"
+    return None
+
+
+def kv_bytes_per_token(engine) -> int:
+    cfg = engine.cfg
+    return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * (4 if engine.backend.dtype == "float32" else 2)
+
+
+def decode_bytes(engine, t: Test) -> float:
+    """Bytes one decode step reads: all weights, plus K/V of each sequence at its mean timed length."""
+    mean_ctx = t.prompt_len + (t.steps + 1) / 2
+    return engine.weight_bytes + t.batch * mean_ctx * kv_bytes_per_token(engine)
+
+
+def _step(engine) -> list:
+    outs = engine.step()
+    for out in outs:
+        if out.error:
+            raise ToolkitError(f"bench request failed: {out.error}")
+    return outs
+
+
+def measure(engine, t: Test, rng) -> tuple:
+    """One run of a test: (device ms, wall ms, steps it is timed over, the options they ran with)."""
+    prompts = [rng.integers(0, engine.cfg.vocab_size, t.prompt_len) for _ in range(t.batch)]
+    if t.kind == "prefill":
+        engine.add_request(prompts[0], SamplingParams(max_tokens=1, ignore_eos=True))
+        steps = []
+        while engine.has_unfinished():
+            steps += [out.step for out in _step(engine) if out.token is not None]
+        if len(steps) != 1 or steps[0].n_tokens != t.length:
+            raise ToolkitError(f"{t.name}: the prompt was not prefilled in one step")
+        return steps[0].gpu_ms, steps[0].wall_ms, 1, steps[0].options
+    params = SamplingParams(max_tokens=t.context(engine.max_num_batched_tokens) - t.prompt_len, ignore_eos=True)
+    ids = [engine.add_request(p, params) for p in prompts]
+    started, timed = set(), []
+    while engine.has_unfinished() and len(timed) < t.steps:
+        whole = len(started) == t.batch
+        outs = _step(engine)
+        started.update(out.request_id for out in outs if out.token is not None)
+        if whole and outs:
+            timed.append(outs[0].step)
+    for rid in ids:
+        engine.abort(rid)
+    while engine.has_unfinished():
+        engine.step()
+    pure = [s for s in timed if s.kind == "decode" and s.n_seqs == t.batch]
+    if not pure:
+        raise ToolkitError(f"{t.name}: no pure decode step at batch {t.batch}")
+    return (statistics.median(s.gpu_ms for s in pure), statistics.median(s.wall_ms for s in pure), len(pure),
+            pure[-1].options)
+
+
+def make_row(t: Test, impl: str, switches, ms: list, wall: list | None, n_steps, bytes_per_step, peak) -> dict:
+    tokens = t.length if t.kind == "prefill" else t.batch
+    ms_m, ms_s = mean_std(ms)
+    tps_m, tps_s = mean_std(tokens * 1e3 / x for x in ms)
+    row = {"test": t.name, "kind": t.kind, "impl": impl, "switches": switches,
+           "batch": t.batch, "depth": t.depth if t.kind == "decode" else 0,
+           "prefill": t.length, "decode": t.steps, "repeats": len(ms),
+           "ms": ms_m, "ms_std": ms_s, "wall_ms": None, "wall_ms_std": None,
+           "tok_per_s": tps_m, "tok_per_s_std": tps_s, "timed_steps": n_steps,
+           "gb_per_s": None, "hbm_pct": None, "vs_peer": None}
+    if wall:
+        row["wall_ms"], row["wall_ms_std"] = mean_std(wall)
+    if bytes_per_step:
+        row["gb_per_s"] = bytes_per_step / (ms_m / 1e3) / 1e9
+        if peak:
+            row["hbm_pct"] = 100 * row["gb_per_s"] / peak
+    return row
+
+
+def run_speed(engine, tests, grid, repeats, warmup, peak, peer=None) -> tuple[list[dict], list[str]]:
+    """Rows grouped by test: one per switch setting, then the peer's, with the ours/peer speed ratio."""
+    rng = np.random.default_rng(0)
+    rows, notes = [], []
+    for t in tests:
+        why = skip_reason(engine, t)
+        if why:
+            notes.append(f"skipped {t.name}: {why}")
+            continue
+        nbytes = decode_bytes(engine, t) if t.kind == "decode" else None
+        ours = []
+        for opts in grid:
+            engine.set_options(opts)
+            runs = [measure(engine, t, rng) for _ in range(warmup + repeats)][warmup:]
+            eff = runs[-1][3]  # as the steps ran them (a switch the backend cannot honour reads as off)
+            ours.append(make_row(t, "toolkit", eff.as_dict(), [r[0] for r in runs], [r[1] for r in runs],
+                                 min(r[2] for r in runs), nbytes, peak))
+            if t.kind == "decode" and ours[-1]["timed_steps"] < t.steps:
+                notes.append(f"{t.name} ({switches_label(eff)}): only {ours[-1]['timed_steps']} of {t.steps} steps "
+                             "were pure decode at the full batch (preemption?)")
+        rows += ours
+        if peer is not None:
+            ms = (peer.prefill_ms(t.length, repeats) if t.kind == "prefill"
+                  else peer.decode_ms_per_step(t.batch, t.depth, t.steps, repeats))
+            prow = make_row(t, peer.label, None, list(ms), None, None, nbytes, peak)
+            for r in ours:
+                r["vs_peer"] = r["tok_per_s"] / prow["tok_per_s"]
+            rows.append(prow)
+    return rows, notes

@@ -1,0 +1,102 @@
+"""Comma-separated sweeps and their statistics: the vocabulary every bench table shares.
+
+Every list flag (`--batch 1,8,32`, `--cuda-graphs on,off`) is parsed by an
+argparse type, so a bad value is a usage error, never a traceback. The engine
+switches are read from `EngineOptions` itself: a switch added there (the sampler
+fast path, sparse prefill) becomes a sweepable `--flag` here with no edit.
+Repeats are summarised as mean ± sample stddev, as llama-bench does.
+"""
+import argparse
+import itertools
+import math
+import statistics
+
+from ..options import EngineOptions
+
+_ON, _OFF = ("on", "1", "true", "yes"), ("off", "0", "false", "no")
+
+
+def int_list(minimum: int):
+    """An argparse type: `"1,8,32"` -> [1, 8, 32], every value >= minimum, duplicates dropped."""
+    def parse(text: str) -> list[int]:
+        try:
+            values = [int(x) for x in text.split(",") if x.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+        if not values:
+            raise argparse.ArgumentTypeError("empty list")
+        if min(values) < minimum:
+            raise argparse.ArgumentTypeError(f"values must be >= {minimum}, got {text!r}")
+        return list(dict.fromkeys(values))
+    return parse
+
+
+def switch_list(text: str) -> list[bool]:
+    """An argparse type: `"on,off"` -> [True, False]."""
+    out = []
+    for word in (w.strip().lower() for w in text.split(",") if w.strip()):
+        if word not in _ON + _OFF:
+            raise argparse.ArgumentTypeError(f"expected on/off values, got {word!r}")
+        out.append(word in _ON)
+    if not out:
+        raise argparse.ArgumentTypeError("empty list")
+    return list(dict.fromkeys(out))
+
+
+def add_switch_args(parser: argparse.ArgumentParser):
+    defaults = EngineOptions()
+    for name in EngineOptions.names():
+        parser.add_argument("--" + name.replace("_", "-"), dest=name, type=switch_list, default=None,
+                            metavar="on,off", help=f"sweep this engine switch (default: "
+                                                   f"{'on' if getattr(defaults, name) else 'off'})")
+
+
+def option_grid(args, backend_name: str, dtype: str) -> tuple[list[EngineOptions], list[str]]:
+    """Every combination of the swept switches, less those the backend runs identically.
+
+    A switch the backend cannot honour (graphs on the CPU) reads as off in
+    `effective()`; running both settings would time the same thing twice, so
+    the duplicate is dropped and a note says which switch did not apply.
+    """
+    defaults = EngineOptions()
+    names = EngineOptions.names()
+    values = [getattr(args, n) or [getattr(defaults, n)] for n in names]
+    grid, seen, notes = [], set(), []
+    for combo in itertools.product(*values):
+        opts = EngineOptions(**dict(zip(names, combo)))
+        eff = opts.effective(backend_name, dtype)
+        for n in names:
+            note = f"{n}=on runs as off on {backend_name} {dtype}"
+            swept = getattr(args, n) is not None  # a default the backend ignores needs no note
+            if swept and getattr(opts, n) != getattr(eff, n) and note not in notes:
+                notes.append(note)
+        if eff not in seen:
+            seen.add(eff)
+            grid.append(opts)
+    return grid, notes
+
+
+def switches_label(opts: EngineOptions) -> str:
+    return " ".join(f"{k}={'on' if v else 'off'}" for k, v in opts.as_dict().items())
+
+
+def mean_std(values) -> tuple[float, float]:
+    values = list(values)
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def percentile(values, q: float) -> float | None:
+    """Linear-interpolated percentile (NumPy's default); None for no values."""
+    values = sorted(values)
+    if not values:
+        return None
+    k = (len(values) - 1) * q / 100
+    lo, hi = math.floor(k), math.ceil(k)
+    return values[lo] + (values[hi] - values[lo]) * (k - lo)
+
+
+def fmt(mean: float, std: float | None = None, digits: int = 2) -> str:
+    """`12.35 ± 0.10`; `-` for a missing value."""
+    if mean is None:
+        return "-"
+    return f"{mean:.{digits}f}" + ("" if std is None else f" ± {std:.{digits}f}")

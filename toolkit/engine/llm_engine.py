@@ -1,0 +1,265 @@
+"""The engine: requests in, a stream of tokens with their timings out, many requests at once.
+
+    rid = engine.add_request(prompt_ids, SamplingParams(...))
+    while engine.has_unfinished():
+        for out in engine.step():      # one batched forward pass for every running request
+            out.request_id, out.text, out.token, out.finish_reason, out.step, out.stats
+
+One `step()`: read the options in force (a `set_options` lands here, between steps), let the
+scheduler pick the requests and their token counts, stage the step and run it (runner), then
+append each sampled token, detokenize, check the stop conditions and emit immutable outputs.
+
+The engine belongs to one thread: KV blocks, queues and the CUDA stream are not guarded by locks.
+A second thread gets a clear error; `EngineWorker` (worker.py) is how a UI drives it from another
+thread.
+"""
+import threading
+import time
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+
+from ..errors import ToolkitError
+from ..options import EngineOptions
+from ..step import StepBatch
+from ..timings import RequestStats, StepTiming
+from .block_manager import BlockManager
+from .runner import ModelRunner
+from .scheduler import DEFAULT_POLICY, Scheduler
+from .sequence import SamplingParams, Sequence, Status
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    """What one step produced for one request (mlx-lm's GenerationResponse, batched)."""
+    request_id: str
+    token: int | None  # the sampled id (None for an abort or an error)
+    text: str  # new text to show (may be "" while a UTF-8 character is incomplete)
+    finish_reason: str | None  # None while running; "stop", "length", "abort" or "error"
+    step: StepTiming | None
+    stats: RequestStats
+    error: str | None = None
+
+
+class LLMEngine:
+    def __init__(self, cfg, weights, backend, *, max_context: int, num_blocks: int, block_size: int,
+                 max_num_seqs: int, max_num_batched_tokens: int, options: EngineOptions = EngineOptions(),
+                 tokenizer=None, chat_template=None, device_note: str = "", scheduler_policy: str = DEFAULT_POLICY):
+        self.cfg, self.backend, self.weights = cfg, backend, weights
+        self.tokenizer, self.chat_template, self.device_note = tokenizer, chat_template, device_note
+        self.max_context, self.block_size = max_context, block_size
+        self.kv_cache_tokens = num_blocks * block_size
+        self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
+        self.weight_bytes = weights.nbytes()
+        self.block_manager = BlockManager(num_blocks, block_size, options.prefix_caching)
+        self.scheduler = Scheduler(self.block_manager, max_num_seqs, max_num_batched_tokens, scheduler_policy)
+        self.runner = ModelRunner(cfg, weights, backend, max_context, max_num_seqs, max_num_batched_tokens,
+                                  num_blocks, block_size)
+        self._options = self._pending = options
+        self._seqs: dict = {}  # request id -> Sequence, until its final output is emitted
+        self._done_now: list = []  # outputs due at the next step() that no forward pass produces
+        self._step_index = 0
+        self._owner = None
+        self._eos = frozenset(tokenizer.eos_ids) if tokenizer is not None else frozenset()
+
+    # -- options --------------------------------------------------------------------------------------
+    @property
+    def options(self) -> EngineOptions:
+        return self._pending
+
+    def set_options(self, options: EngineOptions):
+        """Takes effect at the next step boundary (any thread may call this: it is one assignment)."""
+        self._pending = options
+
+    def effective_options(self) -> EngineOptions:
+        opts = self._pending.effective(self.backend.name, self.backend.dtype)
+        if not getattr(self.backend, "graphs_supported", False):
+            opts = opts.with_(cuda_graphs=False)
+        return opts
+
+    # -- requests -------------------------------------------------------------------------------------
+    def _check_thread(self):
+        me = threading.get_ident()
+        if self._owner is None:
+            self._owner = me
+        elif self._owner != me:
+            raise RuntimeError("LLMEngine is used from a second thread; it belongs to the thread that first "
+                               "used it. Drive it from other threads through toolkit.engine.worker.EngineWorker.")
+
+    def add_request(self, prompt_ids, params: SamplingParams | None = None, request_id: str | None = None,
+                    detokenize: bool = True) -> str:
+        """Queue a request; raises ToolkitError (and queues nothing) if it can never run."""
+        self._check_thread()
+        params = params or SamplingParams()
+        ids = [int(i) for i in prompt_ids]
+        if not ids:
+            raise ToolkitError("the prompt is empty (no tokens)")
+        if len(ids) >= self.max_context:
+            raise ToolkitError(f"the prompt has {len(ids)} tokens but the context holds {self.max_context} "
+                               "(raise --max-context or shorten the prompt)")
+        bad = [i for i in ids if not 0 <= i < self.cfg.vocab_size]
+        if bad:
+            raise ToolkitError(f"token id {bad[0]} is outside the vocabulary [0, {self.cfg.vocab_size})")
+        need = self.block_manager.blocks_for(len(ids) + 1)
+        if need > self.block_manager.num_blocks:
+            raise ToolkitError(f"the prompt needs {need * self.block_size} KV-cache slots but the cache has "
+                               f"{self.kv_cache_tokens} (raise --kv-cache-tokens)")
+        if request_id is not None and request_id in self._seqs:
+            raise ToolkitError(f"request id {request_id!r} is already in use")
+        seq = Sequence(ids, params, request_id or "")
+        if self.tokenizer is not None and detokenize:
+            from ..detokenizer import StreamingDetokenizer
+            seq.detokenizer = StreamingDetokenizer(self.tokenizer)
+        self._seqs[seq.request_id] = seq
+        if params.max_tokens == 0:
+            self._finish(seq, "length")
+            self._done_now.append(self._output(seq, None, "", None, "length"))
+        else:
+            self.scheduler.add(seq)
+        return seq.request_id
+
+    def abort(self, request_id: str):
+        """Stop a request; its final output (finish_reason "abort") comes with the next step()."""
+        self._check_thread()
+        seq = self._seqs.get(request_id)
+        if seq is None or seq.is_finished:
+            return
+        self.scheduler.remove(seq)
+        self._finish(seq, "abort")
+        self._done_now.append(self._output(seq, None, "", None, "abort"))
+
+    def detach_thread(self):
+        """Hand the engine over: the next thread to use it becomes its owner (EngineWorker does this)."""
+        self._owner = None
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished() or bool(self._done_now)
+
+    def sequence(self, request_id: str) -> Sequence | None:
+        return self._seqs.get(request_id)
+
+    # -- the step -------------------------------------------------------------------------------------------
+    def step(self) -> list:
+        self._check_thread()
+        t0 = time.perf_counter()
+        outputs, self._done_now = self._done_now, []
+        options = self._options = self.effective_options()
+        self.block_manager.prefix_caching = options.prefix_caching
+        sched = self.scheduler.schedule()
+        if sched is None:
+            return outputs
+        for seq in sched.out_of_memory:
+            self._finish(seq, "length")
+            outputs.append(self._output(seq, None, "", None, "length", error="the KV cache cannot hold this request "
+                                                                  "(raise --kv-cache-tokens)"))
+        if not sched.seqs:
+            return outputs
+        seqs = sched.seqs
+        batch = self.runner.prepare(seqs, sched.num_new, sched.num_decodes)
+        due = [i for i, (s, n) in enumerate(zip(seqs, sched.num_new)) if s.num_computed + n == s.num_tokens]
+        tokens, gpu_ms, sections, graph = self.runner.run(
+            batch, options, due, [s.params.temperature for s in seqs], [s.rng for s in seqs])
+        produced, t_detok = [], 0.0
+        decoding = [n == 1 and s.num_computed >= s.num_prompt for s, n in zip(seqs, sched.num_new)]
+        for seq, n, tok in zip(seqs, sched.num_new, tokens):
+            seq.num_computed += n
+            if tok < 0:
+                continue
+            td = time.perf_counter()
+            text, finish = self._append(seq, int(tok))
+            t_detok += time.perf_counter() - td
+            produced.append((seq, int(tok), text, finish, n))
+        wall = (time.perf_counter() - t0) * 1e3
+        timing = StepTiming(self._step_index, batch.kind, batch.num_tokens, batch.num_seqs, wall, gpu_ms, sections,
+                            graph, options, sched.cached_tokens, t_detok * 1e3)
+        self._step_index += 1
+        now = time.perf_counter()
+        for seq, is_decode in zip(seqs, decoding):
+            st = seq.stats
+            if is_decode:
+                st.decode_ms_total += wall
+                st.decode_steps += 1
+            else:
+                st.prefill_ms += wall
+        for seq, tok, text, finish, n in produced:
+            if seq.stats.generated_tokens == 0 and seq.stats.ttft_ms == 0:
+                seq.stats.ttft_ms = (now - seq.stats.arrival) * 1e3
+            if finish != "stop":
+                seq.stats.generated_tokens += 1
+            if finish:
+                self._finish(seq, finish)
+            outputs.append(self._output(seq, tok, text, timing, finish))
+        return outputs
+
+    def _append(self, seq: Sequence, tok: int):
+        p = seq.params
+        stop = (tok in self._eos and not p.ignore_eos) or tok in p.stop_token_ids
+        text = ""
+        if not stop:
+            seq.token_ids.append(tok)
+            if seq.detokenizer is not None:
+                text = seq.detokenizer.add_token(tok)
+        finish = "stop" if stop else None
+        if not stop and (seq.num_generated >= p.max_tokens or seq.num_tokens >= self.max_context):
+            finish = "length"
+        if finish and seq.detokenizer is not None:
+            text += seq.detokenizer.finalize()
+        return text, finish
+
+    def _finish(self, seq: Sequence, reason: str):
+        if seq.status is not Status.FINISHED:
+            self.scheduler.remove(seq)
+        seq.status, seq.finish_reason = Status.FINISHED, reason
+        self._seqs.pop(seq.request_id, None)
+
+    def _output(self, seq, tok, text, timing, finish, error=None) -> RequestOutput:
+        return RequestOutput(seq.request_id, tok, text, finish if not error else "error", timing,
+                             seq.stats.snapshot(), error)
+
+    # -- conveniences ---------------------------------------------------------------------------------------
+    def generate(self, prompt_ids, params: SamplingParams | None = None, **kw) -> Iterator[RequestOutput]:
+        """One request, start to finish: a thin loop over add_request/step (the engine must be idle)."""
+        if self.has_unfinished():
+            raise ToolkitError("generate() needs an idle engine; use add_request/step for concurrent requests")
+        rid = self.add_request(prompt_ids, params or SamplingParams(**kw))
+        while self.has_unfinished():
+            for out in self.step():
+                if out.request_id == rid:
+                    yield out
+
+    def logits(self, ids, chunk: int | None = None) -> np.ndarray:
+        """fp32 logits [T, V] at every position of `ids`, prefilled in chunks through the paged cache."""
+        return self.score(ids, chunk=chunk)[0]
+
+    def score(self, ids, decode_ids=(), chunk: int | None = None) -> tuple:
+        """Prefill `ids` (logits at every position), then feed `decode_ids` one token per step through the
+        decode path; returns (prompt logits [T, V], decode logits [len(decode_ids), V]). Tests, perplexity."""
+        self._check_thread()
+        if self.has_unfinished():
+            raise ToolkitError("score() needs an idle engine")
+        ids = [int(i) for i in ids] + [int(i) for i in decode_ids]
+        if not 0 < len(ids) < self.max_context:
+            raise ToolkitError(f"score: {len(ids)} tokens do not fit the context of {self.max_context}")
+        seq = Sequence(ids, SamplingParams())
+        bm, run = self.block_manager, self.runner
+        chunk = min(chunk or self.max_num_batched_tokens, self.max_num_batched_tokens)
+        n_prompt = len(ids) - len(decode_ids)
+        logits_dev = self.backend.empty((chunk, self.cfg.vocab_size), np.float32)
+        out = []
+        opts = self.effective_options()
+        try:
+            while seq.num_computed < len(ids):
+                left = (n_prompt if seq.num_computed < n_prompt else len(ids)) - seq.num_computed
+                n = min(left, chunk)
+                if bm.needed(seq, n) > bm.num_free:
+                    raise ToolkitError("score: the KV cache is too small for this sequence")
+                bm.append_slots(seq, n)
+                batch = run.prepare([seq], [n], int(n == 1 and seq.num_computed >= n_prompt))
+                run.forward_all_rows(batch, logits_dev, opts)
+                out.append(self.backend.to_host(logits_dev[:n]))
+                seq.num_computed += n
+        finally:
+            bm.release(seq)
+        all_rows = np.concatenate(out)
+        return all_rows[:n_prompt], all_rows[n_prompt:]

@@ -1,0 +1,97 @@
+"""One request as the engine tracks it: its tokens, its KV blocks, its parameters, its progress.
+
+    token_ids        prompt + every token generated so far
+    num_computed     how many of them have their K/V in the cache; the next step feeds
+                     token_ids[num_computed : num_computed + n]
+    block_table      the KV blocks holding those tokens, in order (block i holds positions
+                     i*block_size .. (i+1)*block_size - 1)
+
+A step that feeds a request's last unfed token produces logits, from which the sampler picks
+its next token; a step that feeds only part of a long prompt (chunked prefill) produces none. Preemption frees the blocks and resets num_computed to
+0: the request later recomputes everything (the prefix cache may hand most of it back).
+"""
+import enum
+import itertools
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import ToolkitError
+from ..timings import StatsAccumulator
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int = 256
+    temperature: float = 0.0  # 0 = greedy
+    seed: int | None = None  # None: drawn at random (and recorded on the Sequence)
+    ignore_eos: bool = False
+    stop_token_ids: tuple = ()
+
+    def __post_init__(self):
+        if not self.max_tokens >= 0:
+            raise ToolkitError(f"max_tokens must be >= 0, got {self.max_tokens}")
+        if not self.temperature >= 0:  # also rejects NaN
+            raise ToolkitError(f"temperature must be >= 0, got {self.temperature}")
+        if self.seed is not None and not 0 <= self.seed < 2 ** 64:
+            raise ToolkitError(f"seed must be in [0, 2^64), got {self.seed}")
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+_ids = itertools.count()
+
+
+@dataclass(eq=False)
+class Sequence:
+    prompt_ids: list
+    params: SamplingParams
+    request_id: str = ""
+    token_ids: list = field(default_factory=list)
+    num_computed: int = 0
+    block_table: list = field(default_factory=list)
+    block_hashes: list = field(default_factory=list)  # chained hashes of the full blocks committed so far
+    status: Status = Status.WAITING
+    finish_reason: str | None = None
+    detokenizer: object = None
+    seed: int = 0
+    rng: object = None
+    stats: StatsAccumulator = field(default_factory=StatsAccumulator)
+    arrival_index: int = field(default_factory=lambda: next(_ids))  # admission order (preempt newest)
+
+    def __post_init__(self):
+        self.token_ids = list(self.prompt_ids)
+        if not self.request_id:
+            self.request_id = str(self.arrival_index)
+        self.seed = self.params.seed if self.params.seed is not None else \
+            int(np.random.SeedSequence().entropy % 2 ** 64)
+        self.rng = np.random.default_rng(self.seed)
+        self.stats.prompt_tokens = len(self.prompt_ids)
+
+    @property
+    def num_prompt(self) -> int:
+        return len(self.prompt_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_generated(self) -> int:
+        return len(self.token_ids) - len(self.prompt_ids)
+
+    @property
+    def num_unfed(self) -> int:
+        return len(self.token_ids) - self.num_computed
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is Status.FINISHED
+
+    @property
+    def last_token(self) -> int:
+        return self.token_ids[-1]

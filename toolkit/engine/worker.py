@@ -1,0 +1,116 @@
+"""The engine on its own thread, fed through a queue: what a UI (or any multi-threaded caller) talks to.
+
+    worker = EngineWorker(engine)               # the worker thread becomes the engine's owner
+    handle = worker.submit(prompt_ids, params)  # from any thread
+    for out in handle:                          # RequestOutputs of this request, as they are produced
+        ...
+    worker.cancel(handle.request_id)            # takes effect at the next step boundary
+    worker.set_options(EngineOptions(...))      # likewise
+    worker.close()
+
+Commands and outputs cross threads only through queues, so the engine itself needs no locks, and
+Numba kernels (nogil) and CUDA waits release the GIL while the caller's thread keeps running.
+"""
+import itertools
+import queue
+import threading
+
+from ..errors import ToolkitError
+from ..timings import RequestStats
+from .llm_engine import LLMEngine, RequestOutput
+
+_DONE = object()
+
+
+class RequestHandle:
+    """Iterate to receive this request's outputs; the iteration ends after its final output."""
+
+    def __init__(self, request_id: str):
+        self.request_id = request_id
+        self._queue = queue.Queue()
+
+    def __iter__(self):
+        while True:
+            out = self._queue.get()
+            if out is _DONE:
+                return
+            yield out
+            if out.finish_reason is not None:
+                return
+
+
+class EngineWorker:
+    def __init__(self, engine: LLMEngine):
+        self.engine = engine
+        engine.detach_thread()
+        self._commands = queue.Queue()
+        self._handles = {}
+        self._ids = itertools.count()
+        self._thread = threading.Thread(target=self._loop, name="engine-worker", daemon=True)
+        self._thread.start()
+
+    # -- any thread -----------------------------------------------------------------------------------
+    def submit(self, prompt_ids, params=None) -> RequestHandle:
+        handle = RequestHandle(f"w{next(self._ids)}")
+        self._commands.put(("add", handle, list(prompt_ids), params))
+        return handle
+
+    def cancel(self, request_id: str):
+        self._commands.put(("abort", request_id))
+
+    def set_options(self, options):
+        self._commands.put(("options", options))
+
+    def close(self, timeout: float = 10.0):
+        self._commands.put(("close",))
+        self._thread.join(timeout)
+
+    # -- the worker thread ------------------------------------------------------------------------------
+    def _loop(self):
+        engine = self.engine
+        while True:
+            # Block while idle; between steps, take every command that has arrived.
+            cmd = self._commands.get() if not engine.has_unfinished() else self._next_nowait()
+            while cmd is not None:
+                if cmd[0] == "close":
+                    for h in self._handles.values():
+                        h._queue.put(_DONE)
+                    return
+                self._apply(cmd)
+                cmd = self._next_nowait()
+            if engine.has_unfinished():
+                try:
+                    outs = engine.step()
+                except Exception as e:  # a bug, not bad input: end every waiting reader with it, keep serving
+                    outs = []
+                    for rid in list(self._handles):
+                        engine.abort(rid)
+                        self._handles.pop(rid)._queue.put(
+                            RequestOutput(rid, None, "", "error", None, RequestStats(), f"{type(e).__name__}: {e}"))
+                for out in outs:
+                    h = self._handles.get(out.request_id)
+                    if h is not None:
+                        h._queue.put(out)
+                        if out.finish_reason is not None:
+                            del self._handles[out.request_id]
+
+    def _next_nowait(self):
+        try:
+            return self._commands.get_nowait()
+        except queue.Empty:
+            return None
+
+    def _apply(self, cmd):
+        kind = cmd[0]
+        if kind == "add":
+            _, handle, ids, params = cmd
+            try:
+                self.engine.add_request(ids, params, request_id=handle.request_id)
+                self._handles[handle.request_id] = handle
+            except ToolkitError as e:
+                handle._queue.put(RequestOutput(handle.request_id, None, "", "error", None, RequestStats(),
+                                                str(e)))
+        elif kind == "abort":
+            self.engine.abort(cmd[1])
+        elif kind == "options":
+            self.engine.set_options(cmd[1])

@@ -1,0 +1,46 @@
+"""Every run-time switch of the engine, as one frozen value.
+
+The engine reads its `EngineOptions` once at the start of each step, so a
+change made with `engine.set_options(...)` (from the CLI, a benchmark sweep or
+the terminal UI) takes effect at the next step boundary and never halfway
+through one. Each step's `StepTiming` records the options it ran with, so a
+timing can always be traced back to the switches that produced it.
+
+A switch that the backend cannot honour (CUDA graphs on the CPU, tensor cores
+in fp32) is accepted and reported as off by `effective()`: the record says
+what actually ran.
+"""
+from dataclasses import dataclass, field, fields, replace
+
+
+def _switch(help_text: str):
+    return field(default=True, metadata={"help": help_text})
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    cuda_graphs: bool = _switch("replay pure-decode steps from CUDA graphs captured per batch size (GPU)")
+    tensor_cores: bool = _switch("FlashAttention-2 prefill attention on tensor cores (GPU, 16-bit)")
+    prefix_caching: bool = _switch("reuse the KV blocks of an earlier request's identical prefix")
+    small_batch_gemv: bool = _switch("our GEMV kernel for the projections of a batch-1 step instead of cuBLAS (GPU)")
+
+    def with_(self, **changes) -> "EngineOptions":
+        return replace(self, **changes)
+
+    def as_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def names(cls) -> tuple:
+        return tuple(f.name for f in fields(cls))
+
+    @classmethod
+    def help(cls, name: str) -> str:
+        return next(f.metadata["help"] for f in fields(cls) if f.name == name)
+
+    def effective(self, backend_name: str, dtype: str) -> "EngineOptions":
+        """The options as they can run on this backend (unsupported switches read as off)."""
+        on_gpu = backend_name == "cuda"
+        return replace(self, cuda_graphs=self.cuda_graphs and on_gpu,
+                       tensor_cores=self.tensor_cores and on_gpu and dtype != "float32",
+                       small_batch_gemv=self.small_batch_gemv and on_gpu)
