@@ -1,5 +1,5 @@
-// argmax.cu -- greedy pick over fp32 logits: out[r] = argmax(logits[r, :]), lowest index on ties, and, like
-// np.argmax, the first NaN wins if there is one (a NaN logit is a bug worth surfacing, not hiding).
+// argmax.cu -- greedy pick over fp32 logits: out[r] = argmax(logits[r, :]), lowest index on ties; a row holding
+// a NaN gives out[r] = -1 (a NaN logit is a bug upstream: the engine ends that request with an error record).
 //
 // Layout: logits float[R, V] (row-major; always fp32: the lm_head GEMM writes fp32); out int32[R].
 // Launch: grid (ceil(V / chunk), R), block 256; the wrapper uses chunk = 4096, so each thread has 4 float4
@@ -87,6 +87,7 @@ argmax(const float* __restrict__ logits, int V, int chunk, unsigned long long* _
     if (atomicAdd(counters + r, 1u) == gridDim.x - 1) {
         const unsigned long long key = atomicExch(ws + r, 0ull);  // read and reset for the next call
         counters[r] = 0;
-        out[r] = key ? (int)~(unsigned)key : 0;
+        // High word all ones = a NaN won (no number maps there): report the row as -1.
+        out[r] = !key ? 0 : (key >> 32) == 0xffffffffull ? -1 : (int)~(unsigned)key;
     }
 }

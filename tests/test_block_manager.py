@@ -1,7 +1,7 @@
 """KV block bookkeeping: allocation, reference counts, prefix hashes, eviction."""
 import pytest
 
-from toolkit.engine.block_manager import BlockManager
+from toolkit.engine.block_manager import BlockManager, slot_mapping
 from toolkit.engine.sequence import SamplingParams, Sequence
 
 BS = 4
@@ -30,7 +30,7 @@ def test_allocate_and_release():
     assert bm.needed(s, 10) == 3
     run_prefill(bm, s)
     assert len(s.block_table) == 3 and bm.num_free == 5
-    assert bm.slots(s, 0, 10)[4] == s.block_table[1] * BS  # position 4 starts the second block
+    assert slot_mapping(s.block_table, 0, 10, BS)[4] == s.block_table[1] * BS  # position 4: second block
     bm.append_slots(s, 2)  # positions 10, 11 fit the third block
     assert len(s.block_table) == 3
     bm.append_slots(s, 3)

@@ -1,6 +1,7 @@
 """`python -m toolkit chat`, driven through stdin on the CPU with fixture models."""
 import io
 
+import pytest
 from conftest import FIXTURES
 
 from toolkit.__main__ import main
@@ -40,3 +41,31 @@ def test_model_without_template(monkeypatch, capsys):
     monkeypatch.setattr("sys.stdin", io.StringIO("hi\n"))
     assert main(["chat", "--model", str(FIXTURES / "llama"), "--device", "cpu"]) == 2
     assert "no chat template" in capsys.readouterr().err
+
+
+def test_bad_lines_are_one_error_each_and_the_chat_goes_on(monkeypatch, capsys):
+    data = b"caf\xe9 au lait\n" + "x\ud800".encode("utf-8", "surrogatepass") + b"\n" + b"y" * 9000 + b"\nHello\n"
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(data)))  # read through .buffer, as a real stdin
+    rc = main(["chat", "--model", QWEN2, "--device", "cpu", "--max-context", "128", "--max-tokens", "2",
+               "--seed", str(2 ** 64 - 1)])  # the per-turn seed wraps instead of overflowing
+    out, err = capsys.readouterr()
+    assert rc == 0 and "Traceback" not in err and err.count("prompt tok") == 1
+    assert "error: line 1: not valid UTF-8 (byte 0xe9 at byte 4)" in err
+    assert "error: line 2: not valid UTF-8 (byte 0xed at byte 2)" in err  # an encoded surrogate
+    assert "error: line 3: the message is longer than 8,192 bytes" in err
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--seed", "-1"], "argument --seed: must be >= 0"),
+    (["--temperature", "nan"], "argument --temperature: must be a finite number"),
+    (["--max-tokens", "500", "--max-context", "128"], "error: --max-tokens 500 exceeds the context of 128 tokens"),
+    (["--system", "bad \udcff"], "error: --system is not valid Unicode text"),
+])
+def test_bad_flags(args, message, monkeypatch, capsys):
+    monkeypatch.setattr("sys.stdin", io.StringIO("hi\n"))
+    try:
+        rc = main(["chat", "--model", QWEN2, "--device", "cpu", *args])
+    except SystemExit as e:
+        rc = e.code
+    err = capsys.readouterr().err
+    assert rc == 2 and message in err and "Traceback" not in err

@@ -78,7 +78,7 @@ def test_chat_template_applied(capsys):
 def test_invalid_values_are_argparse_errors(flag, value, capsys):
     with pytest.raises(SystemExit) as e:
         main(["generate", "--model", LLAMA, flag, value, "hi"])
-    assert e.value.code == 2 and "must be >= 0" in capsys.readouterr().err
+    assert e.value.code == 2 and ">= 0" in capsys.readouterr().err
 
 
 def test_missing_model_is_one_line_exit_2(tmp_path, capsys):
@@ -129,3 +129,28 @@ def test_engine_flags(capsys):
                "--format", "jsonl", "one two three four five six", "seven", "eight nine"])
     recs = _jsonl(capsys.readouterr().out)
     assert rc == 0 and len(recs) == 3 and all(len(r["token_ids"]) == 3 for r in recs)
+
+
+def test_top_level_help_version_and_unknown_command(capsys):
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    for name in ("generate", "chat", "bench"):
+        assert any(line.split()[:1] == [name] and len(line.split()) > 2 for line in out.splitlines())
+    import toolkit
+    assert main(["--version"]) == 0 and capsys.readouterr().out == f"toolkit {toolkit.__version__}\n"
+    assert toolkit.__version__ == "0.1.0"  # pyproject.toml's
+    assert main(["frobnicate"]) == 2 and capsys.readouterr().err.startswith("error: unknown command 'frobnicate'")
+    assert main([]) == 2 and "commands:" in capsys.readouterr().err
+
+
+def test_version_without_installed_metadata(monkeypatch):
+    """A checkout that was never pip-installed reads the version from pyproject.toml."""
+    from importlib import metadata
+
+    import toolkit
+
+    def not_installed(name):
+        raise metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(metadata, "version", not_installed)
+    assert toolkit.__version__ == "0.1.0"

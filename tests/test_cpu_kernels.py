@@ -321,6 +321,8 @@ def test_argmax(rng):
     rows = np.stack([logits, -logits, np.zeros_like(logits)])
     np.testing.assert_array_equal(argmax(rows), [417, int(np.argmin(logits)), 0])  # ties: lowest index
     assert argmax(rows).dtype == np.int32
+    rows[1, 5] = np.nan
+    np.testing.assert_array_equal(argmax(rows), [417, -1, 0])  # a NaN logit marks its row as -1
 
 
 def test_wrappers_reject_bad_inputs(rng):

@@ -151,3 +151,36 @@ def test_seeded_sampling_does_not_depend_on_the_batch(engine):
         for o in engine.step():
             got[o.request_id].append(o.token)
     assert got[rids[1]] == want
+
+
+def test_nan_logits_end_only_their_request():
+    """A NaN in one token's embedding poisons only the requests that contain it (the fixture is untied)."""
+    eng = build_engine(FIXTURES / "llama", device="cpu", max_context=48, warmup=False)
+    ok_ids, bad_ids = [1, 2, 3, 4], [1, 2, 99, 4]
+    want = greedy(eng, ok_ids, 4)
+    eng.weights.embed[99] = np.nan
+    rids = [eng.add_request(ok_ids, SamplingParams(max_tokens=4, ignore_eos=True)),
+            eng.add_request(bad_ids, SamplingParams(max_tokens=4, ignore_eos=True)),
+            eng.add_request(bad_ids, SamplingParams(max_tokens=4, temperature=0.8, seed=1, ignore_eos=True))]
+    outs = {r: [] for r in rids}
+    while eng.has_unfinished():
+        for o in eng.step():
+            outs[o.request_id].append(o)
+    assert [o.token for o in outs[rids[0]]] == want
+    for r in rids[1:]:
+        assert outs[r][-1].finish_reason == "error" and "NaN logits" in outs[r][-1].error
+
+
+def test_kv_cache_budget_is_clamped_and_bounded_by_memory():
+    eng = build_engine(FIXTURES / "llama", device="cpu", max_context=64, max_num_seqs=2,
+                       kv_cache_tokens=2 ** 31 - 1, warmup=False)
+    assert eng.kv_cache_tokens == 2 * 64 + 16  # more than 2 full contexts could never be used
+    with pytest.raises(ToolkitError, match="GiB is free"):
+        build_engine(FIXTURES / "llama", device="cpu", max_context=64, max_num_seqs=2 ** 30,
+                     max_num_batched_tokens=2 ** 30, kv_cache_tokens=2 ** 40, warmup=False)
+
+
+def test_buffers_beyond_memory_are_one_error():
+    with pytest.raises(ToolkitError, match="not enough memory"):
+        build_engine(shape="tiny", device="cpu", max_num_seqs=2 ** 20, max_num_batched_tokens=2 ** 31 - 1,
+                     kv_cache_tokens=1024, warmup=False)

@@ -103,3 +103,13 @@ def test_prefix_reuse_on_gpu():
     assert out.stats.cached_tokens == 32 and out.step.n_tokens == len(follow) - 32
     warm = engine.backend.to_host(engine.runner.logits[:1])[0]
     np.testing.assert_allclose(warm, engine.logits(follow)[-1], atol=1e-3)
+
+
+def test_nan_logits_end_only_their_request_on_gpu():
+    engine = build_engine(FIXTURES / "llama", device="cuda", dtype="float32", max_context=64, max_num_seqs=8,
+                          kv_cache_tokens=512)
+    ok_ids, bad_ids = [1, 2, 3, 4], [1, 2, 99, 4]
+    want = alone(engine, ok_ids, 4)
+    engine.weights.embed[99] = float("nan")
+    got, _ = run_batch(engine, [ok_ids, bad_ids], 4)
+    assert got[0] == want and got[1] == [None]  # the NaN request's one output is its error record

@@ -330,11 +330,12 @@ def test_argmax():
     rows = rng.standard_normal((6, VOCAB)).astype(np.float32)
     rows[1, [150000, 7, 5000]] = 50.0          # ties: lowest index wins
     rows[2] = 1.0                                # all equal -> 0
-    rows[3, [1234, 99]] = np.nan                 # like np.argmax: the first NaN
+    rows[3, [1234, 99]] = np.nan                 # a NaN row: -1
     rows[4] = -np.inf                            # all -inf -> 0
     rows[5, VOCAB - 1] = 100.0                   # the very last entry
     out = cp.zeros(6, cp.int32)
     want = argmax(rows).tolist()
+    assert want[3] == -1
     for attempt in range(2):  # the second call checks that the kernel left its workspace clean
         K("float32").argmax(cp.asarray(rows), out)
         got = cp.asnumpy(out).tolist()

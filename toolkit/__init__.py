@@ -1,0 +1,27 @@
+"""toolkit: a small LLM inference engine written to be read (README.md)."""
+
+
+def _version() -> str:
+    # The installed distribution's metadata is the one source (pyproject.toml's version); a plain
+    # checkout that was never installed reads pyproject.toml itself.
+    from importlib import metadata
+    try:
+        return metadata.version("toolkit")
+    except metadata.PackageNotFoundError:
+        pass
+    import re
+    from pathlib import Path
+    try:
+        text = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text(encoding="utf-8")
+        m = re.search(r'^version\s*=\s*"([^"]+)"', text, re.MULTILINE)
+        return m.group(1) if m else "unknown"
+    except OSError:
+        return "unknown"
+
+
+def __getattr__(name: str):
+    # Computed on first use: reading package metadata scans sys.path, which every `import toolkit`
+    # (the CLI, the tests) would otherwise pay for.
+    if name == "__version__":
+        return _version()
+    raise AttributeError(f"module 'toolkit' has no attribute {name!r}")

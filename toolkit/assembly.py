@@ -16,6 +16,8 @@ Sizing defaults, and why:
   * max_num_batched_tokens 8192 on the GPU (a 4,096-token prompt prefills in one step),
     2048 on the CPU (bounds the scratch memory and a step's latency).
 """
+import os
+import sys
 from pathlib import Path
 
 from .backends import make_backend
@@ -46,16 +48,39 @@ def _context(cfg: ModelConfig, max_context: int | None) -> int:
     return max_context
 
 
+def _check_tokenizer(tokenizer, cfg: ModelConfig, model: Path):
+    """Refuse at load a tokenizer that can produce ids past the embedding (fewer ids than rows is normal)."""
+    rows = cfg.vocab_size
+    if tokenizer.id_limit > rows:
+        raise ToolkitError(f"{model / 'tokenizer.json'}: the tokenizer has token ids up to {tokenizer.id_limit - 1} "
+                           f"but the model's embedding has {rows} rows (config.json vocab_size); "
+                           "is it the tokenizer of another model?")
+    if tokenizer.bos_id is not None and not 0 <= tokenizer.bos_id < rows:
+        raise ToolkitError(f"{model}: bos_token_id {tokenizer.bos_id} is outside the model's embedding ({rows} rows)")
+
+
+def _free_memory(backend) -> int:
+    """Bytes the KV cache may take: free device memory on the GPU, available RAM on the CPU."""
+    if backend.name == "cuda":
+        return backend.cp.cuda.runtime.memGetInfo()[0]
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
 def _kv_tokens(backend, cfg, requested, max_context, max_num_seqs) -> int:
+    # More than max_num_seqs full contexts can never be used: larger requests are clamped to that.
+    ceiling = max_num_seqs * max_context + BLOCK_SIZE
+    per_token = KVCache.bytes_per_token(cfg, backend.empty((1,)).itemsize)
+    free = _free_memory(backend)
     if requested is not None:
         if requested < BLOCK_SIZE:
             raise ToolkitError(f"--kv-cache-tokens must be at least {BLOCK_SIZE}, got {requested}")
-        return requested
-    ceiling = max_num_seqs * max_context + BLOCK_SIZE
+        tokens = min(requested, ceiling)
+        if tokens * per_token > 0.9 * free:
+            raise ToolkitError(f"--kv-cache-tokens {requested} needs {tokens * per_token / 2**30:.1f} GiB for the KV "
+                               f"cache but {free / 2**30:.1f} GiB is free ({per_token} bytes per token)")
+        return tokens
     if backend.name == "cpu":
         return min(max(CPU_KV_TOKENS, max_context + BLOCK_SIZE), ceiling)
-    free, _ = backend.cp.cuda.runtime.memGetInfo()
-    per_token = KVCache.bytes_per_token(cfg, backend.empty((1,)).itemsize)
     return max(min(int(free * GPU_KV_FRACTION) // per_token, ceiling), max_context + BLOCK_SIZE)
 
 
@@ -81,6 +106,7 @@ def build_engine(model=None, shape: str | None = None, device: str = "auto", dty
             raise ToolkitError(f"{model}: no such model folder")
         cfg = config or ModelConfig.from_dir(model)
         tokenizer, template = Tokenizer.from_dir(model), ChatTemplate.from_dir(model)
+        _check_tokenizer(tokenizer, cfg, model)
     backend_name, note = resolve_device(device)
     if dtype is None:
         # 16-bit checkpoints run in their own dtype on the GPU; fp32 ones stay fp32; the CPU is fp32.
@@ -97,12 +123,19 @@ def build_engine(model=None, shape: str | None = None, device: str = "auto", dty
                            f"--max-num-seqs ({max_num_seqs}): every running request feeds a token per step")
     source = random_checkpoint(cfg, dtype, seed=weights_seed) if shape is not None else Checkpoint(model)
     weights = load_weights(source, cfg, backend.from_host)
+    if isinstance(source, Checkpoint) and source.nonfinite_warning():
+        print(source.nonfinite_warning(), file=sys.stderr, flush=True)
     kv_tokens = _kv_tokens(backend, cfg, kv_cache_tokens, max_context, max_num_seqs)
-    engine = LLMEngine(cfg, weights, backend, max_context=max_context, num_blocks=kv_tokens // BLOCK_SIZE,
-                       block_size=BLOCK_SIZE, max_num_seqs=max_num_seqs,
-                       max_num_batched_tokens=max_num_batched_tokens, options=options or EngineOptions(),
-                       tokenizer=tokenizer, chat_template=template, device_note=note,
-                       scheduler_policy=scheduler_policy)
+    try:
+        engine = LLMEngine(cfg, weights, backend, max_context=max_context, num_blocks=kv_tokens // BLOCK_SIZE,
+                           block_size=BLOCK_SIZE, max_num_seqs=max_num_seqs,
+                           max_num_batched_tokens=max_num_batched_tokens, options=options or EngineOptions(),
+                           tokenizer=tokenizer, chat_template=template, device_note=note,
+                           scheduler_policy=scheduler_policy)
+    except MemoryError:  # NumPy's, and CuPy's OutOfMemoryError (a subclass)
+        raise ToolkitError(f"not enough memory for the engine's buffers (--max-num-seqs {max_num_seqs}, "
+                           f"--max-num-batched-tokens {max_num_batched_tokens}, --kv-cache-tokens {kv_tokens}): "
+                           "lower them") from None
     if warmup:
         warm_up(engine)
     return engine
@@ -111,7 +144,9 @@ def build_engine(model=None, shape: str | None = None, device: str = "auto", dty
 def warm_up(engine: LLMEngine):
     """A 2-token request and a decode step, then every CUDA-graph bucket, so one-off costs (Numba's
     thread pool, module loading, cuBLAS handles, graph capture) never land in a request's timings."""
-    for _ in engine.generate([0, 0], SamplingParams(max_tokens=2, ignore_eos=True)):
+    # Two prompt tokens when the context allows (a prefill of more than one row), else one: the
+    # smallest context, 2, holds one prompt token and one generated token.
+    for _ in engine.generate([0] * min(2, engine.max_context - 1), SamplingParams(max_tokens=2, ignore_eos=True)):
         pass
     options = engine.effective_options()
     if options.cuda_graphs:

@@ -5,6 +5,20 @@ with small switches: q/k/v bias (qwen2), per-head q/k RMSNorm (qwen3), an
 explicit head_dim (qwen3, some llama), llama3-style RoPE frequency scaling,
 and tied or untied embeddings. Reading them into one flat dataclass keeps
 model.py free of per-family branches.
+
+config.json is read strictly: every value is type-checked (sizes are positive
+integers, never floats or bools; eps and theta finite positive numbers), and a
+feature the decoder does not implement is refused rather than ignored. Every
+error is one line naming the file and the field. What is refused, and why:
+  * attention_bias: true, except on qwen2 (whose q/k/v biases it describes):
+    llama and qwen3 would add an o_proj bias too, and mistral has no biases.
+  * mlp_bias: true (gate/up/down biases, llama only in transformers).
+  * hidden_act other than silu (or its alias swish), the only activation these
+    families ship with.
+  * rope scaling other than llama3 (linear, dynamic, yarn, longrope, ...).
+  * sliding-window layers on qwen2/qwen3 (use_sliding_window, layer_types).
+  * quantized checkpoints (quantization_config).
+Keys transformers ignores for a family (qwen2's attention_bias) are ignored here too.
 """
 import json
 import math
@@ -16,6 +30,111 @@ import numpy as np
 from .errors import ToolkitError
 
 SUPPORTED = ("llama", "mistral", "qwen2", "qwen3")
+ACTIVATIONS = ("silu", "swish")  # transformers' ACT2FN maps both to SiLU
+LLAMA3_FIELDS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+MAX_SIZE = 2**31 - 1  # no real model comes near; keeps index arithmetic in int32/int64 range
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+_ABSENT = object()
+
+
+def _show(value) -> str:
+    """A JSON value as config.json spells it, cut short for an error line."""
+    try:
+        text = json.dumps(value)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+class _Fields:
+    """Typed reads from one JSON object; every error names the file and the field."""
+
+    def __init__(self, d: dict, source: str, prefix: str = ""):
+        self.d, self.source, self.prefix = d, source, prefix
+
+    def fail(self, key: str, message: str):
+        raise ToolkitError(f"{self.source}: {self.prefix}{key} {message}")
+
+    def _typed(self, key: str, default, ok, expected: str):
+        """The value if ok(value); a missing or null key gives `default`, or fails when there is none."""
+        value = self.d.get(key)
+        if value is None:
+            if default is _ABSENT:
+                if key not in self.d:
+                    raise ToolkitError(f"{self.source}: missing key {self.prefix + key!r}")
+                self.fail(key, f"must be {expected}, got null")
+            return default
+        if not ok(value):
+            self.fail(key, f"must be {expected}, got {_show(value)}")
+        return value
+
+    def integer(self, key: str, default=_ABSENT):
+        value = self._typed(key, default, lambda v: type(v) is int and v > 0, "a positive integer")
+        if value is not None and value > MAX_SIZE:
+            self.fail(key, f"must be at most {MAX_SIZE}, got {value}")
+        return value
+
+    def number(self, key: str, default=_ABSENT):
+        ok = lambda v: (type(v) is int and v > 0) or (type(v) is float and math.isfinite(v) and v > 0)
+        value = self._typed(key, default, ok, "a finite positive number")
+        if value is not None and value > FLOAT32_MAX:  # RoPE tables and norms are computed in float32
+            self.fail(key, f"must be at most {FLOAT32_MAX:.4g}, got {value}")
+        return value if value is None else float(value)
+
+    def flag(self, key: str, default: bool) -> bool:
+        return self._typed(key, default, lambda v: type(v) is bool, "true or false")
+
+    def text(self, key: str, default=_ABSENT):
+        return self._typed(key, default, lambda v: type(v) is str, "a string")
+
+    def obj(self, key: str) -> dict | None:
+        return self._typed(key, None, lambda v: type(v) is dict, "an object or null")
+
+
+def _refuse_unsupported(f: _Fields, mt: str):
+    """One line for the first feature config.json asks for that the decoder does not implement."""
+    quant = f.obj("quantization_config")
+    if quant is not None:
+        f.fail("quantization_config", f"({_show(quant.get('quant_method'))}) is not supported: "
+                                      "quantized checkpoints cannot be loaded")
+    if f.flag("mlp_bias", False):
+        f.fail("mlp_bias", "true is not supported (no biases on gate/up/down_proj)")
+    if f.flag("attention_bias", False) and mt != "qwen2":
+        f.fail("attention_bias", "true is not supported for " + (
+            "mistral (it has no attention biases)" if mt == "mistral" else f"{mt} (it adds an o_proj bias)"))
+    act = f.text("hidden_act", "silu")
+    if act not in ACTIVATIONS:
+        f.fail("hidden_act", f"{act!r} is not supported (supported: silu)")
+    if mt in ("qwen2", "qwen3"):
+        if f.flag("use_sliding_window", False):
+            f.fail("use_sliding_window", "true is not supported (sliding-window attention)")
+        types = f.d.get("layer_types") or []
+        if not isinstance(types, list) or any(t != "full_attention" for t in types):
+            f.fail("layer_types", f"{_show(types)} is not supported (only full_attention layers)")
+
+
+def _rope(f: _Fields) -> tuple[float, dict | None]:
+    """(rope_theta, llama3 scaling or None) from transformers 4's top-level keys or 5's rope_parameters."""
+    rope = f.obj("rope_parameters") or {}
+    scaling, key = f.obj("rope_scaling"), "rope_scaling"
+    if scaling is None and ("factor" in rope or rope.get("rope_type", rope.get("type")) not in (None, "default")):
+        scaling, key = rope, "rope_parameters"
+    theta = f.number("rope_theta", None)
+    if theta is None:
+        theta = _Fields(rope, f.source, "rope_parameters.").number("rope_theta", 10000.0)
+    if scaling is None:
+        return theta, None
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if kind == "default":
+        return theta, None
+    if kind != "llama3":
+        raise ToolkitError(f"{f.source}: unsupported {key} type {kind!r} (supported: llama3)")
+    g = _Fields(scaling, f.source, key + ".")
+    values = {name: g.number(name) for name in LLAMA3_FIELDS}
+    if values["high_freq_factor"] <= values["low_freq_factor"]:
+        g.fail("high_freq_factor", f"({values['high_freq_factor']}) must be larger than low_freq_factor "
+                                   f"({values['low_freq_factor']})")
+    return theta, {"rope_type": "llama3", **values}
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,45 +173,46 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, d: dict, source: str = "config.json") -> "ModelConfig":
+        if not isinstance(d, dict):
+            raise ToolkitError(f"{source}: must hold a JSON object, got {_show(d)}")
         mt = d.get("model_type")
         if mt not in SUPPORTED:
             raise ToolkitError(
                 f"{source}: unsupported model_type {mt!r} (supported: {', '.join(SUPPORTED)})")
-        try:
-            heads = int(d["num_attention_heads"])
-            hidden = int(d["hidden_size"])
-            # transformers 5 writes RoPE settings under "rope_parameters"; 4.x used top-level keys.
-            rope = d.get("rope_parameters") or {}
-            scaling = d.get("rope_scaling") or (rope if "factor" in rope else None)
-            if scaling is not None:
-                kind = scaling.get("rope_type", scaling.get("type"))
-                if kind == "default":
-                    scaling = None
-                elif kind != "llama3":
-                    raise ToolkitError(
-                        f"{source}: unsupported rope_scaling type {kind!r} (supported: llama3)")
-            return cls(
-                model_type=mt,
-                vocab_size=int(d["vocab_size"]),
-                hidden_size=hidden,
-                intermediate_size=int(d["intermediate_size"]),
-                num_layers=int(d["num_hidden_layers"]),
-                num_heads=heads,
-                num_kv_heads=int(d.get("num_key_value_heads") or heads),
-                head_dim=int(d.get("head_dim") or hidden // heads),
-                rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
-                rope_theta=float(d.get("rope_theta", rope.get("rope_theta", 10000.0))),
-                max_position_embeddings=int(d.get("max_position_embeddings", 4096)),
-                tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
-                qkv_bias=bool(d.get("attention_bias", mt == "qwen2")),
-                qk_norm=(mt == "qwen3"),
-                rope_scaling=scaling,
-                torch_dtype=str(d.get("torch_dtype") or d.get("dtype") or "float32"),
-                sliding_window=(int(d["sliding_window"]) if mt == "mistral" and d.get("sliding_window")
-                                else None),
-            )
-        except KeyError as e:
-            raise ToolkitError(f"{source}: missing key {e.args[0]!r}") from None
+        f = _Fields(d, source)
+        _refuse_unsupported(f, mt)
+        hidden, heads = f.integer("hidden_size"), f.integer("num_attention_heads")
+        kv_heads = f.integer("num_key_value_heads", heads)
+        if heads % kv_heads:
+            f.fail("num_attention_heads", f"({heads}) must be a multiple of num_key_value_heads ({kv_heads})")
+        if d.get("head_dim") is None:
+            head_dim = hidden // heads
+            if head_dim < 2 or head_dim % 2:
+                f.fail("hidden_size", f"/ num_attention_heads gives head_dim {head_dim}; RoPE needs an even one")
+        else:
+            head_dim = f.integer("head_dim")
+            if head_dim % 2:
+                f.fail("head_dim", f"must be even for RoPE, got {head_dim}")
+        theta, scaling = _rope(f)
+        return cls(
+            model_type=mt,
+            vocab_size=f.integer("vocab_size"),
+            hidden_size=hidden,
+            intermediate_size=f.integer("intermediate_size"),
+            num_layers=f.integer("num_hidden_layers"),
+            num_heads=heads,
+            num_kv_heads=kv_heads,
+            head_dim=head_dim,
+            rms_norm_eps=f.number("rms_norm_eps", 1e-6),
+            rope_theta=theta,
+            max_position_embeddings=f.integer("max_position_embeddings", 4096),
+            tie_word_embeddings=f.flag("tie_word_embeddings", False),
+            qkv_bias=(mt == "qwen2"),  # transformers' Qwen2 always has q/k/v biases and ignores attention_bias
+            qk_norm=(mt == "qwen3"),
+            rope_scaling=scaling,
+            torch_dtype=f.text("torch_dtype", None) or f.text("dtype", "float32"),
+            sliding_window=f.integer("sliding_window", None) if mt == "mistral" else None,
+        )
 
     @classmethod
     def from_dir(cls, model_dir: Path) -> "ModelConfig":
@@ -100,9 +220,9 @@ class ModelConfig:
         if not path.is_file():
             raise ToolkitError(f"{path}: no such file (is --model a Hugging Face model folder?)")
         try:
-            d = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            raise ToolkitError(f"{path}: cannot read JSON ({e})") from None
+            d = json.loads(path.read_text(encoding="utf-8-sig"))  # a BOM (Windows editors) is harmless
+        except (OSError, ValueError, RecursionError) as e:  # ValueError: bad JSON or not UTF-8
+            raise ToolkitError(f"{path}: cannot read JSON ({str(e)[:200]})") from None
         return cls.from_dict(d, source=str(path))
 
 

@@ -18,11 +18,17 @@ def probe_gpu() -> tuple[bool, str]:
     except Exception as e:  # not installed, or a broken install
         return False, f"cupy unavailable ({type(e).__name__}: {e})"
     try:
-        n = cp.cuda.runtime.getDeviceCount()  # status 35: no/old driver; 100: no device
+        n = cp.cuda.runtime.getDeviceCount()
     except Exception as e:
+        # CuPy names the CUDA error, which reads like a broken install; say what it means in plain words.
+        status = getattr(e, "status", None)
+        if status == 35:  # cudaErrorInsufficientDriver: also what a machine without any NVIDIA driver reports
+            return False, "no NVIDIA driver found (or one too old for CUDA 13)"
+        if status == 100:  # cudaErrorNoDevice
+            return False, "no NVIDIA GPU found"
         return False, f"no usable CUDA device ({e})"
     if n == 0:
-        return False, "no CUDA device"
+        return False, "no NVIDIA GPU found"
     try:
         cp.cuda.nvrtc.getVersion()  # NVRTC missing -> RuntimeError at first compile otherwise
         (cp.arange(4, dtype=cp.float32) * 2).sum().item()  # alloc + compile + launch + sync

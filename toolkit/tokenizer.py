@@ -174,6 +174,11 @@ class Tokenizer:
         """Number of token ids including added tokens (may be less than the model's embedding rows)."""
         return self._tok.get_vocab_size(with_added_tokens=True)
 
+    @property
+    def id_limit(self) -> int:
+        """One more than the largest token id (ids may have gaps): the embedding rows the model needs at least."""
+        return max(self._tok.get_vocab(with_added_tokens=True).values(), default=-1) + 1
+
     def token_to_id(self, token: str) -> int | None:
         return self._tok.token_to_id(token)
 

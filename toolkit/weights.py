@@ -6,6 +6,9 @@ Two fusions happen once at load time, so every step runs fewer, larger GEMMs:
 Weights keep HF's [out_features, in_features] layout: y = x @ W.T.
 `to_backend` turns each host array into the backend's array (fp32 on the CPU,
 the compute dtype on the GPU), so a model streams from disk to device once.
+Before anything is read, the checkpoint's tensor names are checked against what
+the config needs: a missing one is an error, and so is a leftover one (see
+check_tensor_names), since ignoring it would silently run a different model.
 """
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -14,6 +17,7 @@ import numpy as np
 
 from .checkpoint import Checkpoint
 from .config import ModelConfig
+from .errors import ToolkitError
 
 
 @dataclass
@@ -49,49 +53,86 @@ class Weights:
         return total
 
 
-def load_weights(ckpt: Checkpoint, cfg: ModelConfig, to_backend: Callable[[np.ndarray], Any]) -> Weights:
+def expected_tensors(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor this config reads, with the shape it implies (HF names, [out, in] layout)."""
     H, I, D = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
     q_out, kv_out = cfg.num_heads * D, cfg.num_kv_heads * D
+    shapes = {"model.embed_tokens.weight": (cfg.vocab_size, H), "model.norm.weight": (H,)}
+    for i in range(cfg.num_layers):
+        p = f"model.layers.{i}."
+        shapes.update({
+            p + "input_layernorm.weight": (H,), p + "post_attention_layernorm.weight": (H,),
+            p + "self_attn.q_proj.weight": (q_out, H), p + "self_attn.k_proj.weight": (kv_out, H),
+            p + "self_attn.v_proj.weight": (kv_out, H), p + "self_attn.o_proj.weight": (H, q_out),
+            p + "mlp.gate_proj.weight": (I, H), p + "mlp.up_proj.weight": (I, H), p + "mlp.down_proj.weight": (H, I)})
+        if cfg.qkv_bias:
+            shapes.update({p + "self_attn.q_proj.bias": (q_out,), p + "self_attn.k_proj.bias": (kv_out,),
+                           p + "self_attn.v_proj.bias": (kv_out,)})
+        if cfg.qk_norm:
+            shapes.update({p + "self_attn.q_norm.weight": (D,), p + "self_attn.k_norm.weight": (D,)})
+    if not cfg.tie_word_embeddings:
+        shapes["lm_head.weight"] = (cfg.vocab_size, H)
+    return shapes
 
-    def get(name, shape):
-        return ckpt.get(name, shape)
 
-    embed = to_backend(get("model.embed_tokens.weight", (cfg.vocab_size, H)))
+def _ignorable(name: str, cfg: ModelConfig) -> bool:
+    """Tensors transformers also skips: old rotary-frequency buffers, and lm_head when it is tied to the embedding."""
+    return name.endswith("rotary_emb.inv_freq") or (name == "lm_head.weight" and cfg.tie_word_embeddings)
+
+
+def check_tensor_names(ckpt: Checkpoint, cfg: ModelConfig, shapes: dict, shown: int = 3):
+    """Before reading anything: every tensor the config needs is there, and nothing is left over.
+
+    A leftover tensor is a feature this decoder would silently drop (an MLP or o_proj bias, an extra
+    norm) or a config.json that does not describe these weights, so it is refused, naming a few.
+    """
+    for name in shapes:
+        if name not in ckpt:
+            raise ckpt.missing(name)
+    extra = [n for n in ckpt.names() if n not in shapes and not _ignorable(n, cfg)]
+    if extra:
+        listed = ", ".join(repr(n) for n in extra[:shown])
+        more = f" and {len(extra) - shown} more" if len(extra) > shown else ""
+        raise ToolkitError(f"{ckpt.file_of(extra[0])}: {len(extra)} tensor(s) a {cfg.model_type} model with this "
+                           f"config.json does not use: {listed}{more} (unsupported feature or mismatched config?)")
+
+
+def load_weights(ckpt: Checkpoint, cfg: ModelConfig, to_backend: Callable[[np.ndarray], Any]) -> Weights:
+    shapes = expected_tensors(cfg)
+    if isinstance(ckpt, Checkpoint):
+        check_tensor_names(ckpt, cfg, shapes)
+
+    def get(name):
+        return ckpt.get(name, shapes[name])
+
+    embed = to_backend(get("model.embed_tokens.weight"))
     layers = []
     for i in range(cfg.num_layers):
         p = f"model.layers.{i}."
-        qkv = np.concatenate([
-            get(p + "self_attn.q_proj.weight", (q_out, H)),
-            get(p + "self_attn.k_proj.weight", (kv_out, H)),
-            get(p + "self_attn.v_proj.weight", (kv_out, H))])
+        qkv = np.concatenate([get(p + "self_attn.q_proj.weight"), get(p + "self_attn.k_proj.weight"),
+                              get(p + "self_attn.v_proj.weight")])
         bias = None
         if cfg.qkv_bias:
-            bias = to_backend(np.concatenate([
-                get(p + "self_attn.q_proj.bias", (q_out,)),
-                get(p + "self_attn.k_proj.bias", (kv_out,)),
-                get(p + "self_attn.v_proj.bias", (kv_out,))]))
+            bias = to_backend(np.concatenate([get(p + "self_attn.q_proj.bias"), get(p + "self_attn.k_proj.bias"),
+                                              get(p + "self_attn.v_proj.bias")]))
         q_norm = k_norm = None
         if cfg.qk_norm:
-            q_norm = to_backend(get(p + "self_attn.q_norm.weight", (D,)))
-            k_norm = to_backend(get(p + "self_attn.k_norm.weight", (D,)))
-        gate_up = np.concatenate([get(p + "mlp.gate_proj.weight", (I, H)),
-                                  get(p + "mlp.up_proj.weight", (I, H))])
+            q_norm = to_backend(get(p + "self_attn.q_norm.weight"))
+            k_norm = to_backend(get(p + "self_attn.k_norm.weight"))
+        gate_up = np.concatenate([get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")])
         layers.append(LayerWeights(
-            input_norm=to_backend(get(p + "input_layernorm.weight", (H,))),
+            input_norm=to_backend(get(p + "input_layernorm.weight")),
             qkv=to_backend(qkv),
             qkv_bias=bias,
             q_norm=q_norm,
             k_norm=k_norm,
-            o_proj=to_backend(get(p + "self_attn.o_proj.weight", (H, q_out))),
-            post_norm=to_backend(get(p + "post_attention_layernorm.weight", (H,))),
+            o_proj=to_backend(get(p + "self_attn.o_proj.weight")),
+            post_norm=to_backend(get(p + "post_attention_layernorm.weight")),
             gate_up=to_backend(gate_up),
-            down=to_backend(get(p + "mlp.down_proj.weight", (H, I))),
+            down=to_backend(get(p + "mlp.down_proj.weight")),
         ))
-    final_norm = to_backend(get("model.norm.weight", (H,)))
-    if cfg.tie_word_embeddings:
-        lm_head = embed
-    else:
-        lm_head = to_backend(get("lm_head.weight", (cfg.vocab_size, H)))
+    final_norm = to_backend(get("model.norm.weight"))
+    lm_head = embed if cfg.tie_word_embeddings else to_backend(get("lm_head.weight"))
     return Weights(embed=embed, layers=layers, final_norm=final_norm, lm_head=lm_head)
 
 

@@ -3,7 +3,13 @@
 Everything is float32: 16-bit checkpoints are upcast at load, which makes this
 backend the reference the CUDA kernels are tested against. NumPy work is
 synchronous, so "device time" is simply host time here.
+
+BLAS runs on one thread (TOOLKIT_BLAS_THREADS overrides): OpenBLAS's idle threads
+spin, so two processes on a 2-core machine each fell from ~290 to ~29 tok/s with
+the default thread count. Our Numba kernels keep their own threads, which wait
+passively (OMP_WAIT_POLICY=passive).
 """
+import os
 import time
 
 import numpy as np
@@ -33,6 +39,11 @@ class CpuClock:
 class CpuBackend:
     name = "cpu"
     dtype = "float32"
+
+    def __init__(self):
+        from threadpoolctl import threadpool_limits
+
+        threadpool_limits(limits=int(os.environ.get("TOOLKIT_BLAS_THREADS", "1")), user_api="blas")
 
     # -- memory ---------------------------------------------------------------
     def from_host(self, a: np.ndarray) -> np.ndarray:

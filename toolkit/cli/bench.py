@@ -19,6 +19,7 @@ from ..bench.env import environment, peak_gbps
 from ..bench.report import as_json, markdown
 from ..bench.speed import plan, run_speed, skip_reason
 from ..bench.sweep import add_switch_args, int_list, option_grid
+from ..assembly import BLOCK_SIZE as BLOCK
 from ..bench.throughput import run_throughput
 from ..config import ModelConfig
 from ..device import resolve_device
@@ -34,7 +35,6 @@ DEFAULTS = {  # llama-bench's tests on the GPU; a set that finishes in seconds o
     "cpu": dict(batch=[1, 4], depth=[0, 128], prefill=[64, 256], decode=16, repeats=3,
                 num_requests=16, min_len=16, max_len=128),
 }
-BLOCK = 16  # the engine's KV block size: sizing rounds each sequence up to whole blocks
 MIN_STEP_TOKENS = 2048
 
 
@@ -160,7 +160,7 @@ def _speed(args) -> int:
     max_context = args.max_context or min(cfg.max_position_embeddings, max(t.context(step_tokens) for t in tests))
     fits = [t for t in tests if t.context(step_tokens) <= max_context]
     kv_tokens = args.kv_cache_tokens or max(
-        [t.batch * (-(-t.context(step_tokens) // BLOCK) + 1) * BLOCK for t in fits] or [max_context + BLOCK])
+        [t.batch * (-(-t.context(step_tokens) // BLOCK) + 1) * BLOCK for t in fits] or [max_context + BLOCK])  # whole blocks
     engine = _build(args, backend_name, max_context, kv_tokens, max_seqs, step_tokens, EngineOptions())
     grid, notes = option_grid(args, engine.backend.name, engine.backend.dtype)
     peak, peak_src = peak_gbps(engine.backend.name, args.peak_gbps)

@@ -5,6 +5,10 @@ engine's prefix cache already holds the earlier turns' KV blocks, so only the
 new turn is prefilled (the summary line says how many tokens were reused).
 When the history no longer fits, the oldest turns are dropped. `/reset` starts over, `/quit`
 (or end of input) leaves. Reads stdin, so it also works piped.
+
+Each input line is read in binary and checked like a `generate` prompt (toolkit/requests.py): a
+line that is not UTF-8, or longer than 64 bytes per context token, is one `error:` line and the
+chat goes on.
 """
 import argparse
 import sys
@@ -12,7 +16,10 @@ import sys
 from ..assembly import build_engine
 from ..engine import SamplingParams
 from ..errors import ToolkitError
-from .common import add_engine_args, add_model_args, engine_kwargs, non_negative_float, non_negative_int, run
+from ..requests import Limits, RequestError, check_size, check_text, read_lines
+from .common import (add_engine_args, add_model_args, check_max_tokens, engine_kwargs, non_negative_float,
+                     non_negative_int, run, say, seed_int)
+from .records import Sink
 
 DEFAULT_TEMPERATURE = 0.7
 DEFAULT_MAX_TOKENS = 512
@@ -22,11 +29,11 @@ def setup_arg_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m toolkit chat", description="Chat with a model in the terminal.")
     add_model_args(p)
     p.add_argument("--system", default=None, help="system message")
-    p.add_argument("--max-tokens", type=non_negative_int, default=DEFAULT_MAX_TOKENS,
-                   help=f"reply length limit (default: {DEFAULT_MAX_TOKENS})")
+    p.add_argument("--max-tokens", type=non_negative_int, default=None,
+                   help=f"reply length limit, at most the context (default: {DEFAULT_MAX_TOKENS})")
     p.add_argument("--temperature", type=non_negative_float, default=DEFAULT_TEMPERATURE,
-                   help=f"0 is greedy (default: {DEFAULT_TEMPERATURE})")
-    p.add_argument("--seed", type=non_negative_int, default=None)
+                   help=f"0 is greedy, and so is anything below 1e-5 (default: {DEFAULT_TEMPERATURE})")
+    p.add_argument("--seed", type=seed_int, default=None, help="sampling seed in [0, 2^64) (default: random)")
     add_engine_args(p)
     return p
 
@@ -41,48 +48,90 @@ def _fit(engine, messages: list, reserve: int) -> list[int]:
         del messages[first:first + 2]  # one user turn and its reply
 
 
-def _chat(args, stdin, stdout) -> int:
-    engine = build_engine(args.model, **engine_kwargs(args))
-    if engine.chat_template is None:
-        raise ToolkitError(f"{args.model}: this model has no chat template")
-    print(f"{engine.device_note}\n/reset starts over, /quit leaves.", file=sys.stderr, flush=True)
-    system = [{"role": "system", "content": args.system}] if args.system else []
-    messages = list(system)
-    seed = args.seed
+class _TextAsBytes:
+    """A text stream (tests pass io.StringIO) read like stdin.buffer: surrogates stay detectable."""
+
+    def __init__(self, text):
+        self.text = text
+
+    def readline(self, n: int = -1) -> bytes:
+        return self.text.readline(n).encode("utf-8", "surrogatepass")
+
+
+def _lines(stdin, stdout, limits: Limits):
+    """User lines as text; an unusable one is reported here and skipped."""
+    source = stdin.buffer if hasattr(stdin, "buffer") else _TextAsBytes(stdin)
+    lines = read_lines(source, limits.prompt_bytes)
     while True:
         if stdin.isatty():
             stdout.write("> ")
-            stdout.flush()
-        line = stdin.readline()
-        if not line or line.strip() == "/quit":
-            return 0
-        line = line.strip()
+        item = next(lines, None)
+        if item is None:
+            return
+        lineno, raw = item
+        try:
+            if raw is None:
+                raise RequestError(f"the message is longer than {limits.prompt_bytes:,} bytes (64 bytes per "
+                                   f"context token of {limits.max_context})")
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise RequestError(f"not valid UTF-8 (byte 0x{raw[e.start]:02x} at byte {e.start + 1})") from None
+            check_size(check_text(text, "the message"), limits, "the message")
+        except RequestError as e:
+            say(f"error: line {lineno}: {e}")
+            continue
+        yield text.strip()
+
+
+def _chat(args, stdin, stdout) -> int:
+    if stdin is None or stdout is None:
+        raise ToolkitError(f"std{'in' if stdin is None else 'out'} is closed")
+    out = Sink(stdout, "stdout")
+    engine = build_engine(args.model, **engine_kwargs(args))
+    if engine.chat_template is None:
+        raise ToolkitError(f"{args.model}: this model has no chat template")
+    check_max_tokens(args.max_tokens, engine.max_context)
+    limits = Limits(engine.max_context)
+    if args.system:
+        try:
+            check_size(check_text(args.system, "--system"), limits, "--system")
+        except RequestError as e:
+            raise ToolkitError(str(e)) from None
+    max_tokens = DEFAULT_MAX_TOKENS if args.max_tokens is None else args.max_tokens
+    say(f"{engine.device_note}\n/reset starts over, /quit leaves.")
+    system = [{"role": "system", "content": args.system}] if args.system else []
+    messages = list(system)
+    seed = args.seed
+    for line in _lines(stdin, out, limits):
         if not line:
             continue
+        if line == "/quit":
+            return 0
         if line == "/reset":
             messages = list(system)
-            print("(new conversation)", file=sys.stderr, flush=True)
+            say("(new conversation)")
             continue
         messages.append({"role": "user", "content": line})
         reply, stats = [], None
         try:
-            ids = _fit(engine, messages, reserve=min(args.max_tokens, engine.max_context // 2))
-            params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=seed)
+            ids = _fit(engine, messages, reserve=min(max_tokens, engine.max_context // 2))
+            params = SamplingParams(max_tokens=max_tokens, temperature=args.temperature, seed=seed)
             for r in engine.generate(ids, params):
                 reply.append(r.text)
-                stdout.write(r.text)
-                stdout.flush()
+                out.write(r.text)
                 stats = r.stats
         except ToolkitError as e:  # e.g. one message longer than the context: say so, keep chatting
             messages.pop()
-            print(f"error: {e}", file=sys.stderr, flush=True)
+            say(f"error: {e}")
             continue
-        seed = None if seed is None else seed + 1  # a fresh but reproducible draw each turn
-        stdout.write("\n")
+        seed = None if seed is None else (seed + 1) % 2 ** 64  # a fresh but reproducible draw each turn
+        out.write("\n")
         messages.append({"role": "assistant", "content": "".join(reply).strip()})
         if stats is not None:
-            print(f"[{stats.prompt_tokens} prompt tok ({stats.cached_tokens} reused), {stats.prefill_tps:.0f} tok/s | "
-                  f"{stats.generated_tokens} tok, {stats.decode_tps:.1f} tok/s]", file=sys.stderr, flush=True)
+            say(f"[{stats.prompt_tokens} prompt tok ({stats.cached_tokens} reused), {stats.prefill_tps:.0f} tok/s | "
+                f"{stats.generated_tokens} tok, {stats.decode_tps:.1f} tok/s]")
+    return 0
 
 
 def main(argv=None) -> int:

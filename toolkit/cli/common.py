@@ -1,6 +1,20 @@
-"""What every subcommand shares: model/device flags and one-line error handling."""
+"""What every subcommand shares: model/device flags, checked flag values, signals and exit codes.
+
+Exit codes (README, "Exit codes and bad input"):
+    0    every request succeeded
+    1    some requests produced error records (the others ran)
+    2    a usage or configuration error (one `error:` line; argparse's own errors exit 2 too)
+    3    an internal error: a bug (one `internal error:` line; --debug shows the traceback)
+    130  interrupted by SIGINT, 143 by SIGTERM (128 + the signal number, as a shell reports it)
+    141  stdout was closed by its reader (`| head`): the run stops quietly, like any Unix filter
+"""
 import argparse
+import contextlib
+import math
+import os
+import signal
 import sys
+import threading
 import traceback
 from pathlib import Path
 
@@ -10,29 +24,46 @@ from ..options import EngineOptions
 # The embedded default model (weights/README.md says how it was made).
 DEFAULT_MODEL_DIR = Path(__file__).resolve().parents[2] / "weights" / "tiny-pd"
 
+EXIT_OK, EXIT_SOME_FAILED, EXIT_USAGE, EXIT_INTERNAL, EXIT_BROKEN_PIPE = 0, 1, 2, 3, 141
+MAX_SIZE = 2 ** 31 - 1  # sizes (tokens, sequences) beyond this are typos, and overflow int32 buffers
+
 
 def default_model() -> str | None:
     return str(DEFAULT_MODEL_DIR) if (DEFAULT_MODEL_DIR / "config.json").is_file() else None
 
 
-def positive_int(text: str) -> int:
-    v = int(text)
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
+# -- flag values: every bad value is an argparse error (exit 2, usage line) ----------------------------------
+def _int(text: str, lo: int, hi: int) -> int:
+    try:
+        v = int(text)
+    except ValueError:  # also "1e3", "2.5" and 5,000-digit strings
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if v < lo:
+        raise argparse.ArgumentTypeError(f"must be >= {lo}, got {v}")
+    if v > hi:
+        raise argparse.ArgumentTypeError(f"must be at most {hi}, got {text}")
     return v
+
+
+def positive_int(text: str) -> int:
+    return _int(text, 1, MAX_SIZE)
 
 
 def non_negative_int(text: str) -> int:
-    v = int(text)
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {v}")
-    return v
+    return _int(text, 0, MAX_SIZE)
+
+
+def seed_int(text: str) -> int:
+    return _int(text, 0, 2 ** 64 - 1)
 
 
 def non_negative_float(text: str) -> float:
-    v = float(text)
-    if not v >= 0:  # also rejects nan
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(v) or v < 0:  # nan, inf and 1e400 (= inf) included
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
     return v
 
 
@@ -72,15 +103,119 @@ def engine_kwargs(args) -> dict:
                 options=EngineOptions(**{n: not getattr(args, f"no_{n}") for n in EngineOptions.names()}))
 
 
-def run(main, argv, debug: bool) -> int:
-    """Call main(); a ToolkitError becomes `error: ...` on stderr and exit code 2."""
+def check_max_tokens(max_tokens: int | None, max_context: int):
+    """An explicit --max-tokens must fit the context (the default is only a cap, clipped by it)."""
+    if max_tokens is not None and max_tokens > max_context:
+        raise ToolkitError(f"--max-tokens {max_tokens} exceeds the context of {max_context} tokens "
+                           "(lower --max-tokens or raise --max-context)")
+
+
+# -- signals ----------------------------------------------------------------------------------------------
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM. A KeyboardInterrupt, so one `except KeyboardInterrupt` handles both."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+class Signals:
+    """SIGINT and SIGTERM raise Interrupted in the main thread (Python's default for SIGTERM is to die
+    without a word, losing the records of a batch). Inside `deferred()` a first signal only sets
+    `pending`, which `check()` raises at a safe point (between engine steps, never halfway through a
+    record); a second one raises at once, for a user who really means it."""
+
+    def __init__(self):
+        self.pending, self._defer = None, False
+
+    @contextlib.contextmanager
+    def installed(self):
+        if threading.current_thread() is not threading.main_thread():  # only the main thread may
+            yield self
+            return
+        old = {s: signal.signal(s, self._handler) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield self
+        finally:
+            for s, h in old.items():
+                signal.signal(s, h)
+            self.pending, self._defer = None, False
+
+    def _handler(self, signum, frame):
+        if self._defer and self.pending is None:
+            self.pending = signum
+            return
+        raise Interrupted(signum)
+
+    @contextlib.contextmanager
+    def deferred(self):
+        self._defer = True
+        try:
+            yield
+        finally:
+            self._defer = False
+
+    def check(self):
+        if self.pending is not None:
+            signum, self.pending = self.pending, None
+            raise Interrupted(signum)
+
+
+signals = Signals()  # signal handlers are per process: one instance
+
+
+# -- running a command ------------------------------------------------------------------------------------
+class OutputError(ToolkitError):
+    """Writing the results failed (a full disk, a vanished folder): one line, exit 2."""
+
+
+def say(message: str):
+    """A line on stderr that never raises (stderr itself may be a closed pipe)."""
     try:
-        return main(argv) or 0
+        print(message, file=sys.stderr, flush=True)
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
+def _silence_stdout():
+    # The interpreter flushes stdout once more at exit; with the reader gone that prints "Exception
+    # ignored ... BrokenPipeError". Point fd 1 at /dev/null so that last flush has somewhere to go.
+    try:
+        fd = sys.stdout.fileno()
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, fd)
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # io.UnsupportedOperation is both of the first two
+        pass
+
+
+def run(main, argv, debug: bool) -> int:
+    """Call main(argv) and turn whatever it raises into one stderr line and an exit code."""
+    try:
+        with signals.installed():
+            return main(argv) or EXIT_OK
+    except BrokenPipeError:
+        _silence_stdout()
+        return EXIT_BROKEN_PIPE
+    except KeyboardInterrupt as e:  # SIGINT, or SIGTERM through Signals
+        signum = e.signum if isinstance(e, Interrupted) else signal.SIGINT
+        say(f"interrupted ({signal.Signals(signum).name})")
+        return 128 + signum
     except ToolkitError as e:
         if debug:
             traceback.print_exc()
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+        say(f"error: {e}")
+        return EXIT_USAGE
+    except MemoryError as e:  # sizes too large for this machine (CuPy's OutOfMemoryError is one too)
+        if debug:
+            traceback.print_exc()
+        detail = f": {e}" if str(e) else ""
+        say(f"error: out of memory{detail} (lower --max-context, --kv-cache-tokens or --max-num-seqs)")
+        return EXIT_USAGE
+    except Exception as e:  # a bug: one line, the traceback only on request
+        if debug:
+            traceback.print_exc()
+        detail = " ".join(str(e).split())  # one line, whatever the message
+        say(f"internal error: {type(e).__name__}{': ' + detail if detail else ''} "
+            "(rerun with --debug for the traceback)")
+        return EXIT_INTERNAL

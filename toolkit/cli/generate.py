@@ -4,21 +4,24 @@ Every request goes through the scheduler at once (continuous batching). JSONL mo
 record as its request finishes (flushed, with its `id`), so a long batch can be followed with
 `tail -f`; text mode prints completions in input order, and with a single prompt streams it token
 by token. A timing summary per request goes to stderr, and a progress bar too when stderr is a
-terminal. A bad request (unparsable line, prompt longer than the context, one the KV cache
-cannot hold) becomes an error record; the rest of the batch still runs.
+terminal. A bad request (an unusable line, a prompt longer than the context, one the KV cache
+cannot hold) becomes an error record; the rest of the batch still runs (records.py).
+
+The order matters for a user's time: flags are checked by argparse, then the input and output
+files are opened (a wrong path is exit 2 in a fraction of a second, not after the model loads),
+then the model loads, then every request is admitted (toolkit/requests.py, which needs the
+context to bound prompts) and run.
 """
 import argparse
-import json
+import os
 import sys
 
 from ..assembly import build_engine
-from ..engine import SamplingParams
 from ..errors import ToolkitError
-from ..requests import Request, from_jsonl, from_prompts
-from .common import add_engine_args, add_model_args, engine_kwargs, non_negative_float, non_negative_int, run
-from .progress import Progress
-
-DEFAULT_MAX_TOKENS = 256
+from ..requests import Limits, from_jsonl, from_prompts
+from .common import (add_engine_args, add_model_args, check_max_tokens, engine_kwargs, non_negative_float,
+                     non_negative_int, run, say, seed_int, signals)
+from .records import DEFAULT_MAX_TOKENS, Batch, Sink
 
 
 def setup_arg_parser() -> argparse.ArgumentParser:
@@ -28,11 +31,12 @@ def setup_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompts-file", metavar="FILE.jsonl",
                    help='JSONL requests, one {"prompt": ...} or {"messages": [...]} per line; - for stdin')
     add_model_args(p)
-    p.add_argument("--max-tokens", type=non_negative_int, default=DEFAULT_MAX_TOKENS,
-                   help=f"tokens to generate per request (default: {DEFAULT_MAX_TOKENS})")
+    p.add_argument("--max-tokens", type=non_negative_int, default=None,
+                   help=f"tokens to generate per request, at most the context (default: {DEFAULT_MAX_TOKENS}, "
+                        "or less when the context ends first)")
     p.add_argument("--temperature", type=non_negative_float, default=0.0,
-                   help="0 is greedy (default: 0)")
-    p.add_argument("--seed", type=non_negative_int, default=None, help="sampling seed (default: random)")
+                   help="0 is greedy, and so is anything below 1e-5 (default: 0)")
+    p.add_argument("--seed", type=seed_int, default=None, help="sampling seed in [0, 2^64) (default: random)")
     p.add_argument("--chat", action="store_true", help="apply the model's chat template to plain prompts")
     p.add_argument("--format", choices=("text", "jsonl"), default="text")
     p.add_argument("--output", metavar="FILE", help="write results here instead of stdout")
@@ -40,133 +44,60 @@ def setup_arg_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _read_requests(args) -> list[Request]:
-    requests = from_prompts(args.prompts)
+def _open_prompts(args):
+    """The --prompts-file as a binary stream (lines are decoded one by one), or None."""
+    if not args.prompts_file:
+        return None
     if args.prompts_file == "-":
-        requests += from_jsonl(sys.stdin)
-    elif args.prompts_file:
+        if sys.stdin is None:
+            raise ToolkitError("--prompts-file -: stdin is closed")
+        return getattr(sys.stdin, "buffer", sys.stdin)
+    try:
+        return open(args.prompts_file, "rb")
+    except OSError as e:
+        raise ToolkitError(f"--prompts-file {args.prompts_file}: {e.strerror or e}") from None
+
+
+def _open_output(args) -> Sink:
+    """Opened before the model loads, so a wrong path costs nothing."""
+    if not args.output:
+        if sys.stdout is None:  # started with stdout closed (`>&-`): there is nowhere to write
+            raise ToolkitError("stdout is closed (give --output FILE)")
+        return Sink(sys.stdout, "stdout")
+    if args.prompts_file and args.prompts_file != "-" and os.path.exists(args.output) \
+            and os.path.exists(args.prompts_file) and os.path.samefile(args.output, args.prompts_file):
+        raise ToolkitError(f"--output {args.output} is the --prompts-file: it would be emptied before it is read")
+    try:
+        return Sink(open(args.output, "w", encoding="utf-8"), f"--output {args.output}")
+    except OSError as e:
+        raise ToolkitError(f"--output {args.output}: {e.strerror or e}") from None
+
+
+def _read_requests(args, source, limits: Limits) -> list:
+    requests = from_prompts(args.prompts, limits)
+    if source is not None:
         try:
-            with open(args.prompts_file, encoding="utf-8") as f:
-                requests += from_jsonl(f)
+            requests += from_jsonl(source, limits)
         except OSError as e:
-            raise ToolkitError(f"{args.prompts_file}: {e.strerror}") from None
+            raise ToolkitError(f"--prompts-file {args.prompts_file}: {e.strerror or e}") from None
     return requests
 
 
-def prompt_ids(engine, req: Request, chat: bool) -> list[int]:
-    messages = req.messages
-    if messages is None and chat:
-        messages = [{"role": "user", "content": req.prompt}]
-    if messages is None:
-        return engine.tokenizer.encode(req.prompt)
-    if engine.chat_template is None:
-        raise ToolkitError("this model has no chat template (needed for --chat and \"messages\")")
-    # The template writes BOS and role markers itself, so no special tokens are added here.
-    return engine.tokenizer.encode(engine.chat_template.render(messages), add_special_tokens=False)
-
-
-def _params(req: Request, args) -> SamplingParams:
-    return SamplingParams(max_tokens=args.max_tokens if req.max_tokens is None else req.max_tokens,
-                          temperature=args.temperature if req.temperature is None else req.temperature,
-                          seed=args.seed if req.seed is None else req.seed)
-
-
-def summary(engine, rid: str, stats) -> str:
-    gbps = engine.weight_bytes * stats.decode_tps / 1e9
-    cached = f", {stats.cached_tokens} from the prefix cache" if stats.cached_tokens else ""
-    return (f"[{rid}] prompt {stats.prompt_tokens} tok{cached}, {stats.prefill_tps:.1f} tok/s | "
-            f"decode {stats.generated_tokens} tok, {stats.decode_tps:.1f} tok/s, "
-            f"{stats.ms_per_step:.2f} ms/step, {gbps:.1f} GB/s of weights")
-
-
-class _Run:
-    """The requests of one `generate` call, from submission to their records."""
-
-    def __init__(self, engine, requests, args, out):
-        self.engine, self.requests, self.args, self.out = engine, requests, args, out
-        self.records = [None] * len(requests)
-        self.parts = {}  # engine request id -> (index, ids, token list, text list)
-        self.next_text = 0  # text mode prints records in input order
-        self.failed = 0
-        self.stream = args.format == "text" and len(requests) == 1
-
-    def submit(self, progress):
-        for i, req in enumerate(self.requests):
-            try:
-                if req.error:
-                    raise ToolkitError(req.error)
-                ids = prompt_ids(self.engine, req, self.args.chat)
-                rid = self.engine.add_request(ids, _params(req, self.args), request_id=str(i))
-                self.parts[rid] = (i, ids, [], [])
-            except ToolkitError as e:
-                msg = str(e) if str(e).startswith("line ") else f"request {req.id}: {e}"
-                self.finish(i, {"id": req.id, "error": msg}, None, progress)
-
-    def on_output(self, o, progress):
-        i, ids, tokens, text = self.parts[o.request_id]
-        if o.token is not None and o.finish_reason != "stop":
-            tokens.append(o.token)
-        text.append(o.text)
-        if self.stream and o.text:
-            self.out.write(o.text)
-            self.out.flush()
-        if progress:
-            progress.tokens(1 if o.token is not None else 0)
-        if o.finish_reason is None:
-            return
-        req = self.requests[i]
-        if o.error:
-            rec = {"id": req.id, "error": f"request {req.id}: {o.error}"}
-        else:
-            rec = {"id": req.id, "prompt": req.prompt if req.messages is None else req.messages,
-                   "prompt_token_ids": [int(t) for t in ids], "token_ids": [int(t) for t in tokens],
-                   "text": "".join(text), "finish_reason": o.finish_reason, "timings": o.stats.as_dict()}
-        self.finish(i, rec, o.stats, progress)
-
-    def finish(self, i, rec, stats, progress):
-        if "error" in rec:
-            self.failed += 1
-            print(f"error: {rec['error']}", file=sys.stderr, flush=True)
-        self.records[i] = (rec, stats)
-        if progress:
-            progress.done()
-        if self.args.format == "jsonl":
-            self.out.write(json.dumps(rec, ensure_ascii=False) + "\n")
-            self.out.flush()
-            self._summary(rec, stats)
-        else:  # text: in input order, each completion on its own line(s)
-            while self.next_text < len(self.records) and self.records[self.next_text] is not None:
-                r, st = self.records[self.next_text]
-                if "error" not in r:
-                    self.out.write(("" if self.stream else r["text"]) + "\n")
-                    self.out.flush()
-                self._summary(r, st)
-                self.next_text += 1
-
-    def _summary(self, rec, stats):
-        if stats is not None:  # after the text's last newline, so the two streams don't interleave
-            print(summary(self.engine, rec["id"], stats), file=sys.stderr, flush=True)
-
-
 def _generate(args) -> int:
-    requests = _read_requests(args)
-    engine = build_engine(args.model, **engine_kwargs(args))
-    print(engine.device_note, file=sys.stderr, flush=True)
+    source = _open_prompts(args)
+    sink = None
     try:
-        out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
-    except OSError as e:
-        raise ToolkitError(f"--output {args.output}: {e.strerror}") from None
-    job = _Run(engine, requests, args, out)
-    try:
-        with Progress(len(requests), enabled=sys.stderr.isatty() and not job.stream) as progress:
-            job.submit(progress)
-            while engine.has_unfinished():
-                for o in engine.step():
-                    job.on_output(o, progress)
+        sink = _open_output(args)
+        engine = build_engine(args.model, **engine_kwargs(args))
+        say(engine.device_note)
+        check_max_tokens(args.max_tokens, engine.max_context)
+        requests = _read_requests(args, source, Limits(engine.max_context))
+        return Batch(engine, requests, args, sink).run(signals)
     finally:
-        if out is not sys.stdout:
-            out.close()
-    return 1 if job.failed else 0
+        if source is not None and args.prompts_file != "-":
+            source.close()
+        if sink is not None:
+            sink.close()
 
 
 def main(argv=None) -> int:

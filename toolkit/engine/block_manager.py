@@ -110,7 +110,8 @@ class BlockManager:
         seq.block_table.clear()
         seq.block_hashes.clear()
 
-    def slots(self, seq, start: int, n: int) -> list:
-        """KV slots of seq's positions start .. start+n-1."""
-        bs, table = self.block_size, seq.block_table
-        return [table[p // bs] * bs + p % bs for p in range(start, start + n)]
+
+def slot_mapping(block_table: list, start: int, n: int, block_size: int) -> list:
+    """KV-cache slots of positions start .. start+n-1 of a request holding these blocks."""
+    bs = block_size
+    return [block_table[p // bs] * bs + p % bs for p in range(start, start + n)]

@@ -25,7 +25,7 @@ from ..options import EngineOptions
 from ..step import StepBatch
 from ..timings import RequestStats, StepTiming
 from .block_manager import BlockManager
-from .runner import ModelRunner
+from .runner import NAN_LOGITS, NO_TOKEN, ModelRunner
 from .scheduler import DEFAULT_POLICY, Scheduler
 from .sequence import SamplingParams, Sequence, Status
 
@@ -164,7 +164,12 @@ class LLMEngine:
         decoding = [n == 1 and s.num_computed >= s.num_prompt for s, n in zip(seqs, sched.num_new)]
         for seq, n, tok in zip(seqs, sched.num_new, tokens):
             seq.num_computed += n
-            if tok < 0:
+            if tok == NO_TOKEN:
+                continue
+            if tok == NAN_LOGITS:  # a numerical fault ends this request only
+                self._finish(seq, "error")
+                outputs.append(self._output(seq, None, "", None, "error",
+                                            error="the model produced NaN logits (check the weights and --dtype)"))
                 continue
             td = time.perf_counter()
             text, finish = self._append(seq, int(tok))

@@ -21,8 +21,10 @@ from ..model import KVCache, Model
 from ..step import StepBatch, StepStager
 from ..sampling import sample_temperature
 from ..timings import NullTimer
+from .block_manager import slot_mapping
 
 GRAPH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+NO_TOKEN, NAN_LOGITS = -1, -2  # run()'s token for a row that picks nothing this step / whose logits hold a NaN
 
 
 class ModelRunner:
@@ -39,7 +41,7 @@ class ModelRunner:
         self.sampled = backend.empty((max_num_seqs,), np.int32)
         self.on_gpu = backend.name == "cuda"
         self.buckets = [b for b in GRAPH_BUCKETS if b <= max_num_seqs] if self.on_gpu else []
-        self.graphs = {}  # bucket -> captured graph
+        self.graphs = {}  # (bucket, small_batch_gemv) -> captured graph
         self._timer = backend.section_timer()
         self._clock = backend.step_clock()
 
@@ -54,7 +56,7 @@ class ModelRunner:
             ids += seq.token_ids[start:start + n]
             pos += range(start, start + n)
             table = seq.block_table
-            slots += [table[p // bs] * bs + p % bs for p in range(start, start + n)]
+            slots += slot_mapping(table, start, n, bs)
             qsl.append(qsl[-1] + n)
             lens.append(start + n)
             tables[i, :len(table)] = table
@@ -69,7 +71,7 @@ class ModelRunner:
 
     # -- one step -----------------------------------------------------------------------------------------
     def run(self, batch: StepBatch, options, sample_rows: list, temperatures: list, rngs: list):
-        """Run the step; returns (token per request, -1 where no token is due), gpu_ms, sections, graph?"""
+        """Run the step; returns (token per request or NO_TOKEN / NAN_LOGITS, gpu_ms, sections, graph?)."""
         be = self.be
         be.bind_thread()
         B = batch.num_seqs
@@ -88,13 +90,15 @@ class ModelRunner:
         clock.stop()
         tokens = be.ids_to_host(self.sampled, B).astype(np.int64)  # the step's one synchronisation
         t0 = time.perf_counter()
-        hot = [i for i in sample_rows if temperatures[i] > 0]
+        nan = tokens < 0  # argmax marks a row holding a NaN logit with -1
+        hot = [i for i in sample_rows if temperatures[i] > 0 and not nan[i]]
         if hot:  # temperature sampling on the host (the full GPU sampler is its own module to come)
             for r, i in zip(be.to_host(self.logits[hot]), hot):
                 tokens[i] = sample_temperature(r, temperatures[i], rngs[i])
-        mask = np.full(B, True)
-        mask[sample_rows] = False
-        tokens[mask] = -1  # rows that fed only part of a prompt pick nothing
+        tokens[nan] = NAN_LOGITS
+        due = np.full(B, False)
+        due[sample_rows] = True
+        tokens[~due] = NO_TOKEN  # rows that fed only part of a prompt pick nothing
         gpu_ms = clock.elapsed_ms()
         sections = {}
         if not use_graph:
