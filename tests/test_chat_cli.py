@@ -69,3 +69,11 @@ def test_bad_flags(args, message, monkeypatch, capsys):
         rc = e.code
     err = capsys.readouterr().err
     assert rc == 2 and message in err and "Traceback" not in err
+
+
+def test_later_turns_reuse_the_cached_conversation(monkeypatch, capsys):
+    """Each turn re-renders the whole conversation; the prefix cache prefills only what is new."""
+    words = " ".join(f"w{i}" for i in range(40))  # a first turn long enough to fill whole KV blocks
+    rc, out, err = _run(monkeypatch, capsys, [words, "and then?", "more"], "--max-tokens", "3")
+    reused = [int(line.split("(")[1].split()[0]) for line in err.splitlines() if "prompt tok" in line]
+    assert rc == 0 and reused[0] == 0 and reused[1] >= 16 and reused[2] > reused[1]
