@@ -19,8 +19,6 @@ the rest (prompt chunks) use the varlen prefill kernel over the same cache.
 """
 from dataclasses import dataclass
 
-import numpy as np
-
 from .config import ModelConfig, rope_tables
 from .weights import Weights
 

@@ -1,4 +1,9 @@
-"""`python -m toolkit chat`: talk to a model in the terminal, one line per turn.
+"""`python -m toolkit chat`: talk to a model in the terminal.
+
+In a terminal this starts the terminal UI (tui/: the chat beside live per-step timings and switch
+toggles). `--plain`, or a stdin or stdout that is not a terminal, gives the line-based chat below:
+one line per turn; Ctrl-C stops the current reply, not the session; in a terminal the input line has
+history and editing (readline).
 
 Each turn renders the whole conversation with the model's chat template; the
 engine's prefix cache already holds the earlier turns' KV blocks, so only the
@@ -11,6 +16,8 @@ line that is not UTF-8, or longer than 64 bytes per context token, is one `error
 chat goes on.
 """
 import argparse
+import dataclasses
+import signal
 import sys
 
 from ..assembly import build_engine
@@ -28,11 +35,15 @@ DEFAULT_MAX_TOKENS = 512
 def setup_arg_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m toolkit chat", description="Chat with a model in the terminal.")
     add_model_args(p)
+    p.add_argument("--plain", action="store_true",
+                   help="the line-based chat instead of the terminal UI (automatic when stdin or stdout "
+                        "is not a terminal)")
     p.add_argument("--system", default=None, help="system message")
     p.add_argument("--max-tokens", type=non_negative_int, default=None,
                    help=f"reply length limit, at most the context (default: {DEFAULT_MAX_TOKENS})")
-    p.add_argument("--temperature", type=non_negative_float, default=DEFAULT_TEMPERATURE,
-                   help=f"0 is greedy, and so is anything below 1e-5 (default: {DEFAULT_TEMPERATURE})")
+    p.add_argument("--temperature", type=non_negative_float, default=None,
+                   help=f"0 is greedy, and so is anything below 1e-5 (default: {DEFAULT_TEMPERATURE}; the "
+                        "terminal UI takes the model's generation_config.json)")
     p.add_argument("--seed", type=seed_int, default=None, help="sampling seed in [0, 2^64) (default: random)")
     add_engine_args(p)
     return p
@@ -58,8 +69,38 @@ class _TextAsBytes:
         return self.text.readline(n).encode("utf-8", "surrogatepass")
 
 
+def _checked(text: str, limits: Limits) -> str:
+    check_size(check_text(text, "the message"), limits, "the message")
+    return text
+
+
+def _typed_lines(limits: Limits):
+    """Lines typed at a terminal, through readline (history, editing). Ctrl-C here only clears the line."""
+    try:
+        import readline  # noqa: F401  (input() uses it once imported)
+    except ImportError:  # not on every platform
+        pass
+    while True:
+        try:
+            text = input("> ")
+        except EOFError:
+            return
+        except KeyboardInterrupt as e:
+            if getattr(e, "signum", signal.SIGINT) != signal.SIGINT:
+                raise
+            say("(Ctrl-D or /quit leaves)")
+            continue
+        try:
+            yield _checked(text, limits).strip()
+        except RequestError as e:
+            say(f"error: {e}")
+
+
 def _lines(stdin, stdout, limits: Limits):
     """User lines as text; an unusable one is reported here and skipped."""
+    if stdin is sys.stdin and _is_terminal(stdin) and _is_terminal(sys.stdout):
+        yield from _typed_lines(limits)
+        return
     source = stdin.buffer if hasattr(stdin, "buffer") else _TextAsBytes(stdin)
     lines = read_lines(source, limits.prompt_bytes)
     while True:
@@ -77,11 +118,35 @@ def _lines(stdin, stdout, limits: Limits):
                 text = raw.decode("utf-8")
             except UnicodeDecodeError as e:
                 raise RequestError(f"not valid UTF-8 (byte 0x{raw[e.start]:02x} at byte {e.start + 1})") from None
-            check_size(check_text(text, "the message"), limits, "the message")
+            _checked(text, limits)
         except RequestError as e:
             say(f"error: line {lineno}: {e}")
             continue
         yield text.strip()
+
+
+def _reply(engine, ids, params, out, reply: list):
+    """Stream one reply; Ctrl-C (SIGINT) stops it at the next step and the chat goes on."""
+    rid = engine.add_request(ids, params)
+    stats = None
+    try:
+        while engine.has_unfinished():
+            for r in engine.step():
+                if r.request_id != rid:
+                    continue
+                if r.error:
+                    raise ToolkitError(r.error)
+                reply.append(r.text)
+                out.write(r.text)
+                stats = r.stats
+    except KeyboardInterrupt as e:
+        if getattr(e, "signum", signal.SIGINT) != signal.SIGINT:
+            raise  # SIGTERM ends the session
+        engine.abort(rid)
+        while engine.has_unfinished():
+            engine.step()
+        out.write(" [stopped]")
+    return stats
 
 
 def _chat(args, stdin, stdout) -> int:
@@ -99,6 +164,7 @@ def _chat(args, stdin, stdout) -> int:
         except RequestError as e:
             raise ToolkitError(str(e)) from None
     max_tokens = DEFAULT_MAX_TOKENS if args.max_tokens is None else args.max_tokens
+    temperature = DEFAULT_TEMPERATURE if args.temperature is None else args.temperature
     say(f"{engine.device_note}\n/reset starts over, /quit leaves.")
     system = [{"role": "system", "content": args.system}] if args.system else []
     messages = list(system)
@@ -116,11 +182,8 @@ def _chat(args, stdin, stdout) -> int:
         reply, stats = [], None
         try:
             ids = _fit(engine, messages, reserve=min(max_tokens, engine.max_context // 2))
-            params = SamplingParams(max_tokens=max_tokens, temperature=args.temperature, seed=seed)
-            for r in engine.generate(ids, params):
-                reply.append(r.text)
-                out.write(r.text)
-                stats = r.stats
+            params = SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed)
+            stats = _reply(engine, ids, params, out, reply)
         except ToolkitError as e:  # e.g. one message longer than the context: say so, keep chatting
             messages.pop()
             say(f"error: {e}")
@@ -134,6 +197,38 @@ def _chat(args, stdin, stdout) -> int:
     return 0
 
 
+def _is_terminal(stream) -> bool:
+    try:
+        return stream is not None and stream.isatty()
+    except (ValueError, AttributeError):  # a closed or odd stream
+        return False
+
+
+def _tui(args) -> int:
+    """The terminal UI; the model loads inside it, so a load failure is an error screen, not a traceback."""
+    from tui.app import ChatApp
+    from tui.session import ChatSession, default_params
+
+    def load():
+        check_max_tokens(args.max_tokens, args.max_context or 2 ** 31)
+        session = ChatSession.open(args.model, system=args.system or "", **engine_kwargs(args))
+        check_max_tokens(args.max_tokens, session.engine.max_context)
+        params, changes = default_params(args.model), {}
+        for name in ("max_tokens", "temperature", "seed"):
+            if getattr(args, name) is not None:
+                changes[name] = getattr(args, name)
+        session.configure(params=dataclasses.replace(params, **changes))
+        return session
+
+    app = ChatApp(load)
+    app.run()
+    if app.load_error:  # also on the terminal once the screen is gone
+        say(f"error: {app.load_error}")
+    return app.return_code or 0
+
+
 def main(argv=None) -> int:
     args = setup_arg_parser().parse_args(argv)
+    if not args.plain and _is_terminal(sys.stdin) and _is_terminal(sys.stdout):
+        return run(lambda _: _tui(args), argv, args.debug)
     return run(lambda _: _chat(args, sys.stdin, sys.stdout), argv, args.debug)

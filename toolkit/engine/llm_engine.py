@@ -22,7 +22,6 @@ import numpy as np
 
 from ..errors import ToolkitError
 from ..options import EngineOptions
-from ..step import StepBatch
 from ..timings import RequestStats, StepTiming
 from .block_manager import BlockManager
 from .runner import NAN_LOGITS, NO_TOKEN, ModelRunner

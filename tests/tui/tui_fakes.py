@@ -1,0 +1,124 @@
+"""A scripted engine for the TUI tests: the real EngineWorker drives it, so cancel/options/close are the real
+thing, while the tokens and the StepTiming numbers are fixed (stable snapshots, no model, no JIT)."""
+import threading
+import time
+from types import MappingProxyType, SimpleNamespace
+
+from toolkit.engine.llm_engine import RequestOutput
+from toolkit.engine.worker import EngineWorker
+from toolkit.errors import ToolkitError
+from toolkit.options import EngineOptions
+from toolkit.timings import RequestStats, StepTiming
+
+from tui.session import ChatSession
+
+REPLY = ["Hello", "!", " This", " is", " **a", " scripted**", " reply", "."]
+PREFILL_SECTIONS = {"embedding": 0.5, "attention": 6.0, "mlp": 9.0, "lm_head": 3.0, "sampling": 0.5}
+DECODE_SECTIONS = {"embedding": 0.1, "attention": 1.5, "mlp": 4.0, "lm_head": 2.0, "sampling": 0.4}
+
+
+class FakeTokenizer:
+    eos_ids = (0,)
+
+    def encode(self, text, add_special_tokens=True):
+        return [1 + (ord(c) % 200) for c in text]  # one token per character
+
+
+class FakeTemplate:
+    def render(self, messages, add_generation_prompt=True):
+        text = "".join(f"<{m['role']}>{m['content']}</{m['role']}>" for m in messages)
+        return text + ("<assistant>" if add_generation_prompt else "")
+
+
+class FakeEngine:
+    def __init__(self, reply=REPLY, max_context=256, chat=True, delay=0.0, backend="cpu"):
+        self.reply = list(reply)
+        self.max_context = max_context
+        self.tokenizer = FakeTokenizer()
+        self.chat_template = FakeTemplate() if chat else None
+        self.backend = SimpleNamespace(name=backend, dtype="float32")
+        self.weight_bytes = 50_000_000
+        self.device_note = "fake device"
+        self.options = EngineOptions()
+        self.delay = delay
+        self.requests = []  # (prompt ids, params) as added, for the tests to inspect
+        self._active = {}  # rid -> [prompt, n emitted, prefilled]
+        self._done_now = []
+        self._index = 0
+        self._cache = []
+        self.gate = threading.Event()
+        self.gate.set()
+
+    # -- what EngineWorker calls -------------------------------------------------------------------------
+    def detach_thread(self):
+        pass
+
+    def set_options(self, options):
+        self.options = options
+
+    def has_unfinished(self):
+        return bool(self._active or self._done_now)
+
+    def add_request(self, ids, params, request_id):
+        if len(ids) >= self.max_context:
+            raise ToolkitError(f"the prompt has {len(ids)} tokens but the context holds {self.max_context} "
+                               "(raise --max-context or shorten the prompt)")
+        self.requests.append((list(ids), params))
+        self._active[request_id] = [list(ids), 0, False, params]
+
+    def abort(self, rid):
+        if self._active.pop(rid, None) is not None:
+            self._done_now.append(RequestOutput(rid, None, "", "abort", None, RequestStats()))
+
+    def _cached(self, ids):
+        if not self.options.prefix_caching:
+            return 0
+        best = 0
+        for old in self._cache:
+            n = 0
+            while n < min(len(old), len(ids) - 1) and old[n] == ids[n]:
+                n += 1
+            best = max(best, n // 16 * 16)
+        return best
+
+    def step(self):
+        self.gate.wait()
+        if self.delay:
+            time.sleep(self.delay)
+        outs, self._done_now = self._done_now, []
+        if not self._active:
+            return outs
+        opts = self.options.effective(self.backend.name, self.backend.dtype)
+        prefill = [rid for rid, a in self._active.items() if not a[2]]
+        if prefill:
+            cached = sum(self._cached(self._active[r][0]) for r in prefill)
+            n_tokens = sum(len(self._active[r][0]) for r in prefill) - cached
+            timing = StepTiming(self._index, "prefill", n_tokens, len(prefill), 20.0, 18.0,
+                                MappingProxyType(PREFILL_SECTIONS), False, opts, cached, 0.2)
+        else:
+            timing = StepTiming(self._index, "decode", len(self._active), len(self._active), 10.0, 8.5,
+                                MappingProxyType(DECODE_SECTIONS), False, opts, 0, 0.1)
+        self._index += 1
+        for rid in list(self._active):
+            a = self._active[rid]
+            ids, n, _, params = a[:4]
+            if not a[2]:
+                a[2] = True
+                a.append(self._cached(ids))
+                self._cache.append(ids)
+            limit = min(params.max_tokens, len(self.reply))
+            text = self.reply[n] if n < len(self.reply) else " more"
+            a[1] = n = n + 1
+            finish = "length" if n >= params.max_tokens else ("stop" if n >= limit and n >= len(self.reply)
+                                                              else None)
+            stats = RequestStats(len(ids), a[4], n, 20.0, 20.0, 10.0 * (n - 1), n - 1)
+            outs.append(RequestOutput(rid, 5, text, finish, timing, stats))
+            if finish:
+                del self._active[rid]
+        return outs
+
+
+def fake_session(**kw) -> ChatSession:
+    model_dir = kw.pop("model_dir", None)
+    engine = FakeEngine(**kw)
+    return ChatSession(EngineWorker(engine), model_dir=model_dir, model_name="fake-model")

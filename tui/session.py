@@ -1,0 +1,278 @@
+"""The conversation, apart from any widget: what the prompt is, which requests run, what comes back.
+
+    session = ChatSession.open(model_dir, device="cpu")   # build_engine + EngineWorker (or wrap any worker)
+    turn = session.start("Hello")                          # N requests of one prompt, one batch
+    for out in session.stream(turn):                       # RequestOutputs of all N, merged, as they come
+        ...
+    session.finish(turn)                                   # the reply joins the history
+
+With a chat template each turn renders the whole conversation; the engine's prefix cache holds the earlier
+turns' KV blocks, so only the new turn is prefilled (RequestStats.cached_tokens says how much was reused).
+A base model without a template gets plain continuation: the transcript is the prompt.
+
+Everything here runs on whichever thread calls it except `stream`, which the app calls from its worker thread;
+the engine itself lives on the EngineWorker's thread, reached only through its queues.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import queue
+import threading
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from toolkit.engine import SamplingParams
+from toolkit.errors import ToolkitError
+
+MAX_REPLIES = 256
+DEFAULT_MAX_TOKENS = 512
+# SamplingParams fields that never make the sampler process logits (they bound or seed it, or stop it).
+_NOT_PROCESSING = {"max_tokens", "seed", "ignore_eos", "stop_token_ids", "temperature"}
+
+
+def sampling_fields() -> list[tuple[str, type, object]]:
+    """(name, type, default) of every SamplingParams field; a field a later issue adds shows up here by itself."""
+    hints = typing.get_type_hints(SamplingParams)
+    return [(f.name, hints.get(f.name, type(f.default)), f.default) for f in dataclasses.fields(SamplingParams)]
+
+
+def generation_defaults(model_dir) -> dict:
+    """The model's generation_config.json values for the SamplingParams fields it names (others are ignored)."""
+    if model_dir is None:
+        return {}
+    try:
+        cfg = json.loads((Path(model_dir) / "generation_config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(cfg, dict):
+        return {}
+    names = {name for name, _, _ in sampling_fields()}
+    out = {k: v for k, v in cfg.items() if k in names}
+    if "max_new_tokens" in cfg and "max_tokens" in names:
+        out["max_tokens"] = cfg["max_new_tokens"]
+    if cfg.get("do_sample") is False and "temperature" in names:
+        out["temperature"] = 0.0  # Hugging Face's greedy switch
+    return out
+
+
+def default_params(model_dir) -> SamplingParams:
+    base = {"max_tokens": DEFAULT_MAX_TOKENS}
+    for k, v in generation_defaults(model_dir).items():
+        try:  # one bad value must not cost the others
+            SamplingParams(**{**base, k: v})
+            base[k] = v
+        except (ToolkitError, TypeError, ValueError):
+            pass
+    return SamplingParams(**base)
+
+
+def fast_path_note(params: SamplingParams) -> str | None:
+    """Why the batch needs logits processing (so a sampler fast path cannot apply), or None."""
+    reasons = []
+    t = params.temperature
+    if t not in (0.0, 1.0):
+        reasons.append(f"temperature {t:g}")
+    for name, _, default in sampling_fields():
+        if name not in _NOT_PROCESSING and getattr(params, name) != default:
+            reasons.append(f"{name} {getattr(params, name)}")
+    if not reasons:
+        return None
+    return f"sampler fast path not applicable: {', '.join(reasons)} needs logits processing"
+
+
+@dataclass
+class Turn:
+    """One prompt and its N replies, as they arrive."""
+    user_text: str
+    prompt_ids: list
+    handles: list
+    texts: list = field(default_factory=list)
+    finish: list = field(default_factory=list)  # finish_reason per reply (None while running)
+    stats: list = field(default_factory=list)  # last RequestStats per reply
+    errors: list = field(default_factory=list)
+    cancelled: bool = False
+    index: dict = field(default_factory=dict)  # request id -> reply number
+
+    def __post_init__(self):
+        n = len(self.handles)
+        self.texts, self.finish, self.stats, self.errors = [""] * n, [None] * n, [None] * n, [None] * n
+        self.index = {h.request_id: i for i, h in enumerate(self.handles)}
+
+    def apply(self, out) -> int:
+        """Record one RequestOutput (UI thread); returns its reply number."""
+        i = self.index[out.request_id]
+        self.texts[i] += out.text
+        self.stats[i] = out.stats
+        if out.finish_reason is not None:
+            self.finish[i] = out.finish_reason
+            if out.error:
+                self.errors[i] = out.error
+        return i
+
+    @property
+    def done(self) -> bool:
+        return all(f is not None for f in self.finish)
+
+
+class ChatSession:
+    def __init__(self, worker, *, model_dir=None, params: SamplingParams | None = None, replies: int = 1,
+                 system: str = "", peak_gbps: float | None = None, model_name: str | None = None):
+        """`worker`: an EngineWorker (or anything with submit/cancel/set_options/close and `.engine`)."""
+        self.worker, self.engine = worker, worker.engine
+        self.model_dir = model_dir
+        self.model_name = model_name or (Path(model_dir).name if model_dir else "model")
+        self.params = params or default_params(model_dir)
+        self.replies = replies
+        self.system = system
+        self.peak_gbps = peak_gbps
+        self.options = self.engine.options
+        self.chat_mode = self.engine.chat_template is not None
+        self.messages: list = []  # chat mode: user/assistant turns (the system prompt is added when rendering)
+        self.transcript = ""  # continuation mode: the running text
+        self._last_piece = self._last_user = ""
+        self._seed = self.params.seed
+
+    @classmethod
+    def open(cls, model_dir, device: str = "auto", system: str = "", **engine_kw) -> "ChatSession":
+        from toolkit.assembly import build_engine
+        from toolkit.engine.worker import EngineWorker
+
+        engine = build_engine(model_dir, device=device, **engine_kw)
+        peak = None
+        if engine.backend.name == "cuda":
+            from toolkit.bench.env import peak_gbps
+            peak = peak_gbps("cuda", None)[0]
+        return cls(EngineWorker(engine), model_dir=model_dir, system=system, peak_gbps=peak)
+
+    # -- what the panel header shows ---------------------------------------------------------------------
+    @property
+    def header(self) -> dict:
+        e = self.engine
+        return {"device": e.backend.name, "model": self.model_name, "dtype": e.backend.dtype,
+                "context": e.max_context}
+
+    def effective(self, options=None):
+        """The options as this backend runs them (an unsupported switch reads as off)."""
+        return (options or self.options).effective(self.engine.backend.name, self.engine.backend.dtype)
+
+    # -- settings -----------------------------------------------------------------------------------------
+    def configure(self, params: SamplingParams | None = None, replies: int | None = None,
+                  system: str | None = None):
+        if params is not None:
+            self.params, self._seed = params, params.seed
+        if replies is not None:
+            if not 1 <= replies <= MAX_REPLIES:
+                raise ToolkitError(f"parallel replies must be between 1 and {MAX_REPLIES}, got {replies}")
+            self.replies = replies
+        if system is not None:
+            self.system = system
+
+    def set_option(self, name: str, value: bool):
+        self.options = self.options.with_(**{name: value})
+        self.worker.set_options(self.options)
+
+    # -- conversation -------------------------------------------------------------------------------------
+    def clear(self):
+        self.messages, self.transcript, self._last_piece = [], "", ""
+
+    def _reserve(self) -> int:
+        return max(1, min(self.params.max_tokens, self.engine.max_context // 2))
+
+    def prompt_ids(self, user_text: str) -> list:
+        e, reserve = self.engine, self._reserve()
+        if not self.chat_mode:
+            ids = e.tokenizer.encode(self.transcript + user_text)
+            keep = max(1, e.max_context - reserve - 1)
+            if len(ids) <= keep or len(e.tokenizer.encode(user_text)) >= e.max_context:
+                return ids  # fits, or the message alone is too long: the engine says so
+            return ids[-keep:]  # the oldest text scrolls out of the context
+        system = [{"role": "system", "content": self.system}] if self.system else []
+        history = self.messages + [{"role": "user", "content": user_text}]
+        while True:  # drop the oldest turns until the reply fits (one message alone may still be too long)
+            ids = e.tokenizer.encode(e.chat_template.render(system + history), add_special_tokens=False)
+            if len(ids) + reserve < e.max_context or len(history) <= 1:
+                return ids
+            del history[:2]
+            self.messages = history[:-1]
+
+    def start(self, user_text: str) -> Turn:
+        ids = self.prompt_ids(user_text)
+        handles = []
+        for i in range(self.replies):
+            seed = None if self._seed is None else (self._seed + i) % 2 ** 64
+            handles.append(self.worker.submit(ids, dataclasses.replace(self.params, seed=seed)))
+        if self._seed is not None:  # a fresh but reproducible draw each turn
+            self._seed = (self._seed + self.replies) % 2 ** 64
+        return Turn(user_text, ids, handles)
+
+    def stream(self, turn: Turn, cancelled=lambda: False, poll_s: float = 0.05):
+        """Every reply's outputs, merged in arrival order, until each has its final output (worker thread).
+
+        One small reader thread per request forwards its handle into one queue, so N replies need nothing
+        beyond the worker's public API; `cancelled()` is polled so a quitting app never waits here."""
+        merged: queue.Queue = queue.Queue()
+        done = object()
+
+        def forward(handle):
+            for out in handle:
+                merged.put(out)
+            merged.put(done)
+
+        for h in turn.handles:
+            threading.Thread(target=forward, args=(h,), daemon=True, name=f"reply-{h.request_id}").start()
+        left = len(turn.handles)
+        while left and not cancelled():
+            try:
+                out = merged.get(timeout=poll_s)
+            except queue.Empty:
+                continue
+            if out is done:
+                left -= 1
+            else:
+                yield out
+
+    def cancel(self, turn: Turn | None):
+        if turn is None:
+            return
+        turn.cancelled = True
+        for h in turn.handles:
+            self.worker.cancel(h.request_id)
+
+    def finish(self, turn: Turn, chosen: int = 0) -> None:
+        """Add the turn to the history: the chosen reply, even a cancelled one's partial text. A turn whose
+        requests all failed (a prompt longer than the context) leaves the history as it was."""
+        if all(e is not None for e in turn.errors):
+            return
+        reply = turn.texts[chosen] if turn.errors[chosen] is None else next(
+            t for t, e in zip(turn.texts, turn.errors) if e is None)
+        if self.chat_mode:
+            self.messages += [{"role": "user", "content": turn.user_text},
+                              {"role": "assistant", "content": reply.strip()}]
+        else:
+            self.transcript += turn.user_text + reply
+            self._last_piece, self._last_user = turn.user_text + reply, turn.user_text
+
+    def undo_last(self) -> str | None:
+        """Take the last turn back out of the history (to regenerate it); returns its user text."""
+        if self.chat_mode:
+            if len(self.messages) < 2:
+                return None
+            user = self.messages[-2]["content"]
+            del self.messages[-2:]
+            return user
+        piece = getattr(self, "_last_piece", "")
+        if not piece or not self.transcript.endswith(piece):
+            return None
+        self.transcript = self.transcript[:-len(piece)]
+        self._last_piece = ""
+        return self._last_user
+
+    def close(self):
+        self.worker.close()
+
+
+def tokens_per_s(n: int, ms: float) -> float:
+    return n / (ms / 1e3) if ms > 0 and math.isfinite(ms) else 0.0

@@ -1,0 +1,153 @@
+"""The settings modal: one row per SamplingParams field (so fields a later issue adds appear by themselves),
+plus the number of parallel replies and the system prompt. Save checks everything by building the values;
+a bad one gets a message under the form and the modal stays open."""
+from __future__ import annotations
+
+import types
+import typing
+from dataclasses import dataclass
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Button, Input, Label, Static, Switch
+
+from toolkit.engine import SamplingParams
+from toolkit.errors import ToolkitError
+
+from .session import MAX_REPLIES, sampling_fields
+
+
+@dataclass(frozen=True)
+class Settings:
+    params: SamplingParams
+    replies: int
+    system: str
+
+
+def _kind(tp) -> tuple[type, bool]:
+    """(base type, optional) of a field annotation: int, float, bool, tuple or str, and whether None is allowed."""
+    args = typing.get_args(tp)
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        rest = [a for a in args if a is not type(None)]
+        return (rest[0] if rest else str), len(rest) < len(args)
+    origin = typing.get_origin(tp) or tp
+    return (origin if isinstance(origin, type) else str), False
+
+
+def _show(value) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, tuple):
+        return ", ".join(map(str, value))
+    return str(value)
+
+
+def _parse(name: str, tp, text: str):
+    base, optional = _kind(tp)
+    text = text.strip()
+    if not text:
+        if optional:
+            return None
+        if base is tuple:
+            return ()
+        raise ValueError(f"{name}: a value is needed")
+    try:
+        if base is int:
+            return int(text)
+        if base is float:
+            return float(text)
+        if base is tuple:
+            return tuple(int(x) for x in text.replace(",", " ").split())
+    except ValueError:
+        what = {int: "an integer", float: "a number", tuple: "integers separated by commas"}[base]
+        raise ValueError(f"{name}: expected {what}, got {text!r}") from None
+    return text
+
+
+class SettingsModal(ModalScreen[Settings | None]):
+    """Edit the sampling parameters, parallel replies and system prompt; dismisses with Settings or None."""
+
+    DEFAULT_CSS = """
+    SettingsModal { align: center middle; }
+    SettingsModal > Vertical { width: 72; height: auto; max-height: 90%; border: thick $accent;
+                               background: $surface; padding: 0 1; }
+    SettingsModal #settings-form { height: auto; max-height: 30; }
+    SettingsModal .row { height: 3; }
+    SettingsModal .row Label { width: 22; padding: 1 1 0 0; }
+    SettingsModal .row Input { width: 1fr; }
+    SettingsModal #settings-error { color: $error; height: auto; }
+    SettingsModal #settings-buttons { height: 3; align-horizontal: right; }
+    """
+    BINDINGS = [Binding("escape", "cancel", "cancel"), Binding("ctrl+o", "save", "save", priority=True)]
+
+    def __init__(self, settings: Settings, focus: str | None = None):
+        super().__init__()
+        self.settings = settings
+        self._focus = focus
+        self._fields = sampling_fields()
+
+    def compose(self) -> ComposeResult:
+        p = self.settings.params
+        with Vertical():
+            yield Static("[b]Settings[/b]  (ctrl+o saves, Esc cancels)")
+            with VerticalScroll(id="settings-form"):
+                for name, tp, _ in self._fields:
+                    base, _ = _kind(tp)
+                    with Horizontal(classes="row"):
+                        yield Label(name.replace("_", " "))
+                        if base is bool:
+                            yield Switch(value=bool(getattr(p, name)), id=f"f-{name}")
+                        else:
+                            kind = {int: "integer", float: "number"}.get(base, "text")
+                            yield Input(_show(getattr(p, name)), type=kind, id=f"f-{name}",
+                                        placeholder="blank: none" if _kind(tp)[1] else "")
+                with Horizontal(classes="row"):
+                    yield Label("parallel replies")
+                    yield Input(str(self.settings.replies), type="integer", id="f-replies",
+                                placeholder=f"1 to {MAX_REPLIES}")
+                with Horizontal(classes="row"):
+                    yield Label("system prompt")
+                    yield Input(self.settings.system, id="f-system", placeholder="none")
+            yield Static("", id="settings-error")
+            with Horizontal(id="settings-buttons"):
+                yield Button("Save", variant="primary", id="save")
+                yield Button("Cancel", id="cancel")
+
+    def on_mount(self) -> None:
+        self.query_one(f"#f-{self._focus}" if self._focus else "Input").focus()
+
+    def values(self) -> Settings:
+        """The form as Settings; raises ValueError with a message fit for the user."""
+        kw = {}
+        for name, tp, _ in self._fields:
+            w = self.query_one(f"#f-{name}")
+            kw[name] = w.value if isinstance(w, Switch) else _parse(name, tp, w.value)
+        try:
+            params = SamplingParams(**kw)
+        except (ToolkitError, TypeError) as e:
+            raise ValueError(str(e)) from None
+        replies = _parse("parallel replies", int, self.query_one("#f-replies", Input).value)
+        if not 1 <= replies <= MAX_REPLIES:
+            raise ValueError(f"parallel replies must be between 1 and {MAX_REPLIES}, got {replies}")
+        return Settings(params, replies, self.query_one("#f-system", Input).value.strip())
+
+    def action_save(self) -> None:
+        try:
+            settings = self.values()
+        except ValueError as e:
+            self.query_one("#settings-error", Static).update(f"{e}")
+            return
+        self.dismiss(settings)
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        self.action_save() if event.button.id == "save" else self.action_cancel()
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        event.stop()
+        self.action_save()
+
