@@ -120,7 +120,7 @@ class Turn:
 class ChatSession:
     def __init__(self, worker, *, model_dir=None, params: SamplingParams | None = None, replies: int = 1,
                  system: str = "", peak_gbps: float | None = None, model_name: str | None = None):
-        """`worker`: an EngineWorker (or anything with submit/cancel/set_options/close and `.engine`)."""
+        """`worker`: an EngineWorker (or anything with submit_many/cancel/set_options/close and `.engine`)."""
         self.worker, self.engine = worker, worker.engine
         self.model_dir = model_dir
         self.model_name = model_name or (Path(model_dir).name if model_dir else "model")
@@ -200,10 +200,9 @@ class ChatSession:
 
     def start(self, user_text: str) -> Turn:
         ids = self.prompt_ids(user_text)
-        handles = []
-        for i in range(self.replies):
-            seed = None if self._seed is None else (self._seed + i) % 2 ** 64
-            handles.append(self.worker.submit(ids, dataclasses.replace(self.params, seed=seed)))
+        seeds = [None if self._seed is None else (self._seed + i) % 2 ** 64 for i in range(self.replies)]
+        # One command for all replies: the engine admits them before its next step, as one batch.
+        handles = self.worker.submit_many([(ids, dataclasses.replace(self.params, seed=s)) for s in seeds])
         if self._seed is not None:  # a fresh but reproducible draw each turn
             self._seed = (self._seed + self.replies) % 2 ** 64
         return Turn(user_text, ids, handles)

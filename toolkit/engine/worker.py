@@ -1,7 +1,7 @@
 """The engine on its own thread, fed through a queue: what a UI (or any multi-threaded caller) talks to.
 
     worker = EngineWorker(engine)               # the worker thread becomes the engine's owner
-    handle = worker.submit(prompt_ids, params)  # from any thread
+    handle = worker.submit(prompt_ids, params)  # from any thread (submit_many: several, admitted together)
     for out in handle:                          # RequestOutputs of this request, as they are produced
         ...
     worker.cancel(handle.request_id)            # takes effect at the next step boundary
@@ -51,9 +51,14 @@ class EngineWorker:
 
     # -- any thread -----------------------------------------------------------------------------------
     def submit(self, prompt_ids, params=None) -> RequestHandle:
-        handle = RequestHandle(f"w{next(self._ids)}")
-        self._commands.put(("add", handle, list(prompt_ids), params))
-        return handle
+        return self.submit_many([(prompt_ids, params)])[0]
+
+    def submit_many(self, requests) -> list:
+        """[(prompt_ids, params)] as one command: they are all admitted before the next step, so N
+        replies to one prompt start together as one batch."""
+        handles = [RequestHandle(f"w{next(self._ids)}") for _ in requests]
+        self._commands.put(("add", [(h, list(ids), p) for h, (ids, p) in zip(handles, requests)]))
+        return handles
 
     def cancel(self, request_id: str):
         self._commands.put(("abort", request_id))
@@ -103,13 +108,13 @@ class EngineWorker:
     def _apply(self, cmd):
         kind = cmd[0]
         if kind == "add":
-            _, handle, ids, params = cmd
-            try:
-                self.engine.add_request(ids, params, request_id=handle.request_id)
-                self._handles[handle.request_id] = handle
-            except ToolkitError as e:
-                handle._queue.put(RequestOutput(handle.request_id, None, "", "error", None, RequestStats(),
-                                                str(e)))
+            for handle, ids, params in cmd[1]:
+                try:
+                    self.engine.add_request(ids, params, request_id=handle.request_id)
+                    self._handles[handle.request_id] = handle
+                except ToolkitError as e:
+                    handle._queue.put(RequestOutput(handle.request_id, None, "", "error", None, RequestStats(),
+                                                    str(e)))
         elif kind == "abort":
             self.engine.abort(cmd[1])
         elif kind == "options":
