@@ -38,10 +38,6 @@ class StepTiming:
     detokenize_ms: float = 0.0
 
     @property
-    def total_ms(self) -> float:
-        return self.wall_ms
-
-    @property
     def other_ms(self) -> float:
         """Host time outside the device work and detokenization: scheduling, staging, Python."""
         return max(0.0, self.wall_ms - self.gpu_ms - self.detokenize_ms)
@@ -85,22 +81,16 @@ class CpuTimer:
 
     def __init__(self):
         self._laps = []
-        self._t0 = self._t = 0.0
+        self._t = 0.0
 
     def start(self):
         self._laps.clear()
-        self._t0 = self._t = time.perf_counter()
+        self._t = time.perf_counter()
 
     def lap(self, section: str):
         now = time.perf_counter()
         self._laps.append((section, now - self._t))
         self._t = now
-
-    def stop(self):
-        self._end = time.perf_counter()
-
-    def total_ms(self) -> float:
-        return (self._end - self._t0) * 1e3
 
     def sections_ms(self) -> dict:
         out = dict.fromkeys(SECTIONS, 0.0)

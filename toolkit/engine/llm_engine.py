@@ -124,7 +124,6 @@ class LLMEngine:
         seq = self._seqs.get(request_id)
         if seq is None or seq.is_finished:
             return
-        self.scheduler.remove(seq)
         self._finish(seq, "abort")
         self._done_now.append(self._output(seq, None, "", None, "abort"))
 
@@ -134,9 +133,6 @@ class LLMEngine:
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished() or bool(self._done_now)
-
-    def sequence(self, request_id: str) -> Sequence | None:
-        return self._seqs.get(request_id)
 
     # -- the step -------------------------------------------------------------------------------------------
     def step(self) -> list:
@@ -173,7 +169,7 @@ class LLMEngine:
             td = time.perf_counter()
             text, finish = self._append(seq, int(tok))
             t_detok += time.perf_counter() - td
-            produced.append((seq, int(tok), text, finish, n))
+            produced.append((seq, int(tok), text, finish))
         wall = (time.perf_counter() - t0) * 1e3
         timing = StepTiming(self._step_index, batch.kind, batch.num_tokens, batch.num_seqs, wall, gpu_ms, sections,
                             graph, options, sched.cached_tokens, t_detok * 1e3)
@@ -186,7 +182,7 @@ class LLMEngine:
                 st.decode_steps += 1
             else:
                 st.prefill_ms += wall
-        for seq, tok, text, finish, n in produced:
+        for seq, tok, text, finish in produced:
             if seq.stats.generated_tokens == 0 and seq.stats.ttft_ms == 0:
                 seq.stats.ttft_ms = (now - seq.stats.arrival) * 1e3
             if finish != "stop":

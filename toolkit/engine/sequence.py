@@ -110,7 +110,3 @@ class Sequence:
     @property
     def is_finished(self) -> bool:
         return self.status is Status.FINISHED
-
-    @property
-    def last_token(self) -> int:
-        return self.token_ids[-1]
