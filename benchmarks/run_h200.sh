@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything that needs the GPU, in one go (the H200 is lent by the minute). Run from the repo root on the
-# GPU machine: `bash benchmarks/run_h200.sh [tests|speed|peer|all]`; logs go to $OUT.
+# GPU machine: `bash benchmarks/run_h200.sh [tests|speed|peer|sampler|sparse|all]`; logs go to $OUT.
 # The GPU image lacks nvmath-python (the capturable cuBLAS binding): its wheel travels in .whl/ (see README).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -25,6 +25,14 @@ if [[ $what == speed || $what == all ]]; then
   python3 benchmarks/bench_kernels.py 2>&1 | tee "$OUT/bench_kernels.log" | tail -30
   $B --shape qwen2.5-0.5b --batch 1,8,32,128 --depth 0,4096 --prefill 512,4096 --cuda-graphs on,off 2>&1 | tee "$OUT/bench_05b.log"
   $B --shape qwen2.5-0.5b --batch 1,2,4 --depth 0 --prefill 512 --small-batch-gemv on,off 2>&1 | tee "$OUT/bench_gemv.log" | tail -9
+fi
+if [[ $what == sampler || $what == all ]]; then
+  python3 -m toolkit bench sampler --device cuda 2>&1 | tee "$OUT/bench_sampler.log"
+  # End to end: the decode step with the sampler's fast path on and off (greedy requests: a no-op batch).
+  $B --shape qwen2.5-0.5b --batch 1,32,128 --depth 0 --prefill 512 --sampler-fast-path on,off 2>&1 | tee -a "$OUT/bench_sampler.log" | grep "^|"
+fi
+if [[ $what == sparse || $what == all ]]; then
+  python3 -m toolkit bench sparse --device cuda 2>&1 | tee "$OUT/bench_sparse.log"
 fi
 if [[ $what == peer || $what == all ]]; then
   $B --shape qwen2.5-0.5b --batch 1,32 --depth 0 --prefill 4096 --peer torch 2>&1 | tee "$OUT/bench_peer.log"

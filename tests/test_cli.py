@@ -154,3 +154,82 @@ def test_version_without_installed_metadata(monkeypatch):
 
     monkeypatch.setattr(metadata, "version", not_installed)
     assert toolkit.__version__ == "0.1.0"
+
+
+def test_bad_sampling_params_in_jsonl_cost_only_their_request(tmp_path, capsys):
+    lines = ['{"id": "ok1", "prompt": "A short one", "max_tokens": 3, "temperature": 0.9, "top_k": 5, "seed": 1}',
+             '{"id": "badp", "prompt": "x", "top_p": 1.5}',
+             '{"prompt": "y", "logit_bias": {"5": "much"}}',
+             '{"id": "vocab", "prompt": "z", "logit_bias": {"99999": -5}}',
+             '{"id": "ok2", "prompt": "Another", "max_tokens": 2, "repetition_penalty": 1.3, '
+             '"logit_bias": {"7": 2.5}, "stop_token_ids": [3], "logprobs": 2}']
+    f = tmp_path / "req.jsonl"
+    f.write_text("\n".join(lines))
+    rc = main(["generate", "--model", LLAMA, "--device", "cpu", "--prompts-file", str(f), "--format", "jsonl"])
+    out, err = capsys.readouterr()
+    recs = {r["id"]: r for r in _jsonl(out)}
+    assert rc == 1 and len(recs) == 5 and err.count("error:") == 3
+    assert recs["badp"]["error"] == "line 2 (id badp): top_p must be in (0, 1], got 1.5"
+    assert recs["line 3"]["error"].startswith('line 3: "logit_bias": the bias of token 5 must be a number')
+    vocab = json.loads((FIXTURES / "llama" / "config.json").read_text())["vocab_size"]
+    assert recs["vocab"]["error"] == f"request vocab: logit_bias: token 99999 is outside the vocabulary [0, {vocab})"
+    ok1, ok2 = recs["ok1"]["params"], recs["ok2"]["params"]
+    assert (ok1["temperature"], ok1["top_k"], ok1["seed"], ok1["max_tokens"]) == (0.9, 5, 1, 3)
+    assert (ok2["repetition_penalty"], ok2["logit_bias"], ok2["stop_token_ids"]) == (1.3, {"7": 2.5}, [3])
+    assert isinstance(ok2["seed"], int) and 0 <= ok2["seed"] < 2 ** 64  # drawn, and recorded
+    assert len(recs["ok2"]["token_ids"]) <= 2 and "logprobs" not in recs["ok1"]
+
+
+def test_records_replay_with_their_params(tmp_path, capsys):
+    """A record's params are valid JSONL fields: replaying them gives the same tokens (seed included)."""
+    args = ["generate", "--model", LLAMA, "--device", "cpu", "--format", "jsonl"]
+    assert main(args + ["--max-tokens", "6", "--temperature", "0.9", "--top-p", "0.8", "--presence-penalty", "0.5",
+                        "Hello there"]) == 0
+    rec = _jsonl(capsys.readouterr().out)[0]
+    f = tmp_path / "replay.jsonl"
+    f.write_text(json.dumps({"prompt": "Hello there", **rec["params"]}))
+    assert main(args + ["--prompts-file", str(f)]) == 0
+    again = _jsonl(capsys.readouterr().out)[0]
+    assert again["token_ids"] == rec["token_ids"] and again["params"] == rec["params"]
+
+
+def test_generation_config_defaults_under_flags_and_jsonl(tmp_path, capsys):
+    model = tmp_path / "m"
+    shutil.copytree(LLAMA, model)
+    (model / "generation_config.json").write_text(json.dumps(
+        {"bos_token_id": 1, "eos_token_id": 2, "do_sample": False, "temperature": 0.7, "top_k": 20, "top_p": 0.8}))
+    f = tmp_path / "req.jsonl"
+    f.write_text('{"id": "j", "prompt": "hi", "top_k": 3}\n{"id": "k", "prompt": "hi"}')
+    args = ["generate", "--model", str(model), "--device", "cpu", "--max-tokens", "2", "--format", "jsonl"]
+    assert main(args + ["--top-p", "0.5", "--prompts-file", str(f)]) == 0
+    recs = {r["id"]: r["params"] for r in _jsonl(capsys.readouterr().out)}
+    # do_sample is ignored (vLLM's rule): temperature 0.7 from the file; --top-p over the file; JSONL over both
+    assert [recs["j"][k] for k in ("temperature", "top_k", "top_p")] == [0.7, 3, 0.5]
+    assert [recs["k"][k] for k in ("temperature", "top_k", "top_p")] == [0.7, 20, 0.5]
+    (model / "generation_config.json").write_text('{"top_p": 0}')
+    assert main(args + ["hi"]) == 2
+    err = capsys.readouterr().err
+    assert "generation_config.json: top_p" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("argv,words", [(["--top-p", "1.5"], "argument --top-p: top_p must be in (0, 1]"),
+                                        (["--temperature", "1e-300"], "too small"),
+                                        (["--logit-bias", "x=1"], "TOKEN=BIAS"),
+                                        (["--min-tokens", "9", "--max-tokens", "4"], "min_tokens (9)")])
+def test_bad_sampling_flags_exit_2_before_the_model_loads(argv, words, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["generate", "--model", "/nonexistent"] + argv + ["hi"])  # the model is never looked at
+    assert e.value.code == 2 and words in capsys.readouterr().err
+
+
+def test_sampling_flags_and_logprobs_reach_the_record(capsys):
+    rc = main(["generate", "--model", LLAMA, "--device", "cpu", "--max-tokens", "4", "--ignore-eos", "--seed", "5",
+               "--temperature", "1", "--logprobs", "3", "--bad-words", "the", "--stop", "zzzz", "--no-fast-path",
+               "--format", "jsonl", "The cat sat"])
+    rec = _jsonl(capsys.readouterr().out)[0]
+    p = rec["params"]
+    assert rc == 0 and (p["seed"], p["logprobs"], p["ignore_eos"], p["bad_words"], p["stop"]) == \
+        (5, 3, True, ["the"], ["zzzz"])
+    assert len(rec["logprobs"]) == len(rec["token_ids"]) == 4
+    for tok, lp in zip(rec["token_ids"], rec["logprobs"]):
+        assert lp["token"] == tok and lp["logprob"] <= 0 and len(lp["top"]) == 3 and lp["rank"] >= 1

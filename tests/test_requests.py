@@ -29,7 +29,7 @@ def test_lines_and_errors():
     )
     assert len(reqs) == 7
     a = reqs[0]
-    assert (a.id, a.prompt, a.max_tokens, a.temperature, a.seed, a.error) == ("a", "hi", 3, 0.5, 7, None)
+    assert (a.id, a.prompt, a.params, a.error) == ("a", "hi", {"max_tokens": 3, "temperature": 0.5, "seed": 7}, None)
     assert reqs[1].messages[0]["content"] == "hey" and reqs[1].id == "line 2"
     assert reqs[2].error.startswith("line 3: not valid JSON")
     assert "max_tokens" in reqs[3].error and "in [0, 256]" in reqs[3].error
@@ -73,9 +73,60 @@ def test_numbers_are_checked_for_type_range_and_finiteness():
         req = _parse('{"prompt": "x", ' + field + "}")[0]
         assert req.error and message in req.error, (field, req.error)
     ok = _parse('{"prompt": "x", "max_tokens": 5.0, "seed": 18446744073709551615, "temperature": 0, "id": 7}')[0]
-    assert (ok.error, ok.max_tokens, ok.seed, ok.temperature, ok.id) == (None, 5, 2 ** 64 - 1, 0.0, "7")
+    assert (ok.error, ok.params, ok.id) == (None, {"max_tokens": 5, "seed": 2 ** 64 - 1, "temperature": 0.0}, "7")
     assert "not valid JSON" in _parse('{"prompt": "x", "seed": ' + "1" * 5000 + "}")[0].error  # Python's limit
     assert "nested too deeply" in _parse("[" * 100_000)[0].error
+
+
+def test_sampling_fields():
+    line = ('{"prompt": "x", "top_k": 40, "top_p": 0.9, "min_p": 0.05, "repetition_penalty": 1.1, '
+            '"frequency_penalty": -0.5, "presence_penalty": 2, "logit_bias": {"123": -5.0, "7": 1}, '
+            '"bad_words": ["dog", [5, 6]], "stop": "###", "stop_token_ids": [2], "ignore_eos": true, '
+            '"min_tokens": 3, "logprobs": 5, "temperature": 0.8}')
+    req = _parse(line)[0]
+    assert req.error is None
+    assert req.params == {"top_k": 40, "top_p": 0.9, "min_p": 0.05, "repetition_penalty": 1.1,
+                          "frequency_penalty": -0.5, "presence_penalty": 2.0, "logit_bias": {123: -5.0, 7: 1},
+                          "bad_words": ["dog", (5, 6)], "stop": ["###"], "stop_token_ids": [2], "ignore_eos": True,
+                          "min_tokens": 3, "logprobs": 5, "temperature": 0.8}
+    assert _parse('{"prompt": "x", "min_tokens": 200}')[0].error is None  # max_tokens may come from the flags
+
+
+def test_bad_sampling_fields_name_line_and_field():
+    cases = {
+        '"top_p": 0': "top_p must be in (0, 1], got 0.0",
+        '"top_p": 1.5': "top_p must be in (0, 1]",
+        '"top_k": -2': "top_k must be an integer in [-1",
+        '"top_k": 2.5': '"top_k" must be an integer',
+        '"min_p": 1.01': "min_p must be in [0, 1]",
+        '"repetition_penalty": 0': "repetition_penalty must be a finite number > 0",
+        '"repetition_penalty": NaN': "repetition_penalty must be a finite number > 0, got nan",
+        '"frequency_penalty": 3': "frequency_penalty must be a finite number in [-2, 2]",
+        '"presence_penalty": Infinity': "presence_penalty must be a finite number in [-2, 2], got inf",
+        '"temperature": 1e-45': "temperature 1e-45 is too small",
+        '"logit_bias": [[1, 2]]': '"logit_bias" must be an object',
+        '"logit_bias": {"abc": 1}': '"logit_bias": key "abc" is not a token id',
+        '"logit_bias": {"-1": 1}': '"logit_bias": key "-1" is not a token id',
+        '"logit_bias": {"5": "x"}': '"logit_bias": the bias of token 5 must be a number',
+        '"logit_bias": {"5": 101}': "logit_bias[5] must be a finite number in [-100, 100]",
+        '"bad_words": "dog"': '"bad_words" must be an array',
+        '"bad_words": [[1, "a"]]': '"bad_words"[0] must be an array of token ids',
+        '"bad_words": [""]': "bad_words[0] must be a non-empty string",
+        '"bad_words": [{}]': "bad_words[0] must be a non-empty string",
+        '"stop": 5': '"stop" must be a string or an array of strings',
+        '"stop": ["ok", ""]': "stop[1] must be a non-empty string",
+        '"stop": ["\\ud800"]': '"stop"[0] is not valid Unicode text',
+        '"stop_token_ids": [1.5]': '"stop_token_ids" must be an array of token ids',
+        '"stop_token_ids": ' + json.dumps(list(range(129))): "stop_token_ids has 129 entries; at most 128",
+        '"ignore_eos": 1': '"ignore_eos" must be true or false',
+        '"min_tokens": 5, "max_tokens": 3': "min_tokens (5) must be at most max_tokens (3)",
+        '"min_tokens": 300': "min_tokens (300) must be at most max_tokens (256)",  # the context
+        '"logprobs": 21': "logprobs must be an integer in [0, 20]",
+        '"logprobs": true': '"logprobs" must be an integer, got true',
+    }
+    for field, message in cases.items():
+        req = _parse('{"id": "r", "prompt": "x", ' + field + "}")[0]
+        assert req.error and req.error.startswith("line 1 (id r): ") and message in req.error, (field, req.error)
 
 
 def test_messages_are_checked():

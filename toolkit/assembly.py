@@ -29,6 +29,7 @@ from .engine.scheduler import DEFAULT_POLICY
 from .errors import ToolkitError
 from .model import KVCache
 from .options import EngineOptions
+from .sampler.params import load_generation_config
 from .weights import load_weights, random_checkpoint
 
 BLOCK_SIZE = 16
@@ -96,6 +97,7 @@ def build_engine(model=None, shape: str | None = None, device: str = "auto", dty
     from .tokenizer import Tokenizer
 
     tokenizer = template = None
+    generation_defaults = {}  # a random --shape model has no generation_config.json
     if shape is not None:
         cfg = config or shape_config(shape)
     else:
@@ -107,6 +109,7 @@ def build_engine(model=None, shape: str | None = None, device: str = "auto", dty
         cfg = config or ModelConfig.from_dir(model)
         tokenizer, template = Tokenizer.from_dir(model), ChatTemplate.from_dir(model)
         _check_tokenizer(tokenizer, cfg, model)
+        generation_defaults = load_generation_config(model)  # before the weights: a bad file fails fast
     backend_name, note = resolve_device(device)
     if dtype is None:
         # 16-bit checkpoints run in their own dtype on the GPU; fp32 ones stay fp32; the CPU is fp32.
@@ -136,6 +139,7 @@ def build_engine(model=None, shape: str | None = None, device: str = "auto", dty
         raise ToolkitError(f"not enough memory for the engine's buffers (--max-num-seqs {max_num_seqs}, "
                            f"--max-num-batched-tokens {max_num_batched_tokens}, --kv-cache-tokens {kv_tokens}): "
                            "lower them") from None
+    engine.generation_defaults = generation_defaults  # sampling defaults under the flags and JSONL fields
     if warmup:
         warm_up(engine)
     return engine

@@ -100,7 +100,7 @@ class Model:
             be.linear(s.x, L.qkv, s.qkv)
             be.rope_qkv(s.qkv, L.qkv_bias, L.q_norm, L.k_norm, eps, self.cos, self.sin, step.positions,
                         step.slot_mapping, c.num_heads, c.num_kv_heads, s.q, kv.k[i], kv.v[i])
-            self._attention(step, kv, i, s, nd, B, options.tensor_cores)
+            self._attention(step, kv, i, s, nd, B, options, timer)
             be.linear(s.attn.reshape(N, -1), L.o_proj, s.attn_out)
             timer.lap("attention")
             # MLP block: h += attention output, then SwiGLU on its norm.
@@ -121,15 +121,21 @@ class Model:
         timer.lap("lm_head")
         return logits
 
-    def _attention(self, step, kv: KVCache, layer: int, s: Scratch, nd: int, B: int, tensor_cores: bool):
+    def _attention(self, step, kv: KVCache, layer: int, s: Scratch, nd: int, B: int, options, timer):
         be, bs = self.be, kv.block_size
         k, v = kv.k[layer], kv.v[layer]
         if nd:
             be.decode_attention(s.q[:nd], k, v, step.block_tables[:nd], step.seq_lens[:nd], bs, self.scale,
                                 s.attn[:nd], self.max_context)
-        if nd < B:
+        if nd < B and options.sparse_prefill:  # prompt rows: window + top-k blocks (toolkit/sparse.py)
+            if getattr(self, "_sparse", None) is None:
+                from .sparse import SparsePrefill
+                self._sparse = SparsePrefill(self.be)
+            self._sparse.run(step, k, v, bs, s.q, s.attn, nd, options, timer, self.scale, options.tensor_cores)
+        elif nd < B:
             be.prefill_attention(s.q, k, v, step.block_tables[nd:], step.query_start_loc[nd:],
-                                 step.seq_lens[nd:], bs, self.scale, s.attn, step.max_query_len, tensor_cores)
+                                 step.seq_lens[nd:], bs, self.scale, s.attn, step.max_query_len,
+                                 options.tensor_cores)
 
 
 class _Ops:

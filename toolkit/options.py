@@ -17,12 +17,23 @@ def _switch(help_text: str):
     return field(default=True, metadata={"help": help_text})
 
 
+def _param(default: int, help_text: str):
+    return field(default=default, metadata={"help": help_text, "param": True})
+
+
 @dataclass(frozen=True)
 class EngineOptions:
     cuda_graphs: bool = _switch("replay pure-decode steps from CUDA graphs captured per batch size (GPU)")
     tensor_cores: bool = _switch("FlashAttention-2 prefill attention on tensor cores (GPU, 16-bit)")
     prefix_caching: bool = _switch("reuse the KV blocks of an earlier request's identical prefix")
     small_batch_gemv: bool = _switch("our GEMV kernel for the projections of a batch-1 step instead of cuBLAS (GPU)")
+    sampler_fast_path: bool = _switch("skip the FP32 logits copy when no request in the batch needs logits processing")
+    sparse_prefill: bool = _switch("prefill attention over the sliding window + the indexer's top-k key blocks "
+                                   "(exact when it covers every block)")
+    # Parameters of the sparse prefill (DeepSeek-V4-Flash's values); not on/off switches.
+    sparse_topk: int = _param(512, "key blocks each query keeps (K)")
+    sparse_window: int = _param(128, "sliding-window tokens each query always sees (W)")
+    sparse_block: int = _param(4, "tokens per indexer key block (R, the compress ratio)")
 
     def with_(self, **changes) -> "EngineOptions":
         return replace(self, **changes)
@@ -32,14 +43,27 @@ class EngineOptions:
 
     @classmethod
     def names(cls) -> tuple:
-        return tuple(f.name for f in fields(cls))
+        """The on/off switches (what --no-<switch>, the bench sweep and the UI toggles are made from)."""
+        return tuple(f.name for f in fields(cls) if not f.metadata.get("param"))
+
+    @classmethod
+    def param_names(cls) -> tuple:
+        """The numeric parameters (sparse_topk, ...): each has its own flag."""
+        return tuple(f.name for f in fields(cls) if f.metadata.get("param"))
 
     @classmethod
     def help(cls, name: str) -> str:
         return next(f.metadata["help"] for f in fields(cls) if f.name == name)
 
+    def validate(self):
+        """Raise ToolkitError naming the field for sparse parameters that cannot work (K, W, R >= 1, W >= R)."""
+        from .sparse import validate
+
+        validate(self.sparse_topk, self.sparse_window, self.sparse_block)
+
     def effective(self, backend_name: str, dtype: str) -> "EngineOptions":
-        """The options as they can run on this backend (unsupported switches read as off)."""
+        """The options as they can run on this backend (unsupported switches read as off; sparse prefill runs on
+        both backends)."""
         on_gpu = backend_name == "cuda"
         return replace(self, cuda_graphs=self.cuda_graphs and on_gpu,
                        tensor_cores=self.tensor_cores and on_gpu and dtype != "float32",

@@ -2,10 +2,18 @@
 anything runs.
 
 Requests come from command-line prompts or a JSONL file, one JSON object a line:
-{"prompt": "..."} or {"messages": [{"role": ..., "content": ...}]}, optionally with "id",
-"max_tokens", "temperature" and "seed", and nothing else. A line that cannot be used becomes a
-`Request` with `error` set (naming its line number), so the batch reports it and goes on; nothing
-in this module raises for bad input.
+{"prompt": "..."} or {"messages": [{"role": ..., "content": ...}]}, optionally with "id" and any
+SamplingParams field (toolkit/sampler/params.py), and nothing else:
+    "max_tokens", "temperature", "top_k", "top_p", "min_p", "repetition_penalty", "frequency_penalty",
+    "presence_penalty", "min_tokens", "seed", "logprobs"      numbers
+    "logit_bias": {"123": -5.0}          token id (as JSON object keys are: a string) -> bias
+    "bad_words": ["word", [12, 34]]      strings, or token-id sequences
+    "stop": ["\n\n"] (or one string), "stop_token_ids": [2], "ignore_eos": true
+A line that cannot be used becomes a `Request` with `error` set (naming its line number and the
+field), so the batch reports it and goes on; nothing in this module raises for bad input. The fields
+a line gives are validated here, together (SamplingParams), and kept in `Request.params`; the
+command-line flags and generation_config.json fill in the rest later (cli/records.py), when the
+combination is checked once more.
 
 Input is read in binary, line by line, so one line that is not UTF-8 (or a binary file) costs only
 its own lines. Sizes are bounded before tokenizing, in proportion to the context:
@@ -15,12 +23,19 @@ its own lines. Sizes are bounded before tokenizing, in proportion to the context
   * a line may have at most 6 times that (JSON's \\uXXXX escapes take 6 bytes a character) plus a
     little room for the other fields; a longer line is skipped without being parsed.
 """
+import dataclasses
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from .errors import ToolkitError
+from .sampler.params import SamplingParams
 
 BYTES_PER_TOKEN = 64
-FIELDS = ("id", "prompt", "messages", "max_tokens", "temperature", "seed")
+PARAM_FIELDS = tuple(f.name for f in dataclasses.fields(SamplingParams))
+FIELDS = ("id", "prompt", "messages") + PARAM_FIELDS
+_INT_FIELDS = ("top_k", "min_tokens", "logprobs")  # max_tokens and seed have their own ranges below
+_FLOAT_FIELDS = ("temperature", "top_p", "min_p", "repetition_penalty", "frequency_penalty", "presence_penalty")
 MESSAGE_FIELDS = ("role", "content")
 UTF8_BOM = b"\xef\xbb\xbf"
 
@@ -52,9 +67,7 @@ class Request:
     id: str
     prompt: str | None = None
     messages: list | None = None
-    max_tokens: int | None = None
-    temperature: float | None = None
-    seed: int | None = None
+    params: dict = field(default_factory=dict)  # the SamplingParams fields the request itself gives
     error: str | None = None  # set when the request is unusable; it is reported, not run
 
 
@@ -101,18 +114,78 @@ def _int(d: dict, key: str, lo: int, hi: int, range_text: str):
 
 
 def _float(d: dict, key: str):
+    """A JSON number as a float (range checks: SamplingParams)."""
     v = d.get(key)
     if v is None:
         return None
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise RequestError(f'"{key}" must be a number, got {show(v)}')
     try:
-        f = float(v)
+        return float(v)
     except OverflowError:  # an integer beyond the float range
-        f = math.inf
-    if not math.isfinite(f) or f < 0:
-        raise RequestError(f'"{key}" must be a finite number >= 0, got {show(v)}')
-    return f
+        return math.inf
+
+
+def _ids(v, what: str) -> list:
+    if not isinstance(v, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in v):
+        raise RequestError(f"{what} must be an array of token ids (integers), got {show(v)}")
+    return v
+
+
+def _strings(v, what: str) -> list:
+    for i, x in enumerate(v):
+        if isinstance(x, str):
+            check_text(x, f"{what}[{i}]")
+    return v
+
+
+def _sampling(d: dict, limits: Limits) -> dict:
+    """The sampling fields a request gives, converted from JSON and validated together."""
+    out = {"max_tokens": _int(d, "max_tokens", 0, limits.max_context,
+                              f"in [0, {limits.max_context}] (at most the context)"),
+           "seed": _int(d, "seed", 0, 2 ** 64 - 1, "in [0, 2^64)")}
+    for key in _INT_FIELDS:
+        out[key] = _int(d, key, -math.inf, math.inf, "")  # the range: SamplingParams
+    for key in _FLOAT_FIELDS:
+        out[key] = _float(d, key)
+    if d.get("ignore_eos") is not None:
+        if not isinstance(d["ignore_eos"], bool):
+            raise RequestError(f'"ignore_eos" must be true or false, got {show(d["ignore_eos"])}')
+        out["ignore_eos"] = d["ignore_eos"]
+    if d.get("logit_bias") is not None:
+        v = d["logit_bias"]
+        if not isinstance(v, dict):
+            raise RequestError(f'"logit_bias" must be an object of token id -> bias, like {{"123": -5.0}}, '
+                               f'got {show(v)}')
+        bias = {}
+        for k, b in v.items():
+            if not (k.isascii() and k.isdigit() and len(k) <= 12):
+                raise RequestError(f'"logit_bias": key {show(k)} is not a token id')
+            if isinstance(b, bool) or not isinstance(b, (int, float)):
+                raise RequestError(f'"logit_bias": the bias of token {k} must be a number, got {show(b)}')
+            bias[int(k)] = b
+        out["logit_bias"] = bias
+    if d.get("bad_words") is not None:
+        v = d["bad_words"]
+        if not isinstance(v, list):
+            raise RequestError(f'"bad_words" must be an array of strings or token-id arrays, got {show(v)}')
+        out["bad_words"] = [w if not isinstance(w, list) else tuple(_ids(w, f'"bad_words"[{i}]'))
+                            for i, w in enumerate(_strings(v, '"bad_words"'))]
+    if d.get("stop") is not None:
+        v = [d["stop"]] if isinstance(d["stop"], str) else d["stop"]
+        if not isinstance(v, list):
+            raise RequestError(f'"stop" must be a string or an array of strings, got {show(v)}')
+        out["stop"] = _strings(v, '"stop"')
+    if d.get("stop_token_ids") is not None:
+        out["stop_token_ids"] = _ids(d["stop_token_ids"], '"stop_token_ids"')
+    out = {k: v for k, v in out.items() if v is not None}
+    # Validated together (min_tokens <= max_tokens, ...), with the context as max_tokens when the line
+    # does not say: the flags' value is only known later, when the combination is checked again.
+    try:
+        SamplingParams(**{"max_tokens": limits.max_context, **out})
+    except (ToolkitError, TypeError) as e:
+        raise RequestError(str(e)) from None
+    return out
 
 
 def _messages(v, limits: Limits) -> list:
@@ -161,11 +234,7 @@ def from_object(d, rid: str, limits: Limits) -> Request:
             check_size(check_text(prompt, '"prompt"'), limits, '"prompt"')
         else:
             messages = _messages(messages, limits)
-        return Request(id=rid, prompt=prompt, messages=messages,
-                       max_tokens=_int(d, "max_tokens", 0, limits.max_context,
-                                       f"in [0, {limits.max_context}] (at most the context)"),
-                       temperature=_float(d, "temperature"),
-                       seed=_int(d, "seed", 0, 2 ** 64 - 1, "in [0, 2^64)"))
+        return Request(id=rid, prompt=prompt, messages=messages, params=_sampling(d, limits))
     except RequestError as e:
         raise RequestError(str(e), own_id) from None  # the request's own id goes with the message
 

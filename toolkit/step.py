@@ -66,6 +66,7 @@ class DeviceStep:
     num_seqs: int
     num_decodes: int
     max_query_len: int
+    prefill_lens: tuple = ()  # host (q_len, seq_len) of each prefill request (toolkit/sparse.py sizes from it)
 
 
 class StepStager:
@@ -127,4 +128,6 @@ class StepStager:
             query_start_loc=r(d, "qsl")[:Bp + 1], seq_lens=r(d, "seq_lens")[:Bp],
             block_tables=r(d, "block_tables")[:Bp * self.max_blocks].reshape(Bp, self.max_blocks),
             logits_rows=r(d, "logits_rows")[:Bp], num_tokens=Np, num_seqs=Bp,
-            num_decodes=batch.num_decodes + (Bp - B), max_query_len=max(batch.max_query_len, 1))
+            num_decodes=batch.num_decodes + (Bp - B), max_query_len=max(batch.max_query_len, 1),
+            prefill_lens=tuple(zip(np.diff(batch.query_start_loc[batch.num_decodes:]).tolist(),
+                                   batch.seq_lens[batch.num_decodes:].tolist())))

@@ -19,7 +19,10 @@ import time
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-SECTIONS = ("embedding", "attention", "mlp", "lm_head", "sampling")
+# Model sections, the sparse-prefill split of prefill attention, then the sampler's phases.
+SECTIONS = ("embedding", "attention", "indexer", "topk", "combine", "sparse_attention", "mlp", "lm_head",
+            "gate", "fp32", "processing", "sample", "logprobs")
+SAMPLER_SECTIONS = ("gate", "fp32", "processing", "sample", "logprobs")  # the sampler's share of a step
 _EMPTY = MappingProxyType({})
 
 
@@ -36,6 +39,19 @@ class StepTiming:
     options: object = None  # the EngineOptions in force (as run: see EngineOptions.effective)
     cached_tokens: int = 0  # prompt tokens taken from the prefix cache by requests admitted in this step
     detokenize_ms: float = 0.0
+    sampler_path: str = ""  # "fast": sampled from the model's logits as they are; "slow": from an FP32 copy
+    sampler_why: str = ""  # why the slow path ran: the first request's parameter that needs it, or "switched off"
+    sampler_bytes: int = 0  # FP32 logits bytes the sampler materialised this step (0 on the fast path)
+    # Prefill attention of the step (toolkit/sparse.py): "dense", "sparse-exact" (every query saw every complete
+    # block: the result is dense attention), "sparse-approx" (some query kept only its top-k), "" (pure decode).
+    prefill_path: str = ""
+
+    @property
+    def sampler_ms(self) -> float | None:
+        """The sampler's time on an eager step (None on a graph replay, where it is inside the graph)."""
+        if not self.sections_ms:
+            return None
+        return sum(self.sections_ms.get(k, 0.0) for k in SAMPLER_SECTIONS)
 
     @property
     def other_ms(self) -> float:
@@ -54,6 +70,7 @@ class RequestStats:
     decode_ms_total: float = 0.0  # wall time of the decode steps that produced its tokens
     decode_steps: int = 0
     preemptions: int = 0
+    prefill_path: str = ""  # dense / sparse-exact / sparse-approx (the least exact of its prefill steps)
 
     @property
     def prefill_tps(self) -> float:
@@ -73,7 +90,7 @@ class RequestStats:
                 "generated_tokens": self.generated_tokens, "ttft_ms": round(self.ttft_ms, 3),
                 "prefill_ms": round(self.prefill_ms, 3), "prefill_tok_per_s": round(self.prefill_tps, 2),
                 "decode_ms_per_step": round(self.ms_per_step, 3), "decode_tok_per_s": round(self.decode_tps, 2),
-                "preemptions": self.preemptions}
+                "preemptions": self.preemptions, "prefill_path": self.prefill_path}
 
 
 class CpuTimer:
@@ -121,7 +138,9 @@ class StatsAccumulator:
     decode_ms_total: float = 0.0
     decode_steps: int = 0
     preemptions: int = 0
+    prefill_path: str = ""
 
     def snapshot(self) -> RequestStats:
         return RequestStats(self.prompt_tokens, self.cached_tokens, self.generated_tokens, self.ttft_ms,
-                            self.prefill_ms, self.decode_ms_total, self.decode_steps, self.preemptions)
+                            self.prefill_ms, self.decode_ms_total, self.decode_steps, self.preemptions,
+                            self.prefill_path)

@@ -16,7 +16,6 @@ the engine itself lives on the EngineWorker's thread, reached only through its q
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import queue
 import threading
@@ -26,11 +25,10 @@ from pathlib import Path
 
 from toolkit.engine import SamplingParams
 from toolkit.errors import ToolkitError
+from toolkit.sampler.params import load_generation_config
 
 MAX_REPLIES = 256
 DEFAULT_MAX_TOKENS = 512
-# SamplingParams fields that never make the sampler process logits (they bound or seed it, or stop it).
-_NOT_PROCESSING = {"max_tokens", "seed", "ignore_eos", "stop_token_ids", "temperature"}
 
 
 def sampling_fields() -> list[tuple[str, type, object]]:
@@ -39,45 +37,17 @@ def sampling_fields() -> list[tuple[str, type, object]]:
     return [(f.name, hints.get(f.name, type(f.default)), f.default) for f in dataclasses.fields(SamplingParams)]
 
 
-def generation_defaults(model_dir) -> dict:
-    """The model's generation_config.json values for the SamplingParams fields it names (others are ignored)."""
-    if model_dir is None:
-        return {}
-    try:
-        cfg = json.loads((Path(model_dir) / "generation_config.json").read_text())
-    except (OSError, ValueError):
-        return {}
-    if not isinstance(cfg, dict):
-        return {}
-    names = {name for name, _, _ in sampling_fields()}
-    out = {k: v for k, v in cfg.items() if k in names}
-    if "max_new_tokens" in cfg and "max_tokens" in names:
-        out["max_tokens"] = cfg["max_new_tokens"]
-    if cfg.get("do_sample") is False and "temperature" in names:
-        out["temperature"] = 0.0  # Hugging Face's greedy switch
-    return out
-
-
 def default_params(model_dir) -> SamplingParams:
-    base = {"max_tokens": DEFAULT_MAX_TOKENS}
-    for k, v in generation_defaults(model_dir).items():
-        try:  # one bad value must not cost the others
-            SamplingParams(**{**base, k: v})
-            base[k] = v
-        except (ToolkitError, TypeError, ValueError):
-            pass
-    return SamplingParams(**base)
+    """The model's generation_config.json sampling defaults (toolkit/sampler/params.py, vLLM's rules), with a
+    chat-sized reply length."""
+    defaults = load_generation_config(model_dir) if model_dir is not None else {}
+    return SamplingParams(**{"max_tokens": DEFAULT_MAX_TOKENS, **defaults})
 
 
-def fast_path_note(params: SamplingParams) -> str | None:
-    """Why the batch needs logits processing (so a sampler fast path cannot apply), or None."""
-    reasons = []
-    t = params.temperature
-    if t not in (0.0, 1.0):
-        reasons.append(f"temperature {t:g}")
-    for name, _, default in sampling_fields():
-        if name not in _NOT_PROCESSING and getattr(params, name) != default:
-            reasons.append(f"{name} {getattr(params, name)}")
+def fast_path_note(params: SamplingParams, vocab_size: int | None = None) -> str | None:
+    """Why the batch needs logits processing (so a sampler fast path cannot apply), or None. The same test
+    as the sampler's gate."""
+    reasons = params.processing_reasons(vocab_size, has_stop_ids=bool(params.stop_token_ids) or not params.ignore_eos)
     if not reasons:
         return None
     return f"sampler fast path not applicable: {', '.join(reasons)} needs logits processing"

@@ -1,8 +1,12 @@
 """The settings modal: one row per SamplingParams field (so fields a later issue adds appear by themselves),
 plus the number of parallel replies and the system prompt. Save checks everything by building the values;
-a bad one gets a message under the form and the modal stays open."""
+a bad one gets a message under the form and the modal stays open.
+
+Fields holding strings or pairs (stop, bad_words, logit_bias) have no row: comma-separated text cannot say
+them faithfully (a stop string may hold a comma). They keep the values they have."""
 from __future__ import annotations
 
+import dataclasses
 import types
 import typing
 from dataclasses import dataclass
@@ -17,6 +21,9 @@ from toolkit.engine import SamplingParams
 from toolkit.errors import ToolkitError
 
 from .session import MAX_REPLIES, sampling_fields
+
+
+NO_ROW = {"stop", "bad_words", "logit_bias"}
 
 
 @dataclass(frozen=True)
@@ -86,7 +93,7 @@ class SettingsModal(ModalScreen[Settings | None]):
         super().__init__()
         self.settings = settings
         self._focus = focus
-        self._fields = sampling_fields()
+        self._fields = [f for f in sampling_fields() if f[0] not in NO_ROW]
 
     def compose(self) -> ComposeResult:
         p = self.settings.params
@@ -125,7 +132,7 @@ class SettingsModal(ModalScreen[Settings | None]):
             w = self.query_one(f"#f-{name}")
             kw[name] = w.value if isinstance(w, Switch) else _parse(name, tp, w.value)
         try:
-            params = SamplingParams(**kw)
+            params = dataclasses.replace(self.settings.params, **kw)
         except (ToolkitError, TypeError) as e:
             raise ValueError(str(e)) from None
         replies = _parse("parallel replies", int, self.query_one("#f-replies", Input).value)

@@ -15,7 +15,7 @@ from collections import deque
 from toolkit.options import EngineOptions
 
 WINDOW = 64  # decode steps on the sparkline; steps in the phase means
-# The sampler issue adds the bytes it materialised per step to StepTiming under this name ("-" until then).
+# The bytes the sampler materialised per step (StepTiming.sampler_bytes; "-" where a step does not say).
 SAMPLER_BYTES_FIELD = "sampler_bytes"
 HOST, DETOKENIZE = "host", "detokenize"
 
@@ -26,7 +26,8 @@ def step_ms(step) -> float:
 
 
 def sampler_bytes(step):
-    return getattr(step, SAMPLER_BYTES_FIELD, None)
+    """FP32 bytes the sampler materialised, or None for a step that does not say (no sampler path recorded)."""
+    return getattr(step, SAMPLER_BYTES_FIELD, None) if getattr(step, "sampler_path", "") else None
 
 
 def is_eager(step) -> bool:
@@ -128,7 +129,7 @@ class StepStats:
                     self._phase_order.append(k)
             self._phases["decode" if decode else "prefill"].append(phases)
         if opts is not None:
-            sampling = step.sections_ms.get("sampling") if decode else None
+            sampling = step.sampler_ms if decode else None
             for name, sides in self._ab.items():
                 v = getattr(opts, name, None)
                 if v is None:

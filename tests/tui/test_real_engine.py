@@ -1,6 +1,8 @@
 """The app on the real engine, on the CPU, with the tiny qwen2 fixture (it has a chat template)."""
 from pathlib import Path
 
+import pytest
+
 from textual.widgets import Input
 from test_app import ask, notes, wait_until
 
@@ -33,3 +35,32 @@ async def test_chat_on_the_cpu_engine():
         worker = app.session.worker
         await pilot.press("ctrl+q")
     assert not worker._thread.is_alive()
+
+
+@pytest.mark.gpu
+async def test_chat_on_the_gpu_engine_with_toggles():
+    """On the H200: chat, switch the sampler fast path off and back with ctrl+f, and see both states in the
+    A/B table with the sampler's FP32 bytes (0 on the fast path)."""
+    from tui.app import TOGGLE_KEYS
+    from tui.timings_panel import TimingsPanel
+
+    def load():
+        session = ChatSession.open(QWEN2, device="cuda", max_context=256, kv_cache_tokens=4096)
+        session.configure(params=SamplingParams(max_tokens=8, temperature=0.0))
+        return session
+
+    app = ChatApp(load)
+    async with app.run_test(size=(150, 45)) as pilot:
+        await wait_until(pilot, lambda: app.session is not None and app.panel is not None, timeout=120)
+        await pilot.pause()
+        await ask(pilot, "hello there")
+        panel = app.query_one(TimingsPanel)
+        assert panel.stats.sampler_bytes == 0  # greedy: the fast path, nothing materialised
+        await pilot.press(TOGGLE_KEYS["sampler_fast_path"])
+        await wait_until(pilot, lambda: app.session.engine.options.sampler_fast_path is False)
+        await ask(pilot, "and again")
+        assert panel.stats.sampler_bytes > 0  # the FP32 copy, now that the fast path is off
+        ab = panel.stats.ab_table()["sampler_fast_path"]
+        assert ab["on"]["steps"] > 0 and ab["off"]["steps"] > 0
+        assert app.session.header["device"] == "cuda"
+        await pilot.press("ctrl+q")

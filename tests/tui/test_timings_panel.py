@@ -93,25 +93,25 @@ def test_recent_window_and_toggle_marks():
 
 def test_phase_means_eager_only_and_missing_sections():
     s = StepStats()
-    s.add(decode(gpu=10.0, wall=12.0, detok=0.5, secs=sections(embedding=1.0, attention=4.0, sampling=2.0)))
+    s.add(decode(gpu=10.0, wall=12.0, detok=0.5, secs=sections(embedding=1.0, attention=4.0, sample=2.0)))
     s.add(decode(gpu=8.0, wall=10.0, detok=0.5, secs=sections(embedding=3.0, attention=2.0)))  # no sampling
     s.add(decode(gpu=1.0, wall=2.0, graph=True))  # graph replay: no sections, left out
     s.add(prefill(gpu=40.0, wall=45.0, secs=sections(attention=30.0, indexer=5.0)))
     m = s.phase_means()
-    assert m == pytest.approx({"embedding": 2.0, "attention": 3.0, "sampling": 2.0,
+    assert m == pytest.approx({"embedding": 2.0, "attention": 3.0, "sample": 2.0,
                                "host": 1.5, "detokenize": 0.5})
-    assert list(m) == ["embedding", "attention", "sampling", "host", "detokenize"]
+    assert list(m) == ["embedding", "attention", "sample", "host", "detokenize"]
     p = s.phase_means("prefill")
     assert p == pytest.approx({"attention": 30.0, "indexer": 5.0, "host": 5.0, "detokenize": 0.0})
     # every phase name seen, sections first, generic (a later issue's "indexer" included)
-    assert s.phases() == ["embedding", "attention", "sampling", "indexer", "host", "detokenize"]
+    assert s.phases() == ["embedding", "attention", "sample", "indexer", "host", "detokenize"]
 
 
 def test_ab_table_both_states():
     s = StepStats()
     s.add(prefill(gpu=40.0, opts=ON))
-    s.add(decode(gpu=10.0, opts=ON, secs=sections(sampling=1.0)))
-    s.add(decode(gpu=12.0, opts=ON, secs=sections(sampling=3.0)))
+    s.add(decode(gpu=10.0, opts=ON, secs=sections(sample=1.0)))
+    s.add(decode(gpu=12.0, opts=ON, secs=sections(sample=3.0)))
     s.add(prefill(gpu=50.0, opts=NO_GRAPHS))
     s.add(decode(gpu=20.0, opts=NO_GRAPHS))  # no sampling section: sampler mean stays unset
     s.add(StepTiming(next(_index), "decode", 1, 1, gpu_ms=99.0))  # no options: not in the A/B table
@@ -140,14 +140,11 @@ def test_ab_table_generic_names():
 def test_sampler_bytes_when_reported():
     s = StepStats()
     s.add(decode())
-    assert s.sampler_bytes is None  # StepTiming has no such field today
-
-    class WithBytes:
-        kind, n_tokens, n_seqs, gpu_ms, wall_ms, graph = "decode", 1, 1, 5.0, 6.0, False
-        sections_ms, options, detokenize_ms, cached_tokens, other_ms = MappingProxyType({}), ON, 0.0, 0, 1.0
-        sampler_bytes = 4096
-    s.add(WithBytes())
+    assert s.sampler_bytes is None  # a step that records no sampler path says nothing about bytes
+    s.add(decode(sampler_path="slow", sampler_bytes=4096))
     assert s.sampler_bytes == 4096
+    s.add(decode(sampler_path="fast", sampler_bytes=0))
+    assert s.sampler_bytes == 0
 
 
 def test_step_ms_and_sparkline_columns():
@@ -183,7 +180,7 @@ async def test_panel_fills_and_shows_both_states():
         panel.record(prefill(gpu=40.0, n=20, cached=4, secs=sections(embedding=1.0, attention=30.0)))
         for _ in range(3):
             panel.record(decode(gpu=10.0, wall=12.0, detok=1.0,
-                                secs=sections(embedding=1.0, attention=5.0, mlp=3.0, lm_head=0.5, sampling=0.5)),
+                                secs=sections(embedding=1.0, attention=5.0, mlp=3.0, lm_head=0.5, sample=0.5)),
                          batch_tokens_per_s=95.0)
         panel.mark_toggle("cuda_graphs", False)
         panel.record(decode(gpu=20.0, opts=NO_GRAPHS))

@@ -13,8 +13,8 @@ from toolkit.timings import RequestStats, StepTiming
 from tui.session import ChatSession
 
 REPLY = ["Hello", "!", " This", " is", " **a", " scripted**", " reply", "."]
-PREFILL_SECTIONS = {"embedding": 0.5, "attention": 6.0, "mlp": 9.0, "lm_head": 3.0, "sampling": 0.5}
-DECODE_SECTIONS = {"embedding": 0.1, "attention": 1.5, "mlp": 4.0, "lm_head": 2.0, "sampling": 0.4}
+PREFILL_SECTIONS = {"embedding": 0.5, "attention": 6.0, "mlp": 9.0, "lm_head": 3.0, "sample": 0.5}
+DECODE_SECTIONS = {"embedding": 0.1, "attention": 1.5, "mlp": 4.0, "lm_head": 2.0, "sample": 0.4}
 
 
 class FakeTokenizer:

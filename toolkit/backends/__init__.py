@@ -1,17 +1,12 @@
-"""Backends: one interface, two implementations.
+"""Backends: one interface (protocol.py), two implementations.
 
-`model.py` only calls the methods below, so the same decoder runs on either:
+`model.py`, the runner and the sampler call only the methods of `protocol.Backend`:
 
-    from_host(a) / to_host(a) / empty(shape, dtype)   memory
-    begin_step(start_pos, ids) -> ids on device        per-step state (start_pos)
-    linear(x, w, out)                                  out = x @ w.T (BLAS / cuBLAS)
-    embedding, add_rmsnorm, rope_qkv, silu_mul,
-    attention, argmax                                  our kernels (kernels/<op>.py|.cu)
-    timer() / synchronize()                            timing
+    cpu.py    NumPy BLAS for GEMMs, our NumPy/Numba twins (kernels/<op>.py) for the rest
+    cuda.py   cuBLAS for GEMMs, our CUDA C kernels (kernels/<op>.cu) for the rest
 
-`start_pos` (tokens already in the KV cache) is backend state, set once per
-step: on the GPU it lives in device memory so a decode step has no host
-values baked into its launches and can later be replayed as a CUDA graph.
+Backends hold no per-step state: every op takes the step's inputs (positions, KV slots, block
+tables, the sampler's staged parameters) as arguments, so a step can be captured as a CUDA graph.
 """
 
 

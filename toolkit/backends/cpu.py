@@ -15,12 +15,15 @@ import time
 import numpy as np
 
 from kernels.activation import silu_mul
+from kernels import sparse_prefill as _sp
 from kernels.argmax import argmax
+from kernels.combine import combine_topk_swa_indices
 from kernels.decode_attention import decode_attention
 from kernels.embedding import embedding
 from kernels.prefill_attention import prefill_attention
 from kernels.rmsnorm import add_rmsnorm
 from kernels.rope import rope_qkv
+from kernels import sampler as _smp
 
 from ..timings import CpuTimer
 
@@ -62,7 +65,7 @@ class CpuBackend:
         a = np.zeros(n, np.int32)
         return a, a  # host and "device" are the same memory: staging needs no copy
 
-    def upload(self, host, dev, n: int):
+    def upload(self, host, dev, n: int, offset: int = 0):
         pass
 
     # -- ops --------------------------------------------------------------------
@@ -85,6 +88,37 @@ class CpuBackend:
 
     def argmax(self, logits, out):
         out[:] = argmax(logits)
+
+    # -- sparse prefill ops (kernels/sparse_prefill.cu, kernels/sparse_prefill.py) ------------------------
+    # (and kernels/combine.cu, kernels/combine.py); the driver is toolkit/sparse.py.
+    def sparse_compress_keys(self, k_cache, block_tables, seq_lens, block_size, R, kbar):
+        _sp.compress_keys(k_cache, block_tables, seq_lens, block_size, R, kbar.shape[1], kbar)
+
+    def sparse_scores(self, q, kbar, query_start_loc, seq_lens, R, r0, scores, max_query_len=None):
+        _sp.indexer_scores(q, kbar, query_start_loc, seq_lens, R, r0, scores)
+
+    def sparse_topk(self, scores, query_start_loc, seq_lens, R, K, r0, topk):
+        _sp.topk_blocks(scores, query_start_loc, seq_lens, R, K, r0, topk)
+
+    def sparse_gather_lens(self, query_start_loc, seq_lens, W, out):
+        _sp.gather_lens(query_start_loc, seq_lens, W, out)
+
+    def combine_topk_swa_indices(self, topk, query_start_loc, seq_lens, gather_lens, W, R, K, M, N, out, lens):
+        combine_topk_swa_indices(topk, query_start_loc, seq_lens, gather_lens, W, R, K, M, N, out, lens)
+
+    def sparse_attention(self, q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, combined, lens, M, N,
+                         W, R, block_size, scale, out):
+        _sp.sparse_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, combined, lens, M, N,
+                             W, R, block_size, scale, out)
+
+    # -- sampler ops (kernels/sampler.cu, kernels/sampler.py) ---------------------------------------------------
+    gumbel_sample = staticmethod(_smp.gumbel_sample)
+    to_fp32 = staticmethod(_smp.to_fp32)
+    add_entries = staticmethod(_smp.add_entries)
+    apply_penalties = staticmethod(_smp.apply_penalties)
+    temperature_min_p = staticmethod(_smp.temperature_min_p)
+    top_k_top_p = staticmethod(_smp.top_k_top_p)
+    logprobs = staticmethod(_smp.logprobs)
 
     # -- timing -------------------------------------------------------------------
     def section_timer(self) -> CpuTimer:

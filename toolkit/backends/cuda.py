@@ -17,6 +17,7 @@ import numpy as np
 
 from ..timings import SECTIONS
 from .cuda_kernels import CudaKernels
+from .cuda_sampler import CudaSamplerKernels
 
 # cuBLAS / CUDA enum values (cublas_api.h, library_types.h).
 _OP_N, _OP_T = 0, 1
@@ -123,6 +124,7 @@ class CudaBackend:
         self.cp = cp
         self.dtype = dtype
         self.kernels = CudaKernels(dtype)
+        self.sampler_kernels = CudaSamplerKernels(dtype)
         self.stream = cp.cuda.Stream(non_blocking=True)
         try:
             self._gemm = _NvmathGemm(cp, self.stream)
@@ -174,10 +176,11 @@ class CudaBackend:
         with self.stream:
             return host, self.cp.zeros(n, self.cp.int32)
 
-    def upload(self, host, dev, n: int):
+    def upload(self, host, dev, n: int, offset: int = 0):
+        """dev[offset:offset+n] = host[offset:offset+n], asynchronously on our stream."""
         # The runner synchronises once per step (the sampled ids), so the pinned source is never
         # rewritten while this copy is still in flight.
-        self.cp.cuda.runtime.memcpyAsync(dev.data.ptr, host.ctypes.data, n * 4,
+        self.cp.cuda.runtime.memcpyAsync(dev.data.ptr + 4 * offset, host.ctypes.data + 4 * offset, n * 4,
                                          self.cp.cuda.runtime.memcpyHostToDevice, self.stream.ptr)
 
     def ids_to_host(self, dev, n: int) -> np.ndarray:
@@ -225,6 +228,58 @@ class CudaBackend:
 
     def argmax(self, logits, out):
         self.kernels.argmax(logits, out)
+
+    # -- sparse prefill ops (kernels/sparse_prefill.cu, kernels/sparse_prefill.py) ------------------------
+    # (and kernels/combine.cu, kernels/combine.py); launchers in cuda_sparse.py, driver in toolkit/sparse.py.
+    @property
+    def _sparse(self):
+        sp = self.__dict__.get("_sparse_ops")
+        if sp is None:
+            from .cuda_sparse import CudaSparse
+            sp = self.__dict__["_sparse_ops"] = CudaSparse(self.kernels)
+        return sp
+
+    def sparse_compress_keys(self, k_cache, block_tables, seq_lens, block_size, R, kbar):
+        self._sparse.compress_keys(k_cache, block_tables, seq_lens, block_size, R, kbar)
+
+    def sparse_scores(self, q, kbar, query_start_loc, seq_lens, R, r0, scores, max_query_len):
+        self._sparse.scores(q, kbar, query_start_loc, seq_lens, R, r0, scores, max_query_len)
+
+    def sparse_topk(self, scores, query_start_loc, seq_lens, R, K, r0, topk):
+        self._sparse.topk(scores, query_start_loc, seq_lens, R, K, r0, topk)
+
+    def sparse_gather_lens(self, query_start_loc, seq_lens, W, out):
+        self._sparse.gather_lens(query_start_loc, seq_lens, W, out)
+
+    def combine_topk_swa_indices(self, topk, query_start_loc, seq_lens, gather_lens, W, R, K, M, N, out, lens):
+        self._sparse.combine(topk, query_start_loc, seq_lens, gather_lens, W, R, K, M, N, out, lens)
+
+    def sparse_attention(self, q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, combined, lens, M, N,
+                         W, R, block_size, scale, out):
+        self._sparse.attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, combined, lens, M, N,
+                               W, R, block_size, scale, out)
+
+    # -- sampler ops (kernels/sampler.cu, kernels/sampler.py) ---------------------------------------------------
+    def gumbel_sample(self, logits, temperature, seeds, positions, out):
+        self.sampler_kernels.gumbel_sample(logits, temperature, seeds, positions, out)
+
+    def to_fp32(self, logits, out):
+        self.sampler_kernels.to_fp32(logits, out)
+
+    def add_entries(self, x, offsets, tokens, values):
+        self.sampler_kernels.add_entries(x, offsets, tokens, values)
+
+    def apply_penalties(self, x, offsets, tokens, counts, rep, freq, pres):
+        self.sampler_kernels.apply_penalties(x, offsets, tokens, counts, rep, freq, pres)
+
+    def temperature_min_p(self, x, temperature, min_p):
+        self.sampler_kernels.temperature_min_p(x, temperature, min_p)
+
+    def top_k_top_p(self, x, top_k, top_p):
+        self.sampler_kernels.top_k_top_p(x, top_k, top_p)
+
+    def logprobs(self, logits, sampled, n, top_ids, top_lp, sampled_lp, sampled_rank):
+        self.sampler_kernels.logprobs(logits, sampled, n, top_ids, top_lp, sampled_lp, sampled_rank)
 
     # -- graphs and timing ---------------------------------------------------------------
     def capture(self, fn):

@@ -48,6 +48,14 @@ def kernel_names(op: str, ctype: str) -> list:
         return [f"prefill_attention<{ctype}>"] + tc
     if op == "argmax":
         return []  # extern "C", fp32 only
+    if op == "combine":
+        return []  # extern "C", int32 only (combine_flat_warp, combine_flat_block, combine_persistent, ...)
+    if op == "sparse_prefill":  # (sparse_topk is extern "C": fp32 scores)
+        return [f"sparse_compress_keys<{ctype}>", f"sparse_scores<{ctype}>"] + \
+            [f"sparse_attention<{ctype}, {d}, {g}>" for d in (8, 16, 32, 64, 128) for g in (8, 16)]
+    if op == "sampler":  # templated on the logits type; the processing kernels exist for float only
+        f32 = ["add_entries", "apply_penalties", "temperature_max", "min_p_mask", "top_k_top_p"]
+        return [f"{k}<{ctype}>" for k in ["gumbel_sample", "to_fp32", "logprobs"] + (f32 if ctype == "float" else [])]
     if op == "gemv":
         outs = [ctype] if ctype == "float" else [ctype, "float"]
         return [f"gemv<{ctype}, {o}, {m}>" for o in outs for m in range(1, GEMV_MAX_ROWS + 1)]
@@ -67,7 +75,7 @@ def kernel_source(op: str) -> str:
 
 
 def _module(op: str, ctype: str):
-    key = (op, ctype if op != "argmax" else "")
+    key = (op, ctype if op not in ("argmax", "combine") else "")
     mod = _MODULES.get(key)
     if mod is None:
         import cupy

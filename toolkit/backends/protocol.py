@@ -21,7 +21,7 @@ class Backend(Protocol):
     def empty(self, shape, dtype=None): ...  # uninitialised, compute dtype unless given
     def to_host(self, a) -> np.ndarray: ...  # -> fp32 NumPy copy (synchronises)
     def int_buffer(self, n: int) -> tuple: ...  # (host int32[n], backend int32[n]) staging pair
-    def upload(self, host: np.ndarray, dev, n: int) -> None: ...  # dev[:n] = host[:n], asynchronous
+    def upload(self, host: np.ndarray, dev, n: int, offset: int = 0) -> None: ...  # dev[o:o+n] = host[o:o+n], async
 
     # -- ops (kernels/<op>.cu and their CPU twins kernels/<op>.py) ------------------------------------
     def linear(self, x, w, out, small_batch_gemv: bool = False) -> None: ...  # out[T, N] = x[T, K] @ w[N, K].T
@@ -36,6 +36,35 @@ class Backend(Protocol):
                           block_size: int, scale: float, out, max_query_len: int,
                           tensor_cores: bool) -> None: ...
     def argmax(self, logits, out) -> None: ...  # out int32[R] = row-wise argmax of fp32 logits[R, V]
+
+    # -- sparse prefill ops (kernels/sparse_prefill.cu, kernels/sparse_prefill.py) ------------------------
+    # (and kernels/combine.{cu,py}); rows are the prefill requests' rows, local row t = row - qsl[0].
+    def sparse_compress_keys(self, k_cache, block_tables, seq_lens, block_size: int, R: int,
+                             kbar) -> None: ...  # kbar fp32[B, N, Hkv, D] = key block means (0 past seq_len//R)
+    def sparse_scores(self, q, kbar, query_start_loc, seq_lens, R: int, r0: int, scores,
+                      max_query_len: int) -> None: ...  # scores fp32[rows, N] of local rows r0.. (-inf: not visible)
+    def sparse_topk(self, scores, query_start_loc, seq_lens, R: int, K: int, r0: int,
+                    topk) -> None: ...  # topk int32[T, K] rows r0..: best K blocks ascending; scores None: all short
+    def sparse_gather_lens(self, query_start_loc, seq_lens, W: int, out) -> None: ...  # q_len + min(prefix, W-1)
+    def combine_topk_swa_indices(self, topk, query_start_loc, seq_lens, gather_lens, W: int, R: int, K: int,
+                                 M: int, N: int, out, lens) -> None: ...  # reference A.5, bounds-checked
+    def sparse_attention(self, q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, combined, lens,
+                         M: int, N: int, W: int, R: int, block_size: int, scale: float,
+                         out) -> None: ...  # softmax over window + selected blocks, each token once
+
+    # -- sampler ops (kernels/sampler.cu, kernels/sampler.py) ----------------------------------------------------
+    # logits [R, V]: the compute dtype (CUDA: bf16 as uint16, fp16, fp32; CPU: fp32) or the fp32 copy; x: fp32
+    # [R, V] processed in place; per-row arrays have length R; CSR entries: offsets int32[R+1] over tokens int32[E].
+    def gumbel_sample(self, logits, temperature, seeds, positions,
+                      out) -> None: ...  # out int32[R] = argmax(x/T + Philox Gumbel(seed, pos, v)); T=0 argmax; NaN -1
+    def to_fp32(self, logits, out) -> None: ...  # out f32[R, V] = logits upcast
+    def add_entries(self, x, offsets, tokens, values) -> None: ...  # x[r, tokens[e]] += values[e] (bias, -inf bans)
+    def apply_penalties(self, x, offsets, tokens, counts, rep, freq,
+                        pres) -> None: ...  # sign-aware repetition, then -= freq*count, then -= pres*(count>0)
+    def temperature_min_p(self, x, temperature, min_p) -> None: ...  # x /= T (T not 0/1); x < max+log(min_p) -> -inf
+    def top_k_top_p(self, x, top_k, top_p) -> None: ...  # keep >= k-th value; then the top set reaching mass top_p
+    def logprobs(self, logits, sampled, n: int, top_ids, top_lp, sampled_lp,
+                 sampled_rank) -> None: ...  # top-n ids/logprobs, sampled token's logprob and rank, raw logits
 
     # -- step plumbing -------------------------------------------------------------------------------------
     def bind_thread(self) -> None: ...  # run this thread's launches on the backend's stream

@@ -49,6 +49,9 @@ def add_switch_args(parser: argparse.ArgumentParser):
         parser.add_argument("--" + name.replace("_", "-"), dest=name, type=switch_list, default=None,
                             metavar="on,off", help=f"sweep this engine switch (default: "
                                                    f"{'on' if getattr(defaults, name) else 'off'})")
+    # generate's spelling, so one command line works for both: the same as --sampler-fast-path off
+    parser.add_argument("--no-fast-path", dest="sampler_fast_path", action="store_const", const=[False],
+                        help="the sampler's fast path off (= --sampler-fast-path off)")
 
 
 def option_grid(args, backend_name: str, dtype: str) -> tuple[list[EngineOptions], list[str]]:

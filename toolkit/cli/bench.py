@@ -27,7 +27,8 @@ from ..engine.scheduler import POLICIES
 from ..errors import ToolkitError
 from ..options import EngineOptions
 from ..shapes import NAMES, shape_config
-from .common import add_model_args, non_negative_float, non_negative_int, positive_int, run
+from .common import (add_model_args, add_sparse_args, non_negative_float, non_negative_int, positive_int, run,
+                     sparse_options)
 
 DEFAULTS = {  # llama-bench's tests on the GPU; a set that finishes in seconds on the CPU
     "cuda": dict(batch=[1, 8, 32, 128], depth=[0, 4096], prefill=[512, 4096], decode=128, repeats=5,
@@ -46,6 +47,7 @@ def _common_args(p: argparse.ArgumentParser):
     g.add_argument("--max-num-seqs", type=positive_int, default=None, help="requests running at once")
     g.add_argument("--max-num-batched-tokens", type=positive_int, default=None, help="tokens fed per step")
     add_switch_args(p)
+    add_sparse_args(p.add_argument_group("sparse prefill (--attention is overridden by a --sparse-prefill sweep)"))
     p.add_argument("-r", "--repeats", type=positive_int, default=None,
                    help="timed runs per test (GPU 5, CPU 3; throughput 1)")
     p.add_argument("--format", choices=("md", "json"), default="md")
@@ -84,6 +86,18 @@ def throughput_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--scheduler", type=_policy_list, help=f"sweep the scheduler policy ({','.join(POLICIES)}; "
                                                           "default: the engine's, alternate)")
+    return p
+
+
+def sampler_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m toolkit bench sampler",
+                                description="Time the sampler step alone: fast path against slow path, "
+                                            "random bf16 logits [B, V].")
+    add_model_args(p, model_required=False)
+    p.add_argument("--batch", type=int_list(1), default=[1, 32, 128], help="batch sizes (default: 1,32,128)")
+    p.add_argument("--vocab", type=positive_int, default=151936, help="vocabulary size (default: Qwen's 151,936)")
+    p.add_argument("--steps", type=positive_int, default=100, help="sampler steps per timed graph or loop")
+    p.add_argument("-r", "--repeats", type=positive_int, default=5, help="timed runs; the median is reported")
     return p
 
 
@@ -163,6 +177,7 @@ def _speed(args) -> int:
         [t.batch * (-(-t.context(step_tokens) // BLOCK) + 1) * BLOCK for t in fits] or [max_context + BLOCK])  # whole blocks
     engine = _build(args, backend_name, max_context, kv_tokens, max_seqs, step_tokens, EngineOptions())
     grid, notes = option_grid(args, engine.backend.name, engine.backend.dtype)
+    grid = _with_sparse(args, grid)
     peak, peak_src = peak_gbps(engine.backend.name, args.peak_gbps)
     env = _environment(engine, args, backend_name)
     env["peak_hbm_gbps"] = f"{peak:.0f} ({peak_src})" if peak else peak_src
@@ -195,6 +210,7 @@ def _throughput(args) -> int:
             env["workload"] = (f"{args.num_requests} requests, prompt and output lengths uniform in "
                                f"[{args.min_len}, {args.max_len}], seed {args.seed}, ignore_eos")
         grid, grid_notes = option_grid(args, engine.backend.name, engine.backend.dtype)
+        grid = _with_sparse(args, grid)
         notes += [n for n in grid_notes if n not in notes]
         for opts in grid:
             engine.set_options(opts)
@@ -209,14 +225,44 @@ def _throughput(args) -> int:
     return _print(args, note, env, rows, notes, throughput=True)
 
 
+def _with_sparse(args, grid):
+    """The grid with --attention / --sparse-* applied (a --sparse-prefill sweep keeps its own values)."""
+    out = []
+    for opts in grid:
+        o = sparse_options(args, opts)
+        out.append(o.with_(sparse_prefill=opts.sparse_prefill) if args.sparse_prefill is not None else o)
+    return out
+
+
 def _print(args, note, env, rows, notes, throughput) -> int:
     print(note, file=sys.stderr)
     print(as_json(env, rows, notes) if args.format == "json" else markdown(env, rows, notes, throughput))
     return 0
 
 
+def _sampler(args) -> int:
+    from ..backends import make_backend
+    from ..bench.sampler import markdown as sampler_markdown, run_sampler_bench
+
+    backend_name, _ = resolve_device(args.device)
+    be = make_backend(backend_name, args.dtype)
+    env = environment(backend_name)
+    env.update(dtype=be.dtype, logits=f"random normal x 3, [B, {args.vocab}] in {be.dtype}",
+               timing=f"median of {args.repeats}; graph = events around one replay of {args.steps} steps")
+    rows, refs = run_sampler_bench(be, args.vocab, args.batch, args.steps, args.repeats)
+    print(sampler_markdown(env, rows, refs))
+    return 0
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["sampler"]:
+        args = sampler_parser().parse_args(argv[1:])
+        return run(lambda _: _sampler(args), argv, args.debug)
+    if argv[:1] == ["sparse"]:  # kernel benchmarks of the sparse prefill (toolkit/bench/sparse.py)
+        from ..bench.sparse import main as sparse_main
+
+        return sparse_main(argv[1:])
     if argv[:1] == ["throughput"]:
         args = throughput_parser().parse_args(argv[1:])
         return run(lambda _: _throughput(args), argv, args.debug)

@@ -42,8 +42,8 @@ def setup_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=non_negative_int, default=None,
                    help=f"reply length limit, at most the context (default: {DEFAULT_MAX_TOKENS})")
     p.add_argument("--temperature", type=non_negative_float, default=None,
-                   help=f"0 is greedy, and so is anything below 1e-5 (default: {DEFAULT_TEMPERATURE}; the "
-                        "terminal UI takes the model's generation_config.json)")
+                   help=f"0 is greedy, and so is anything below 1e-5 (default: the model's "
+                        f"generation_config.json, else {DEFAULT_TEMPERATURE})")
     p.add_argument("--seed", type=seed_int, default=None, help="sampling seed in [0, 2^64) (default: random)")
     add_engine_args(p)
     return p
@@ -163,8 +163,12 @@ def _chat(args, stdin, stdout) -> int:
             check_size(check_text(args.system, "--system"), limits, "--system")
         except RequestError as e:
             raise ToolkitError(str(e)) from None
-    max_tokens = DEFAULT_MAX_TOKENS if args.max_tokens is None else args.max_tokens
-    temperature = DEFAULT_TEMPERATURE if args.temperature is None else args.temperature
+    # generation_config.json's sampling defaults (the terminal UI takes them too), then the flags.
+    base = SamplingParams(**{"max_tokens": DEFAULT_MAX_TOKENS, "temperature": DEFAULT_TEMPERATURE,
+                             **getattr(engine, "generation_defaults", {})})
+    given = {k: getattr(args, k) for k in ("max_tokens", "temperature") if getattr(args, k) is not None}
+    base = dataclasses.replace(base, **given)
+    max_tokens = base.max_tokens
     say(f"{engine.device_note}\n/reset starts over, /quit leaves.")
     system = [{"role": "system", "content": args.system}] if args.system else []
     messages = list(system)
@@ -182,7 +186,7 @@ def _chat(args, stdin, stdout) -> int:
         reply, stats = [], None
         try:
             ids = _fit(engine, messages, reserve=min(max_tokens, engine.max_context // 2))
-            params = SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed)
+            params = dataclasses.replace(base, seed=seed)
             stats = _reply(engine, ids, params, out, reply)
         except ToolkitError as e:  # e.g. one message longer than the context: say so, keep chatting
             messages.pop()

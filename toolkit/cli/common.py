@@ -80,6 +80,10 @@ def add_model_args(parser: argparse.ArgumentParser, model_required: bool = True)
     parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
 
 
+# Shorter spellings of some --no-<switch> flags (the issue and the README use these).
+ALIASES = {"sampler_fast_path": ["--no-fast-path"]}
+
+
 def add_engine_args(parser: argparse.ArgumentParser):
     """Batching, KV-cache and fast-path switches shared by generate, chat and bench."""
     g = parser.add_argument_group("engine")
@@ -91,8 +95,30 @@ def add_engine_args(parser: argparse.ArgumentParser):
                    help="KV-cache size in tokens (default: half the free GPU memory; 16384 on the CPU)")
     # One --no-<switch> flag per EngineOptions field: a switch added there appears here by itself.
     for name in EngineOptions.names():
-        g.add_argument(f"--no-{name.replace('_', '-')}", dest=f"no_{name}", action="store_true",
-                       help=f"turn off: {EngineOptions.help(name)}")
+        flags = [f"--no-{name.replace('_', '-')}"] + ALIASES.get(name, [])
+        g.add_argument(*flags, dest=f"no_{name}", action="store_true", help=f"turn off: {EngineOptions.help(name)}")
+    add_sparse_args(g)
+
+
+def add_sparse_args(group):
+    """--attention sparse|dense and the sparse prefill's parameters (generate, chat and bench)."""
+    d = EngineOptions()
+    group.add_argument("--attention", choices=("sparse", "dense"), default=None,
+                       help="prefill attention: sparse (sliding window + top-k key blocks; exact while it covers "
+                            "every block) or dense (default: sparse)")
+    for name in EngineOptions.param_names():
+        group.add_argument("--" + name.replace("_", "-"), type=positive_int, default=None,
+                           help=f"{EngineOptions.help(name)} (default: {getattr(d, name)})")
+
+
+def sparse_options(args, options: EngineOptions) -> EngineOptions:
+    """`options` with --attention and the sparse parameters applied; bad combinations are a ToolkitError."""
+    changes = {n: getattr(args, n) for n in EngineOptions.param_names() if getattr(args, n, None) is not None}
+    if getattr(args, "attention", None) is not None:
+        changes["sparse_prefill"] = args.attention == "sparse"
+    options = options.with_(**changes)
+    options.validate()
+    return options
 
 
 def engine_kwargs(args) -> dict:
@@ -100,7 +126,8 @@ def engine_kwargs(args) -> dict:
     return dict(device=args.device, dtype=args.dtype, max_context=args.max_context,
                 kv_cache_tokens=args.kv_cache_tokens, max_num_seqs=args.max_num_seqs,
                 max_num_batched_tokens=args.max_num_batched_tokens,
-                options=EngineOptions(**{n: not getattr(args, f"no_{n}") for n in EngineOptions.names()}))
+                options=sparse_options(args, EngineOptions(**{n: not getattr(args, f"no_{n}")
+                                                              for n in EngineOptions.names()})))
 
 
 def check_max_tokens(max_tokens: int | None, max_context: int):

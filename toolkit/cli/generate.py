@@ -19,9 +19,9 @@ import sys
 from ..assembly import build_engine
 from ..errors import ToolkitError
 from ..requests import Limits, from_jsonl, from_prompts
-from .common import (add_engine_args, add_model_args, check_max_tokens, engine_kwargs, non_negative_float,
-                     non_negative_int, run, say, seed_int, signals)
-from .records import DEFAULT_MAX_TOKENS, Batch, Sink
+from .common import add_engine_args, add_model_args, check_max_tokens, engine_kwargs, run, say, signals
+from .records import Batch, Sink
+from .sampling_flags import add_sampling_args, check_sampling_args
 
 
 def setup_arg_parser() -> argparse.ArgumentParser:
@@ -31,15 +31,10 @@ def setup_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompts-file", metavar="FILE.jsonl",
                    help='JSONL requests, one {"prompt": ...} or {"messages": [...]} per line; - for stdin')
     add_model_args(p)
-    p.add_argument("--max-tokens", type=non_negative_int, default=None,
-                   help=f"tokens to generate per request, at most the context (default: {DEFAULT_MAX_TOKENS}, "
-                        "or less when the context ends first)")
-    p.add_argument("--temperature", type=non_negative_float, default=0.0,
-                   help="0 is greedy, and so is anything below 1e-5 (default: 0)")
-    p.add_argument("--seed", type=seed_int, default=None, help="sampling seed in [0, 2^64) (default: random)")
     p.add_argument("--chat", action="store_true", help="apply the model's chat template to plain prompts")
     p.add_argument("--format", choices=("text", "jsonl"), default="text")
     p.add_argument("--output", metavar="FILE", help="write results here instead of stdout")
+    add_sampling_args(p)
     add_engine_args(p)
     return p
 
@@ -105,4 +100,5 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if not args.prompts and not args.prompts_file:
         parser.error("give at least one prompt or --prompts-file")
+    check_sampling_args(parser, args)
     return run(lambda _: _generate(args), argv, args.debug)

@@ -16,8 +16,7 @@ from ..errors import ToolkitError
 from ..requests import Request
 from .common import EXIT_OK, EXIT_SOME_FAILED, OutputError, say
 from .progress import Progress
-
-DEFAULT_MAX_TOKENS = 256
+from .sampling_flags import DEFAULT_MAX_TOKENS, flag_params
 
 
 class Sink:
@@ -56,12 +55,11 @@ def prompt_ids(engine, req: Request, chat: bool) -> list[int]:
     return engine.tokenizer.encode(engine.chat_template.render(messages), add_special_tokens=False)
 
 
-def sampling_params(req: Request, args) -> SamplingParams:
-    """The request's own fields, else the flags'."""
-    max_tokens = args.max_tokens if args.max_tokens is not None else DEFAULT_MAX_TOKENS
-    return SamplingParams(max_tokens=max_tokens if req.max_tokens is None else req.max_tokens,
-                          temperature=args.temperature if req.temperature is None else req.temperature,
-                          seed=args.seed if req.seed is None else req.seed)
+def sampling_params(req: Request, args, defaults: dict | None = None) -> SamplingParams:
+    """The request's own fields, else the flags', else the model's generation_config.json (`defaults`);
+    the combination is validated here (ToolkitError: that request's error record)."""
+    return SamplingParams(**{"max_tokens": DEFAULT_MAX_TOKENS, **(defaults or {}), **flag_params(args),
+                             **req.params})
 
 
 def summary(engine, rid: str, stats) -> str:
@@ -78,6 +76,7 @@ class Batch:
         self.jsonl = args.format == "jsonl"
         self.records = [None] * len(requests)  # (record, stats) once finished
         self.parts = {}  # engine request id -> (index, prompt ids, token list, text list)
+        self.params = {}  # index -> (SamplingParams, the seed the engine drew or None, logprobs list or None)
         self.next_text = 0  # text mode prints records in input order
         self.failed = 0
         self.stream = not self.jsonl and len(requests) == 1
@@ -111,16 +110,24 @@ class Batch:
                 if req.error:
                     raise ToolkitError(req.error)
                 ids = prompt_ids(self.engine, req, self.args.chat)
-                rid = self.engine.add_request(ids, sampling_params(req, self.args), request_id=str(i))
+                params = sampling_params(req, self.args, getattr(self.engine, "generation_defaults", None))
+                rid = self.engine.add_request(ids, params, request_id=str(i))
                 self.parts[rid] = (i, ids, [], [])
+                self.params[i] = (params, params.seed, [] if params.logprobs is not None else None)
             except ToolkitError as e:
                 msg = str(e) if req.error else f"request {req.id}: {e}"
                 self.finish(i, {"id": req.id, "error": msg}, None, progress)
 
     def on_output(self, o, progress):
         i, ids, tokens, text = self.parts[o.request_id]
+        params, seed, logprobs = self.params[i]
+        if getattr(o, "seed", None) is not None:  # the seed the engine drew when the request gave none
+            self.params[i] = params, o.seed, logprobs
         if o.token is not None and o.finish_reason != "stop":
             tokens.append(o.token)
+            lp = getattr(o, "logprobs", None)
+            if logprobs is not None and lp is not None:
+                logprobs.extend(lp if isinstance(lp, list) else [lp])
         text.append(o.text)
         if self.stream and o.text:
             self.sink.write(o.text)
@@ -133,15 +140,22 @@ class Batch:
         if o.error:
             rec = {"id": req.id, "error": f"request {req.id}: {o.error}"}
         else:
-            rec = self._record(req, ids, tokens, text, o.finish_reason)
+            rec = self._record(req, ids, tokens, text, o.finish_reason, self.params.get(i))
             rec["timings"] = o.stats.as_dict()
         self.finish(i, rec, o.stats, progress)
 
     @staticmethod
-    def _record(req, ids, tokens, text, finish_reason) -> dict:
-        return {"id": req.id, "prompt": req.prompt if req.messages is None else req.messages,
-                "prompt_token_ids": [int(t) for t in ids], "token_ids": [int(t) for t in tokens],
-                "text": "".join(text), "finish_reason": finish_reason}
+    def _record(req, ids, tokens, text, finish_reason, used=None) -> dict:
+        """`used`: (SamplingParams, seed used, logprobs or None), once the request was admitted."""
+        rec = {"id": req.id, "prompt": req.prompt if req.messages is None else req.messages,
+               "prompt_token_ids": [int(t) for t in ids], "token_ids": [int(t) for t in tokens],
+               "text": "".join(text), "finish_reason": finish_reason}
+        if used is not None:
+            params, seed, logprobs = used
+            rec["params"] = params.as_record(seed)
+            if logprobs is not None:
+                rec["logprobs"] = logprobs
+        return rec
 
     def finish(self, i, rec, stats, progress):
         if "error" in rec:
@@ -174,7 +188,8 @@ class Batch:
             unfinished = [i for i, r in enumerate(self.records) if r is None]
             for i in unfinished:
                 ids, tokens, text = by_index.get(i, ([], [], []))
-                self.records[i] = (self._record(self.requests[i], ids, tokens, text, "aborted"), None)
+                self.records[i] = (self._record(self.requests[i], ids, tokens, text, "aborted",
+                                                self.params.get(i)), None)
                 self.sink.write(json.dumps(self.records[i][0], ensure_ascii=False) + "\n")
             if unfinished:
                 say(f"aborted: {len(unfinished)} unfinished request(s), each with a record whose "

@@ -22,6 +22,8 @@ import numpy as np
 
 from ..errors import ToolkitError
 from ..options import EngineOptions
+from ..sparse import merge_paths, request_path, step_path
+from ..sampler.state import RequestSampling, bad_word_ids
 from ..timings import RequestStats, StepTiming
 from .block_manager import BlockManager
 from .runner import NAN_LOGITS, NO_TOKEN, ModelRunner
@@ -39,6 +41,8 @@ class RequestOutput:
     step: StepTiming | None
     stats: RequestStats
     error: str | None = None
+    seed: int | None = None  # the request's sampling seed (drawn at random when it gave none)
+    logprobs: dict | None = None  # with params.logprobs: {"token", "logprob", "rank", "top": [[id, logprob], ...]}
 
 
 class LLMEngine:
@@ -55,6 +59,7 @@ class LLMEngine:
         self.scheduler = Scheduler(self.block_manager, max_num_seqs, max_num_batched_tokens, scheduler_policy)
         self.runner = ModelRunner(cfg, weights, backend, max_context, max_num_seqs, max_num_batched_tokens,
                                   num_blocks, block_size)
+        options.validate()
         self._options = self._pending = options
         self._seqs: dict = {}  # request id -> Sequence, until its final output is emitted
         self._done_now: list = []  # outputs due at the next step() that no forward pass produces
@@ -69,6 +74,7 @@ class LLMEngine:
 
     def set_options(self, options: EngineOptions):
         """Takes effect at the next step boundary (any thread may call this: it is one assignment)."""
+        options.validate()
         self._pending = options
 
     def effective_options(self) -> EngineOptions:
@@ -106,7 +112,11 @@ class LLMEngine:
                                f"{self.kv_cache_tokens} (raise --kv-cache-tokens)")
         if request_id is not None and request_id in self._seqs:
             raise ToolkitError(f"request id {request_id!r} is already in use")
+        params.check_vocab(self.cfg.vocab_size)
         seq = Sequence(ids, params, request_id or "")
+        stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else set(self._eos))
+        seq.sampling = RequestSampling(params, ids, self.cfg.vocab_size, seq.seed, stop_ids,
+                                       bad_word_ids(params.bad_words, self.tokenizer))
         if self.tokenizer is not None and detokenize:
             from ..detokenizer import StreamingDetokenizer
             seq.detokenizer = StreamingDetokenizer(self.tokenizer)
@@ -153,11 +163,10 @@ class LLMEngine:
         seqs = sched.seqs
         batch = self.runner.prepare(seqs, sched.num_new, sched.num_decodes)
         due = [i for i, (s, n) in enumerate(zip(seqs, sched.num_new)) if s.num_computed + n == s.num_tokens]
-        tokens, gpu_ms, sections, graph = self.runner.run(
-            batch, options, due, [s.params.temperature for s in seqs], [s.rng for s in seqs])
+        res = self.runner.run(batch, options, [s.sampling for s in seqs], due)
         produced, t_detok = [], 0.0
         decoding = [n == 1 and s.num_computed >= s.num_prompt for s, n in zip(seqs, sched.num_new)]
-        for seq, n, tok in zip(seqs, sched.num_new, tokens):
+        for seq, n, tok, lp in zip(seqs, sched.num_new, res.tokens, res.logprobs):
             seq.num_computed += n
             if tok == NO_TOKEN:
                 continue
@@ -169,10 +178,12 @@ class LLMEngine:
             td = time.perf_counter()
             text, finish = self._append(seq, int(tok))
             t_detok += time.perf_counter() - td
-            produced.append((seq, int(tok), text, finish))
+            produced.append((seq, int(tok), text, finish, lp))
         wall = (time.perf_counter() - t0) * 1e3
-        timing = StepTiming(self._step_index, batch.kind, batch.num_tokens, batch.num_seqs, wall, gpu_ms, sections,
-                            graph, options, sched.cached_tokens, t_detok * 1e3)
+        timing = StepTiming(self._step_index, batch.kind, batch.num_tokens, batch.num_seqs, wall, res.gpu_ms,
+                            res.sections, res.graph, options, sched.cached_tokens, t_detok * 1e3,
+                            res.sampler_path, res.sampler_why, res.sampler_bytes,
+                            prefill_path=step_path(batch, options))
         self._step_index += 1
         now = time.perf_counter()
         for seq, is_decode in zip(seqs, decoding):
@@ -182,30 +193,71 @@ class LLMEngine:
                 st.decode_steps += 1
             else:
                 st.prefill_ms += wall
-        for seq, tok, text, finish in produced:
+                st.prefill_path = merge_paths(st.prefill_path, request_path(seq.num_computed, options))
+        for seq, tok, text, finish, lp in produced:
             if seq.stats.generated_tokens == 0 and seq.stats.ttft_ms == 0:
                 seq.stats.ttft_ms = (now - seq.stats.arrival) * 1e3
             if finish != "stop":
                 seq.stats.generated_tokens += 1
             if finish:
                 self._finish(seq, finish)
-            outputs.append(self._output(seq, tok, text, timing, finish))
+            outputs.append(self._output(seq, tok, text, timing, finish, logprobs=lp))
         return outputs
 
     def _append(self, seq: Sequence, tok: int):
+        """Take a sampled token: stop on EOS / stop ids / stop strings, else keep it and return its text."""
         p = seq.params
-        stop = (tok in self._eos and not p.ignore_eos) or tok in p.stop_token_ids
-        text = ""
-        if not stop:
-            seq.token_ids.append(tok)
-            if seq.detokenizer is not None:
-                text = seq.detokenizer.add_token(tok)
-        finish = "stop" if stop else None
-        if not stop and (seq.num_generated >= p.max_tokens or seq.num_tokens >= self.max_context):
+        if (tok in self._eos and not p.ignore_eos) or tok in p.stop_token_ids:
+            return self._flush(seq, ""), "stop"
+        seq.token_ids.append(tok)
+        seq.sampling.on_token(tok)
+        text = seq.detokenizer.add_token(tok) if seq.detokenizer is not None else ""
+        finish = None
+        if seq.num_generated >= p.max_tokens or seq.num_tokens >= self.max_context:
             finish = "length"
         if finish and seq.detokenizer is not None:
             text += seq.detokenizer.finalize()
+        if p.stop:
+            if seq.num_generated < p.min_tokens:  # stop strings count only from min_tokens on
+                seq.text += text
+                return text, finish
+            text, hit = self._stop_strings(seq, text, flush=finish is not None)
+            return text, "stop" if hit else finish
         return text, finish
+
+    @staticmethod
+    def _stop_strings(seq: Sequence, new: str, flush: bool) -> tuple:
+        """Search the stop strings across the text emitted so far and `new`; on a hit, emit up to it (the stop
+        string itself is trimmed). Otherwise hold back any tail that could still grow into a stop string."""
+        stops = seq.params.stop
+        longest = max(map(len, stops))
+        held = seq.held + new
+        window = seq.text[-(longest - 1):] if longest > 1 else ""
+        hay = window + held
+        hits = [i for i in (hay.find(s) for s in stops) if i >= 0]
+        if hits:
+            cut = max(0, min(hits) - len(window))
+            out, seq.held = held[:cut], ""
+            seq.text += out
+            return out, True
+        keep = 0
+        if not flush:  # the longest tail of `held` that is a proper prefix of some stop string
+            for k in range(min(len(held), longest - 1), 0, -1):
+                if any(s.startswith(held[-k:]) for s in stops):
+                    keep = k
+                    break
+        out = held[:len(held) - keep]
+        seq.held = held[len(held) - keep:]
+        seq.text += out
+        return out, False
+
+    @staticmethod
+    def _flush(seq: Sequence, text: str) -> str:
+        """Text still held back (for stop strings or an unfinished character) when the request stops."""
+        if seq.detokenizer is not None:
+            text += seq.detokenizer.finalize()
+        out, seq.held = seq.held + text, ""
+        return out
 
     def _finish(self, seq: Sequence, reason: str):
         if seq.status is not Status.FINISHED:
@@ -213,9 +265,9 @@ class LLMEngine:
         seq.status, seq.finish_reason = Status.FINISHED, reason
         self._seqs.pop(seq.request_id, None)
 
-    def _output(self, seq, tok, text, timing, finish, error=None) -> RequestOutput:
+    def _output(self, seq, tok, text, timing, finish, error=None, logprobs=None) -> RequestOutput:
         return RequestOutput(seq.request_id, tok, text, finish if not error else "error", timing,
-                             seq.stats.snapshot(), error)
+                             seq.stats.snapshot(), error, seq.seed, logprobs)
 
     # -- conveniences ---------------------------------------------------------------------------------------
     def generate(self, prompt_ids, params: SamplingParams | None = None, **kw) -> Iterator[RequestOutput]:

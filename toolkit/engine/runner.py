@@ -2,8 +2,9 @@
 
     prepare(scheduled) -> StepBatch      host arrays: ids, positions, slots, qsl, seq_lens, block tables
     stager.stage(batch) -> DeviceStep    one copy into fixed device buffers, before anything launches
-    model.forward(...) or graph replay   eager kernels, or the CUDA graph captured for this batch size
-    argmax / sampling                    on the device for greedy rows; only B ids come back
+    sampler.prepare(...)                 host: the sampler's gate and its per-row inputs, staged likewise
+    model.forward + sampler.sample       eager kernels, or the CUDA graph captured for this batch size
+                                         (the sampler inside it); only B token ids come back
 
 CUDA graphs: a pure decode step (every request feeds one token) is replayed from a graph captured
 once per batch-size bucket (1, 2, 4, ..., 256), with the batch padded up to its bucket by rows
@@ -13,18 +14,31 @@ tokens cannot change, only the launch overhead does.
 """
 import bisect
 import time
+from dataclasses import dataclass
 from types import MappingProxyType
 
 import numpy as np
 
 from ..model import KVCache, Model
+from ..sampler.sampler import ALL_STAGES, Sampler
 from ..step import StepBatch, StepStager
-from ..sampling import sample_temperature
 from ..timings import NullTimer
 from .block_manager import slot_mapping
 
 GRAPH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 NO_TOKEN, NAN_LOGITS = -1, -2  # run()'s token for a row that picks nothing this step / whose logits hold a NaN
+
+
+@dataclass(frozen=True)
+class StepResult:
+    tokens: np.ndarray  # int64 [B]: the sampled id, NO_TOKEN or NAN_LOGITS
+    gpu_ms: float
+    sections: MappingProxyType
+    graph: bool
+    sampler_path: str  # "fast" or "slow"
+    sampler_why: str  # why the slow path ran ("" on the fast path)
+    sampler_bytes: int  # FP32 bytes the sampler materialised
+    logprobs: list  # per row: None or {"token", "logprob", "rank", "top": [[id, logprob], ...]}
 
 
 class ModelRunner:
@@ -37,11 +51,13 @@ class ModelRunner:
         self.model = Model(cfg, weights, backend, max_context, rows, max_num_seqs)
         self.kv = KVCache.allocate(backend, cfg, num_blocks, block_size)
         self.stager = StepStager(backend, rows, max_num_seqs, self.max_blocks)
-        self.logits = backend.empty((max_num_seqs, cfg.vocab_size), np.float32)
-        self.sampled = backend.empty((max_num_seqs,), np.int32)
+        # The lm_head writes logits in the compute dtype (bf16/fp16 on the GPU), as vLLM's does; only the
+        # sampler's slow path makes an FP32 copy.
+        self.logits = backend.empty((max_num_seqs, cfg.vocab_size))
+        self.sampler = Sampler(backend, cfg.vocab_size, max_num_seqs, max_context)
         self.on_gpu = backend.name == "cuda"
         self.buckets = [b for b in GRAPH_BUCKETS if b <= max_num_seqs] if self.on_gpu else []
-        self.graphs = {}  # (bucket, small_batch_gemv) -> captured graph
+        self.graphs = {}  # (bucket, small_batch_gemv, sampler fast path) -> captured graph
         self._timer = backend.section_timer()
         self._clock = backend.step_clock()
 
@@ -70,41 +86,58 @@ class ModelRunner:
         return self.buckets[bisect.bisect_left(self.buckets, batch.num_seqs)]
 
     # -- one step -----------------------------------------------------------------------------------------
-    def run(self, batch: StepBatch, options, sample_rows: list, temperatures: list, rngs: list):
-        """Run the step; returns (token per request or NO_TOKEN / NAN_LOGITS, gpu_ms, sections, graph?)."""
-        be = self.be
+    def run(self, batch: StepBatch, options, states: list, sample_rows: list) -> StepResult:
+        """Run the step; `states` holds each request's RequestSampling, `sample_rows` the requests that
+        pick a token this step (the others fed part of a prompt)."""
+        be, sampler = self.be, self.sampler
         be.bind_thread()
         B = batch.num_seqs
         bucket = self._bucket(batch)
         use_graph = bucket is not None and options.cuda_graphs
+        due = np.zeros(B, bool)
+        due[sample_rows] = True
+        t0 = time.perf_counter()
+        sb = sampler.prepare(states, batch.seq_lens, due, bucket or B, options.sampler_fast_path)
+        gate_ms = (time.perf_counter() - t0) * 1e3
         clock = self._clock
         clock.start()
         step = self.stager.stage(batch, pad_to=bucket)
+        sampler.stage(sb)
         timer = NullTimer() if use_graph else self._timer
         if use_graph:
-            be.replay(self._graph(bucket, step, options))
+            be.replay(self._graph(bucket, step, sb, options))
         else:
             self.model.forward(step, self.kv, self.logits, options, timer)
-        be.argmax(self.logits[:B], self.sampled[:B])
-        timer.lap("sampling")
+            sampler.sample(self.logits, sb, timer)
+        lp = sampler.logprobs(self.logits, sb, timer) if sb.logprobs else None
         clock.stop()
-        tokens = be.ids_to_host(self.sampled, B).astype(np.int64)  # the step's one synchronisation
-        t0 = time.perf_counter()
-        nan = tokens < 0  # argmax marks a row holding a NaN logit with -1
-        hot = [i for i in sample_rows if temperatures[i] > 0 and not nan[i]]
-        if hot:  # temperature sampling on the host (the full GPU sampler is its own module to come)
-            for r, i in zip(be.to_host(self.logits[hot]), hot):
-                tokens[i] = sample_temperature(r, temperatures[i], rngs[i])
-        tokens[nan] = NAN_LOGITS
-        due = np.full(B, False)
-        due[sample_rows] = True
+        tokens = be.ids_to_host(sampler.sampled, B).astype(np.int64)  # the step's one synchronisation
+        tokens[tokens < 0] = NAN_LOGITS  # the sampling kernel marks a row holding a NaN logit with -1
         tokens[~due] = NO_TOKEN  # rows that fed only part of a prompt pick nothing
-        gpu_ms = clock.elapsed_ms()
         sections = {}
         if not use_graph:
             sections = self._timer.sections_ms()
-            sections["sampling"] += (time.perf_counter() - t0) * 1e3  # host-side sampling, if any
-        return tokens, gpu_ms, MappingProxyType(sections), use_graph
+            sections["gate"] = gate_ms
+        return StepResult(tokens, clock.elapsed_ms(), MappingProxyType(sections), use_graph,
+                          "fast" if sb.fast else "slow", sb.why_slow, sampler.materialised_bytes(sb),
+                          self._logprobs_to_host(lp, states, tokens) if lp else [None] * B)
+
+    def _logprobs_to_host(self, lp, states, tokens) -> list:
+        ids, vals, slp, rank = lp
+        B, n = ids.shape
+        get = self.be.ids_to_host
+        ids = get(ids.reshape(-1), B * n).reshape(B, n)
+        vals = get(vals.reshape(-1), B * n).reshape(B, n)
+        slp, rank = get(slp, B), get(rank, B)
+        out = []
+        for i, s in enumerate(states):
+            k = s.params.logprobs if s is not None and s.params.logprobs is not None else None
+            if k is None or tokens[i] < 0:
+                out.append(None)
+                continue
+            out.append({"token": int(tokens[i]), "logprob": float(slp[i]), "rank": int(rank[i]),
+                        "top": [[int(t), float(v)] for t, v in zip(ids[i, :k], vals[i, :k])]})
+        return out
 
     def forward_all_rows(self, batch: StepBatch, logits_out, options):
         """Eager forward writing the logits of every fed token into logits_out[:N] (tests, perplexity)."""
@@ -113,26 +146,34 @@ class ModelRunner:
         self.model.forward(step, self.kv, logits_out, options, NullTimer(), all_rows=True)
 
     # -- graphs ------------------------------------------------------------------------------------------
-    def _graph(self, bucket: int, step, options):
-        # A graph bakes in its kernels: one per bucket and per option that changes a decode step's kernels.
-        key = (bucket, options.small_batch_gemv)
+    def _graph(self, bucket: int, step, sb, options):
+        # A graph bakes in its kernels: one per bucket and per option that changes a decode step's kernels
+        # (our GEMV or cuBLAS; the sampler's fast path or its slow path with every processing stage).
+        key = (bucket, options.small_batch_gemv, sb.fast)
         g = self.graphs.get(key)
         if g is None:
+            def body():
+                self.model.forward(step, self.kv, self.logits, options, NullTimer())
+                self.sampler.sample(self.logits, sb, NullTimer(), stages=ALL_STAGES)
+
             # One eager run first: kernels get compiled and loaded, per-shape workspaces allocated and
             # cuBLAS picks its algorithms outside the capture (none of that may happen inside it).
-            self.model.forward(step, self.kv, self.logits, options, NullTimer())
-            g = self.graphs[key] = self.be.capture(
-                lambda: self.model.forward(step, self.kv, self.logits, options, NullTimer()))
+            body()
+            g = self.graphs[key] = self.be.capture(body)
         return g
 
     def capture_all(self, options):
-        """Capture every bucket now (at start-up), so no request pays for a capture."""
+        """Capture every bucket now (at start-up), fast and slow sampler paths, so no request pays for it."""
         for b in self.buckets:
-            if (b, options.small_batch_gemv) not in self.graphs:
+            for fast in (True, False):
+                if (b, options.small_batch_gemv, fast) in self.graphs:
+                    continue
                 z = np.zeros(b, np.int32)
                 batch = StepBatch(z, z, np.full(b, -1, np.int32), np.arange(b + 1, dtype=np.int32), z,
-                           np.zeros((b, 1), np.int32), b)
+                                  np.zeros((b, 1), np.int32), b)
                 self.be.bind_thread()
-                self._graph(b, self.stager.stage(batch), options)
+                sb = self.sampler.prepare([None] * b, z, np.ones(b, bool), b, fast)
+                step = self.stager.stage(batch)
+                self.sampler.stage(sb)
+                self._graph(b, step, sb, options)
         self.be.synchronize()
-

@@ -1,0 +1,16 @@
+import sys, numpy as np
+from toolkit.assembly import build_engine
+from toolkit.options import EngineOptions
+from toolkit.engine import SamplingParams
+e = build_engine(shape="qwen2.5-0.5b", device="cuda", max_context=32100, kv_cache_tokens=33000,
+                 max_num_seqs=4, max_num_batched_tokens=32768, options=EngineOptions(cuda_graphs=False))
+rng = np.random.default_rng(0)
+for T in (4096, 16384, 32000):
+    for on in (True, False):
+        e.set_options(EngineOptions(cuda_graphs=False, sparse_prefill=on, prefix_caching=False))
+        for rep in range(2):
+            ids = rng.integers(0, 1000, T).tolist()
+            outs = list(e.generate(ids, SamplingParams(max_tokens=1, ignore_eos=True)))
+        st = outs[0].step
+        sec = {k: round(v, 3) for k, v in st.sections_ms.items() if v}
+        print(f"T={T} sparse={on} path={st.prefill_path} gpu_ms={st.gpu_ms:.2f} sections(24 layers)={sec}", flush=True)

@@ -1,0 +1,683 @@
+// sampler.cu -- the sampler's kernels: Gumbel-max sampling (greedy rows in the same launch), the FP32 copy of the
+// logits, and the processing of that copy (sparse adds, penalties, temperature + min_p, top-k + top-p), plus
+// logprobs. The CPU twin is kernels/sampler.py (same semantics, same Philox stream); toolkit/sampler/ drives them.
+//
+//   logits [R, V] (T = float | __half | __nv_bfloat16, upcast in registers)
+//     -> to_fp32 -> x f32[R, V] -> add_entries (bias) -> apply_penalties -> add_entries (bans, -inf)
+//     -> temperature_max + min_p_mask -> top_k_top_p -> gumbel_sample -> out int32[R]
+//   logits (raw) -> logprobs -> top ids / logprobs, the sampled token's logprob and rank
+//
+// Gumbel noise: Philox4x32-10 (Salmon et al. 2011), key = the request seed (lo, hi words), counter =
+// (v >> 2, position, 0, 0); token v uses output word v & 3, so one call serves 4 consecutive tokens.
+// u = ((word >> 9) + 0.5) * 2^-23, exact in fp32 and inside [2^-24, 1 - 2^-24] (a 24-bit version, (w>>8)+0.5,
+// needs 25 significant bits: it rounds, and its top value rounds to u = 1, g = -inf); g = -log(-log1p(-u)).
+// So g lies in [-2.82, 16.64], and g <= -log(u): once a real key L is known (each thread first computes the key
+// of its own largest x/T), a token with x/T + G_MAX < L needs no Philox call, and one with u > exp(x/T - L + d)
+// no logarithms (d covers every rounding, so the skip is exact). On real logits that skips almost the whole row.
+//
+// top_k_top_p semantics: top-k keeps every value >= the k-th largest (ties at the k-th value kept); top-p then
+// runs over the survivors, p = softmax(survivors): token v is kept iff the mass of the survivors strictly greater
+// than x_v is < top_p (the boundary token and everything tied with it are kept; the max always is). The
+// threshold is found without sorting the vocabulary: a radix select over order-preserving uint32 keys of the
+// fp32 values (digits of 12, 12, 8 bits, a histogram per pass in shared memory), weighted by counts (top-k) or
+// by probability mass exp(x - max) (top-p). When top-k's first pass leaves <= CAND_CAP candidates, they are
+// gathered into shared memory and sorted there, and top-p runs on that sorted list.
+//
+// Workspaces (ws, counters, rowmax) hold one entry per row, start at zero, and the kernels leave them zeroed
+// (the last block of a row resets them), so any launch can be captured in a CUDA graph and replayed.
+#include "dtype.cuh"
+
+constexpr int SAMPLE_CHUNK = 4096;   // tokens per gumbel_sample block: 256 threads x 4 groups of 4
+constexpr int SAMPLE_THREADS = 256;
+constexpr int MAX_TILES = 2;         // chunks one gumbel_sample block holds in registers (32 values a thread)
+constexpr int ROW_CHUNK = 4096;      // fp32 values per block of the temperature / min_p kernels
+constexpr int SEL_THREADS = 1024;    // top_k_top_p and logprobs: one block per row
+constexpr int NBINS = 4096;          // 12-bit radix digits
+constexpr int CAND_CAP = 2048;       // top-k candidates sorted in shared memory
+#define G_MAX 17.0f                  // above any computed Gumbel noise
+
+// ---- shared helpers -------------------------------------------------------------------------------------------
+__device__ __forceinline__ uint4 philox4x32_10(uint4 c, unsigned k0, unsigned k1) {
+#pragma unroll
+    for (int i = 0; i < 10; i++) {
+        const unsigned hi0 = __umulhi(0xD2511F53u, c.x), lo0 = 0xD2511F53u * c.x;
+        const unsigned hi1 = __umulhi(0xCD9E8D57u, c.z), lo1 = 0xCD9E8D57u * c.z;
+        c = make_uint4(hi1 ^ c.y ^ k0, lo1, hi0 ^ c.w ^ k1, lo0);
+        k0 += 0x9E3779B9u;
+        k1 += 0xBB67AE85u;
+    }
+    return c;
+}
+
+__device__ __forceinline__ float gumbel_u(float u) { return -logf(-log1pf(-u)); }
+__device__ __forceinline__ float gumbel(unsigned w) {
+    return gumbel_u(((float)(w >> 9) + 0.5f) * 1.1920928955078125e-07f);  // u = ((w >> 9) + 0.5) * 2^-23
+}
+
+// Order-preserving uint32 key of a float (-0 folded onto +0, so key order == float order for numbers).
+__device__ __forceinline__ unsigned ord_key(float v) {
+    unsigned u = __float_as_uint(v);
+    if (u == 0x80000000u) u = 0;
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+__device__ __forceinline__ float key_float(unsigned k) {
+    return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
+}
+
+// As argmax.cu: is (v, i) better than (bv, bi)? NaN beats numbers; among equals the lower index wins.
+__device__ __forceinline__ bool better(float v, int i, float bv, int bi) {
+    const bool vn = isnan(v), bn = isnan(bv);
+    if (vn || bn) return vn && (!bn || i < bi);
+    return v > bv || (v == bv && i < bi);
+}
+// Packed 64-bit key whose unsigned order is `better`'s order (NaN -> high word all ones); never 0.
+__device__ __forceinline__ unsigned long long pack(float v, int i) {
+    unsigned u = __float_as_uint(v);
+    u = isnan(v) ? 0xffffffffu : (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+    return ((unsigned long long)u << 32) | (unsigned)(~i);
+}
+
+// Four consecutive values 4g..4g+3 of a row as fp32; past the end -> -inf. `vec`: V % 4 == 0 and the row is
+// aligned to 4 elements, so one 16-byte (fp32) or 8-byte (16-bit) load serves them.
+template <typename T> union Quad { uint2 u; T e[4]; };
+template <typename T>
+__device__ __forceinline__ void load4(const T* row, int g, int V, bool vec, float (&a)[4]) {
+    const int i = 4 * g;
+    if (vec && i < V) {
+        if constexpr (sizeof(T) == 4) {
+            const float4 v = *reinterpret_cast<const float4*>(row + i);
+            a[0] = v.x; a[1] = v.y; a[2] = v.z; a[3] = v.w;
+        } else {
+            Quad<T> q;
+            q.u = *reinterpret_cast<const uint2*>(row + i);
+#pragma unroll
+            for (int k = 0; k < 4; k++) a[k] = to_f32(q.e[k]);
+        }
+    } else {
+#pragma unroll
+        for (int k = 0; k < 4; k++) a[k] = i + k < V ? to_f32(row[i + k]) : NEG_INF;
+    }
+}
+
+// Block-wide reductions (blockDim.x a multiple of 32, <= 1024). `tmp` holds 32 entries; returned to every thread.
+template <typename A, typename Op>
+__device__ __forceinline__ A block_reduce(A v, A* tmp, Op op) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+    __syncthreads();  // tmp may still be read by a previous call
+    if (lane == 0) tmp[warp] = v;
+    __syncthreads();
+    v = tmp[0];
+    for (int w = 1; w < nw; w++) v = op(v, tmp[w]);
+    return v;
+}
+// Exclusive scan over threads in threadIdx order; `total` = the block's sum.
+template <typename A>
+__device__ __forceinline__ A block_excl_scan(A v, A* tmp, A& total) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    A inc = v;
+    for (int o = 1; o < 32; o <<= 1) {
+        const A n = __shfl_up_sync(0xffffffffu, inc, o);
+        if (lane >= o) inc += n;
+    }
+    A exc = __shfl_up_sync(0xffffffffu, inc, 1);
+    if (lane == 0) exc = A(0);
+    __syncthreads();
+    if (lane == 31) tmp[warp] = inc;
+    __syncthreads();
+    A off = A(0);
+    total = A(0);
+    for (int w = 0; w < nw; w++) {
+        if (w < warp) off += tmp[w];
+        total += tmp[w];
+    }
+    return off + exc;
+}
+
+// ---- 1. gumbel_sample ---------------------------------------------------------------------------------------
+// out[r] = argmax_v(T == 0 ? x_v : x_v / T + g(seed, pos, v)); -1 for a row holding a NaN. Flat grid of
+// R * bpr blocks of 256 threads, bpr = ceil(ceil(V / SAMPLE_CHUNK) / tiles): each block covers `tiles` (1 or
+// MAX_TILES) chunks of SAMPLE_CHUNK tokens, held in registers. Blocks merge through ws/counters as in argmax.cu
+// (packed 64-bit atomicMax, last block writes out[r]).
+template <typename T>
+__device__ __forceinline__ void load_tile(const T* row, int V, bool vec, int g0, bool div, float t,
+                                          float (&a)[SAMPLE_CHUNK / 4 / SAMPLE_THREADS][4]) {
+#pragma unroll
+    for (int j = 0; j < SAMPLE_CHUNK / 4 / SAMPLE_THREADS; j++) load4(row, g0 + j * SAMPLE_THREADS, V, vec, a[j]);
+    if (div)
+#pragma unroll
+        for (int j = 0; j < SAMPLE_CHUNK / 4 / SAMPLE_THREADS; j++)
+#pragma unroll
+            for (int k = 0; k < 4; k++) a[j][k] = a[j][k] / t;  // division, so T = 1 and T = 0.5 are exact
+}
+
+template <typename T>
+__global__ void __launch_bounds__(SAMPLE_THREADS)
+gumbel_sample(const T* __restrict__ logits, int V, int tiles, const float* __restrict__ temperature,
+              const unsigned* __restrict__ seeds, const int* __restrict__ positions,
+              unsigned long long* __restrict__ ws, unsigned* __restrict__ counters, int* __restrict__ out) {
+    constexpr int GPT = SAMPLE_CHUNK / 4 / SAMPLE_THREADS;  // groups of 4 per thread per tile
+    __shared__ float s_red[32];
+    __shared__ int s_i[32];
+    const int nchunks = (V + SAMPLE_CHUNK - 1) / SAMPLE_CHUNK, bpr = (nchunks + tiles - 1) / tiles;
+    const int r = blockIdx.x / bpr, c0 = (blockIdx.x % bpr) * tiles, c1 = min(c0 + tiles, nchunks);
+    const T* row = logits + (size_t)r * V;
+    const float t = temperature[r];
+    const bool greedy = !(t > 0.f), div = !greedy && t != 1.f;
+    const bool vec = V % 4 == 0 && reinterpret_cast<size_t>(row) % (4 * sizeof(T)) == 0;
+
+    // Every tile of the block is loaded up front into registers (more loads in flight), and the noise pass
+    // reads them again from there: the row crosses the memory bus once, greedy or not.
+    float a[MAX_TILES][GPT][4];
+    const int nt = c1 - c0;
+#pragma unroll
+    for (int ti = 0; ti < MAX_TILES; ti++)
+        if (ti < nt) load_tile(row, V, vec, (c0 + ti) * (SAMPLE_CHUNK / 4) + threadIdx.x, div, t, a[ti]);
+    float best = NEG_INF;
+    int best_i = 0x7fffffff;
+    auto take = [&](float v, int i) { if (better(v, i, best, best_i)) { best = v; best_i = i; } };
+    if (greedy) {
+#pragma unroll
+        for (int ti = 0; ti < MAX_TILES; ti++) {
+            if (ti >= nt) break;
+            const int g0 = (c0 + ti) * (SAMPLE_CHUNK / 4) + threadIdx.x;
+#pragma unroll
+            for (int j = 0; j < GPT; j++)
+#pragma unroll
+                for (int k = 0; k < 4; k++) take(a[ti][j][k], 4 * (g0 + j * SAMPLE_THREADS) + k);
+        }
+    } else {
+        // Pass 1: the exact key of this thread's largest x/T; their block max L is the key of a real token, so
+        // the winner's key is >= L and a token whose key is surely < L can be skipped (exactly: see below).
+        const unsigned k0 = seeds[2 * r], k1 = seeds[2 * r + 1], pos = (unsigned)positions[r];
+        float ta = NEG_INF;
+        int tg = c0 * (SAMPLE_CHUNK / 4) + threadIdx.x, tq = 0;
+#pragma unroll
+        for (int ti = 0; ti < MAX_TILES; ti++) {
+            if (ti >= nt) break;
+            const int g0 = (c0 + ti) * (SAMPLE_CHUNK / 4) + threadIdx.x;
+#pragma unroll
+            for (int j = 0; j < GPT; j++)
+#pragma unroll
+                for (int q = 0; q < 4; q++)
+                    if (a[ti][j][q] > ta) { ta = a[ti][j][q]; tg = g0 + j * SAMPLE_THREADS; tq = q; }
+        }
+        const uint4 tw = philox4x32_10(make_uint4((unsigned)tg, pos, 0u, 0u), k0, k1);
+        const float lk = ta + gumbel(tq == 0 ? tw.x : tq == 1 ? tw.y : tq == 2 ? tw.z : tw.w);
+        if (4 * tg + tq < V) take(lk, 4 * tg + tq);
+        const float L = block_reduce(lk, s_red, [](float x, float y) { return fmaxf(x, y); });
+        // Pass 2 (from registers). A token can reach L only if x/T + G_MAX >= L (else no Philox call at all),
+        // and only if u <= exp(x/T - L + d): g = -log(-log1p(-u)) <= -log(u), and d (with the 1.0001 factor)
+        // covers the rounding of g, of the fast __expf and of the sums. Tokens that pass get the exact
+        // logf/log1pf noise.
+#pragma unroll
+        for (int ti = 0; ti < MAX_TILES; ti++) {
+            if (ti >= nt) break;
+            const int g0 = (c0 + ti) * (SAMPLE_CHUNK / 4) + threadIdx.x;
+#pragma unroll
+            for (int j = 0; j < GPT; j++) {
+                const int g = g0 + j * SAMPLE_THREADS;
+                bool any = false;
+#pragma unroll
+                for (int q = 0; q < 4; q++) any |= !(a[ti][j][q] + G_MAX < L);  // NaN counts as a candidate
+                if (!any) continue;
+                const uint4 w = philox4x32_10(make_uint4((unsigned)g, pos, 0u, 0u), k0, k1);
+                const unsigned w4[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+                for (int q = 0; q < 4; q++) {
+                    const float v = a[ti][j][q];
+                    if (v + G_MAX < L) continue;
+                    const float u = ((float)(w4[q] >> 9) + 0.5f) * 1.1920928955078125e-07f;
+                    const float d = 1e-3f + 1e-5f * (fabsf(v) + fabsf(L));
+                    if (u > __expf(v - L + d) * 1.0001f) continue;  // (false for NaN and inf: then computed)
+                    take(v + gumbel_u(u), 4 * g + q);
+                }
+            }
+        }
+    }
+
+    // Block reduction of (best, best_i): warp shuffles, then warp winners through shared memory.
+    for (int o = 16; o > 0; o >>= 1) {
+        const float v = __shfl_xor_sync(0xffffffffu, best, o);
+        const int i = __shfl_xor_sync(0xffffffffu, best_i, o);
+        take(v, i);
+    }
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    __syncthreads();
+    if (lane == 0) { s_red[warp] = best; s_i[warp] = best_i; }
+    __syncthreads();
+    if (warp != 0) return;
+    best = lane < SAMPLE_THREADS / 32 ? s_red[lane] : NEG_INF;
+    best_i = lane < SAMPLE_THREADS / 32 ? s_i[lane] : 0x7fffffff;
+    for (int o = 16; o > 0; o >>= 1) {
+        const float v = __shfl_xor_sync(0xffffffffu, best, o);
+        const int i = __shfl_xor_sync(0xffffffffu, best_i, o);
+        take(v, i);
+    }
+    if (lane != 0) return;
+    if (best_i < V) atomicMax(ws + r, pack(best, best_i));
+    __threadfence();
+    if (atomicAdd(counters + r, 1u) == (unsigned)bpr - 1) {
+        const unsigned long long key = atomicExch(ws + r, 0ull);  // read and reset for the next launch
+        counters[r] = 0;
+        out[r] = !key ? 0 : (key >> 32) == 0xffffffffull ? -1 : (int)~(unsigned)key;
+    }
+}
+
+// ---- 2. to_fp32 ------------------------------------------------------------------------------------------------
+// out[i] = float(in[i]) over n elements; 4 per thread per step of a grid-stride loop.
+template <typename T>
+__global__ void __launch_bounds__(256)
+to_fp32(const T* __restrict__ in, float* __restrict__ out, long long n) {
+    const bool vec = n % 4 == 0 && reinterpret_cast<size_t>(in) % (4 * sizeof(T)) == 0 &&
+                     reinterpret_cast<size_t>(out) % 16 == 0;
+    const long long groups = (n + 3) / 4;
+    for (long long g = blockIdx.x * (long long)blockDim.x + threadIdx.x; g < groups;
+         g += (long long)gridDim.x * blockDim.x) {
+        if (vec) {
+            float a[4];
+            load4(in + 4 * g, 0, 4, true, a);
+            *reinterpret_cast<float4*>(out + 4 * g) = make_float4(a[0], a[1], a[2], a[3]);
+        } else {
+            for (long long i = 4 * g; i < min(4 * g + 4, n); i++) out[i] = to_f32(in[i]);
+        }
+    }
+}
+
+// ---- 3. add_entries / 4. apply_penalties -------------------------------------------------------------------
+// CSR over rows: row r owns entries offsets[r] .. offsets[r+1]-1 (tokens unique within a row). One block per
+// row loops over its entries, so the grid does not depend on the entry count (graph-capturable). Tokens outside
+// [0, V) are skipped.
+template <typename F>  // F = float only (a template so CuPy looks every kernel up the same way)
+__global__ void __launch_bounds__(128)
+add_entries(F* __restrict__ x, int V, const int* __restrict__ offsets, const int* __restrict__ tokens,
+            const float* __restrict__ values) {
+    const int r = blockIdx.x;
+    float* row = x + (size_t)r * V;
+    for (int e = offsets[r] + threadIdx.x; e < offsets[r + 1]; e += blockDim.x) {
+        const int t = tokens[e];
+        if ((unsigned)t < (unsigned)V) row[t] += values[e];
+    }
+}
+
+// vLLM's order: sign-aware repetition penalty, then frequency (x -= f * count), then presence (x -= p).
+// __fmul_rn keeps f * count a rounded product (no FMA contraction), as NumPy computes it.
+template <typename F>  // F = float only (a template so CuPy looks every kernel up the same way)
+__global__ void __launch_bounds__(128)
+apply_penalties(F* __restrict__ x, int V, const int* __restrict__ offsets, const int* __restrict__ tokens,
+                const int* __restrict__ counts, const float* __restrict__ rep, const float* __restrict__ freq,
+                const float* __restrict__ pres) {
+    const int r = blockIdx.x;
+    float* row = x + (size_t)r * V;
+    const float rp = rep[r], f = freq[r], p = pres[r];
+    for (int e = offsets[r] + threadIdx.x; e < offsets[r + 1]; e += blockDim.x) {
+        const int t = tokens[e];
+        if ((unsigned)t >= (unsigned)V) continue;
+        const int c = counts[e];
+        float v = row[t];
+        if (rp != 1.f) v = v > 0.f ? v / rp : __fmul_rn(v, rp);
+        v = v - __fmul_rn(f, (float)c);
+        if (c > 0) v = v - p;
+        row[t] = v;
+    }
+}
+
+// ---- 5. temperature + min_p ------------------------------------------------------------------------------------
+// temperature_max: rows with T not in {0, 1}: x /= T; rows with min_p > 0 (T != 0) also fold their block max into
+// rowmax[r] (an order-preserving key). min_p_mask then sets x < max + log(min_p) to -inf, and the last block of
+// the row resets rowmax[r] and counters[r]. Grid (ceil(V / ROW_CHUNK), R), block 256.
+template <typename F>  // F = float only (a template so CuPy looks every kernel up the same way)
+__global__ void __launch_bounds__(256)
+temperature_max(F* __restrict__ x, int V, const float* __restrict__ temperature,
+                const float* __restrict__ min_p, unsigned* __restrict__ rowmax) {
+    __shared__ float s_red[32];
+    const int r = blockIdx.y;
+    const float t = temperature[r];
+    const bool div = t != 1.f, mp = min_p[r] > 0.f;
+    if (t == 0.f || (!div && !mp)) return;
+    float* row = x + (size_t)r * V;
+    const bool vec = V % 4 == 0 && reinterpret_cast<size_t>(x) % 16 == 0;
+    const int g0 = blockIdx.x * (ROW_CHUNK / 4), g1 = min(g0 + ROW_CHUNK / 4, (V + 3) / 4);
+    float m = NEG_INF;
+    for (int g = g0 + threadIdx.x; g < g1; g += blockDim.x) {
+        float a[4];
+        load4(row, g, V, vec, a);
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            if (div) a[k] = a[k] / t;
+            m = fmaxf(m, a[k]);
+        }
+        if (!div) continue;
+        if (vec) *reinterpret_cast<float4*>(row + 4 * g) = make_float4(a[0], a[1], a[2], a[3]);
+        else
+            for (int k = 0; k < 4; k++) if (4 * g + k < V) row[4 * g + k] = a[k];
+    }
+    if (!mp) return;
+    m = block_reduce(m, s_red, [](float p, float q) { return fmaxf(p, q); });
+    if (threadIdx.x == 0) atomicMax(rowmax + r, ord_key(m));
+}
+
+template <typename F>  // F = float only (a template so CuPy looks every kernel up the same way)
+__global__ void __launch_bounds__(256)
+min_p_mask(F* __restrict__ x, int V, const float* __restrict__ temperature, const float* __restrict__ min_p,
+           unsigned* __restrict__ rowmax, unsigned* __restrict__ counters) {
+    const int r = blockIdx.y;
+    const float mp = min_p[r];
+    if (temperature[r] == 0.f || !(mp > 0.f)) return;
+    const unsigned key = rowmax[r];
+    const float thr = (key ? key_float(key) : NEG_INF) + logf(mp);
+    float* row = x + (size_t)r * V;
+    const bool vec = V % 4 == 0 && reinterpret_cast<size_t>(x) % 16 == 0;
+    const int g0 = blockIdx.x * (ROW_CHUNK / 4), g1 = min(g0 + ROW_CHUNK / 4, (V + 3) / 4);
+    for (int g = g0 + threadIdx.x; g < g1; g += blockDim.x) {
+        float a[4];
+        load4(row, g, V, vec, a);
+        bool changed = false;
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+            if (a[k] < thr) { a[k] = NEG_INF; changed = true; }
+        if (!changed) continue;
+        if (vec) *reinterpret_cast<float4*>(row + 4 * g) = make_float4(a[0], a[1], a[2], a[3]);
+        else
+            for (int k = 0; k < 4; k++) if (4 * g + k < V) row[4 * g + k] = a[k];
+    }
+    __syncthreads();  // every thread has read rowmax[r] before this block is counted
+    if (threadIdx.x == 0) {
+        __threadfence();
+        if (atomicAdd(counters + r, 1u) == gridDim.x - 1) { rowmax[r] = 0; counters[r] = 0; }
+    }
+}
+
+// ---- radix select over a row (top_k_top_p, logprobs) ---------------------------------------------------------
+struct SelSmem {
+    unsigned cnt[NBINS];
+    float mass[NBINS];
+    unsigned cand[CAND_CAP];
+    unsigned u32[32];
+    float f32[32];
+    unsigned sel, aux, umax, usel;
+    float fsel;
+};
+
+// fn(i, value) over the row, 16-byte loads where the row allows.
+template <typename T, typename F>
+__device__ __forceinline__ void for_row(const T* row, int V, F fn) {
+    const bool vec = V % 4 == 0 && reinterpret_cast<size_t>(row) % (4 * sizeof(T)) == 0;
+    for (int g = threadIdx.x; g < (V + 3) / 4; g += blockDim.x) {
+        float a[4];
+        load4(row, g, V, vec, a);
+#pragma unroll
+        for (int k = 0; k < 4; k++) if (4 * g + k < V) fn(4 * g + k, a[k]);
+    }
+}
+
+// One radix level: histogram (counts, and mass exp(x - M) when `mass`) of the digit (key >> shift) & 0xfff over
+// the elements with key >= lo and (key & hmask) == prefix.
+// With track_max, also s.umax = the largest key of the row (s.umax must be 0 before).
+__device__ __forceinline__ float wexp(float v, float M) { return v == M ? 1.f : expf(v - M); }  // M may be +inf
+
+template <typename T>
+__device__ void histogram(const T* row, int V, unsigned lo, unsigned hmask, unsigned prefix, int shift,
+                          bool mass, float M, SelSmem& s, bool track_max = false) {
+    for (int b = threadIdx.x; b < NBINS; b += blockDim.x) { s.cnt[b] = 0; s.mass[b] = 0.f; }
+    __syncthreads();
+    unsigned mk = 0;
+    for_row(row, V, [&](int, float v) {
+        const unsigned k = ord_key(v);
+        mk = max(mk, k);
+        if (k < lo || (k & hmask) != prefix) return;
+        const unsigned d = (k >> shift) & (NBINS - 1);
+        atomicAdd(&s.cnt[d], 1u);
+        if (mass) atomicAdd(&s.mass[d], wexp(v, M));
+    });
+    if (track_max) {
+        for (int o = 16; o > 0; o >>= 1) mk = max(mk, __shfl_xor_sync(0xffffffffu, mk, o));
+        if ((threadIdx.x & 31) == 0) atomicMax(&s.umax, mk);
+    }
+    __syncthreads();
+}
+
+// Pick the digit at which the weight cumulated from the top (plus `above`, the weight above this region) first
+// reaches `target`; `above` becomes the weight above that digit. Count weights (exact) or mass weights. If
+// rounding leaves the target unreached, the lowest non-empty digit is taken (keep everything).
+__device__ __forceinline__ void put_sel(SelSmem& s, float v) { s.fsel = v; }
+__device__ __forceinline__ void put_sel(SelSmem& s, unsigned v) { s.usel = v; }
+__device__ __forceinline__ void get_sel(const SelSmem& s, float& v) { v = s.fsel; }
+__device__ __forceinline__ void get_sel(const SelSmem& s, unsigned& v) { v = s.usel; }
+
+template <typename A>
+__device__ unsigned select_digit(const A* w, A& above, A target, SelSmem& s, A* tmp) {
+    const int b0 = NBINS - 1 - 4 * threadIdx.x;  // this thread's 4 bins, descending
+    A loc = A(0);
+#pragma unroll
+    for (int j = 0; j < 4; j++) loc += w[b0 - j];
+    A total;
+    A run = above + block_excl_scan(loc, tmp, total);
+    if (threadIdx.x == 0) s.sel = 0;
+    __syncthreads();
+    int found = -1;
+    A fa = A(0);
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const A next = run + w[b0 - j];
+        if (found < 0 && next >= target) { found = b0 - j; fa = run; }
+        run = next;
+    }
+    if (found >= 0) atomicMax(&s.sel, (unsigned)found + 1);
+    __syncthreads();
+    const unsigned sel = s.sel;
+    if (sel) {
+        if (found == (int)sel - 1) put_sel(s, fa);
+        __syncthreads();
+        get_sel(s, above);
+        return sel - 1;
+    }
+    // Rare (float rounding): the lowest non-empty digit, and the weight above it.
+    unsigned low = NBINS;
+#pragma unroll
+    for (int j = 0; j < 4; j++) if (s.cnt[b0 - j]) low = b0 - j;
+    low = block_reduce(low, s.u32, [](unsigned a, unsigned b) { return min(a, b); });
+    if (low == NBINS) low = 0;
+    A a2 = A(0);
+    for (int b = NBINS - 1; b > (int)low; b--) a2 += w[b];
+    above = above + a2;
+    return low;
+}
+
+// The key at which the weight cumulated from the top first reaches the target, over elements with key >= lo.
+// mass: target = frac * (total mass of those elements). Levels 12, 12, 8 bits; `start` skips levels already
+// done by the caller (then `prefix`, `hmask`, `above` carry its result).
+template <typename T>
+__device__ unsigned radix_select(const T* row, int V, unsigned lo, bool mass, float M, float frac, unsigned kcount,
+                                 SelSmem& s, int start, unsigned prefix, unsigned hmask, unsigned above_c) {
+    const int shifts[3] = {20, 8, 0};
+    const unsigned masks[3] = {0xfff00000u, 0x000fff00u, 0x000000ffu};
+    float above_f = 0.f, target_f = 0.f;
+    for (int l = start; l < 3; l++) {
+        histogram(row, V, lo, hmask, prefix, shifts[l], mass, M, s);
+        unsigned d;
+        if (mass) {
+            if (l == 0) {
+                float lf = 0.f, tot;
+                for (int j = 0; j < 4; j++) lf += s.mass[NBINS - 1 - 4 * threadIdx.x - j];
+                block_excl_scan(lf, s.f32, tot);
+                target_f = frac * tot;
+            }
+            d = select_digit<float>(s.mass, above_f, target_f, s, s.f32);
+        } else {
+            d = select_digit<unsigned>(s.cnt, above_c, kcount, s, s.u32);
+        }
+        prefix |= d << shifts[l];
+        hmask |= masks[l];
+    }
+    return prefix;
+}
+
+// ---- 6. top_k_top_p ----------------------------------------------------------------------------------------------
+// One block of 1024 threads per row, in place on fp32 x; rows with top-k and top-p both off return at once.
+template <typename F>  // F = float only (a template so CuPy looks every kernel up the same way)
+__global__ void __launch_bounds__(SEL_THREADS)
+top_k_top_p(F* __restrict__ x, int V, const int* __restrict__ top_k, const float* __restrict__ top_p) {
+    __shared__ SelSmem s;
+    const int r = blockIdx.x;
+    const int k = top_k[r];
+    const float p = top_p[r];
+    const bool kon = k > 0 && k < V, pon = p < 1.f;
+    if (!kon && !pon) return;
+    float* row = x + (size_t)r * V;
+
+    // Level 1 of the count select, and the row max.
+    if (threadIdx.x == 0) s.umax = 0;
+    histogram(row, V, 0u, 0u, 0u, 20, false, 0.f, s, true);
+    const unsigned maxkey = s.umax;
+    const float M = key_float(maxkey);
+    if (M == NEG_INF) return;  // all -inf: nothing to mask
+
+    unsigned thr = 0;  // keep keys >= thr
+    bool done_p = false;
+    if (kon) {
+        unsigned above = 0;
+        const unsigned d1 = select_digit<unsigned>(s.cnt, above, (unsigned)k, s, s.u32);
+        const unsigned ncand = above + s.cnt[d1];
+        if (ncand <= CAND_CAP) {
+            // Gather the candidates' keys, sort them descending in shared memory (bitonic), read the k-th.
+            if (threadIdx.x == 0) s.aux = 0;
+            __syncthreads();
+            for_row(row, V, [&](int, float v) {
+                const unsigned kk = ord_key(v);
+                if ((kk >> 20) >= d1) s.cand[atomicAdd(&s.aux, 1u)] = kk;
+            });
+            __syncthreads();
+            int P = 1;
+            while (P < (int)ncand) P <<= 1;
+            for (int i = ncand + threadIdx.x; i < P; i += blockDim.x) s.cand[i] = 0;
+            __syncthreads();
+            for (int size = 2; size <= P; size <<= 1)
+                for (int stride = size >> 1; stride > 0; stride >>= 1) {
+                    for (int i = threadIdx.x; i < P / 2; i += blockDim.x) {
+                        const int lo = 2 * i - (i & (stride - 1)), hi = lo + stride;
+                        const bool desc = (lo & size) == 0;
+                        const unsigned a = s.cand[lo], b = s.cand[hi];
+                        if ((a < b) == desc) { s.cand[lo] = b; s.cand[hi] = a; }
+                    }
+                    __syncthreads();
+                }
+            const unsigned kth = s.cand[k - 1];
+            thr = kth;
+            if (pon) {
+                // survivors: cand[0 .. ns); inclusive mass prefix, first index reaching p * Z.
+                if (threadIdx.x == 0) { s.aux = 0; s.sel = 0x7fffffff; }
+                __syncthreads();
+                for (int i = threadIdx.x; i < P; i += blockDim.x)
+                    if (s.cand[i] >= kth && (i + 1 == P || s.cand[i + 1] < kth)) s.aux = i + 1;
+                __syncthreads();
+                const int ns = s.aux;
+                const int i0 = 2 * threadIdx.x;
+                const float w0 = i0 < ns ? wexp(key_float(s.cand[i0]), M) : 0.f;
+                const float w1 = i0 + 1 < ns ? wexp(key_float(s.cand[i0 + 1]), M) : 0.f;
+                float Z;
+                const float e = block_excl_scan(w0 + w1, s.f32, Z);
+                const float target = p * Z;
+                if (i0 < ns && e + w0 >= target) atomicMin(&s.sel, (unsigned)i0);
+                else if (i0 + 1 < ns && e + w0 + w1 >= target) atomicMin(&s.sel, (unsigned)i0 + 1);
+                __syncthreads();
+                thr = s.cand[min((int)s.sel, ns - 1)];
+                done_p = true;
+            }
+        } else {
+            thr = radix_select(row, V, 0u, false, M, 0.f, (unsigned)k, s, 1, d1 << 20, 0xfff00000u, above);
+        }
+    }
+    if (pon && !done_p) thr = max(thr, radix_select(row, V, thr, true, M, p, 0u, s, 0, 0u, 0u, 0u));
+    thr = min(thr, maxkey);  // the max always survives, whatever rounding did
+    __syncthreads();
+    const bool vec = V % 4 == 0 && reinterpret_cast<size_t>(x) % 16 == 0;
+    for (int g = threadIdx.x; g < (V + 3) / 4; g += blockDim.x) {
+        float a[4];
+        load4(row, g, V, vec, a);
+        bool changed = false;
+#pragma unroll
+        for (int q = 0; q < 4; q++)
+            if (ord_key(a[q]) < thr) { a[q] = NEG_INF; changed = true; }
+        if (!changed) continue;
+        if (vec) *reinterpret_cast<float4*>(row + 4 * g) = make_float4(a[0], a[1], a[2], a[3]);
+        else
+            for (int q = 0; q < 4; q++) if (4 * g + q < V) row[4 * g + q] = a[q];
+    }
+}
+
+// ---- 7. logprobs -------------------------------------------------------------------------------------------------
+// One block of 1024 threads per row of the raw logits: max M, S = sum exp(x - M), lp(id) = x[id] - M - log S;
+// rank = count(x >= x[sampled]); the n largest (ties -> lower id) via a count radix select for the n-th key,
+// then the keys above it plus the lowest-id ties, sorted by thread 0.
+template <typename T>
+__global__ void __launch_bounds__(SEL_THREADS)
+logprobs(const T* __restrict__ logits, int V, const int* __restrict__ sampled, int n, int* __restrict__ top_ids,
+         float* __restrict__ top_lp, float* __restrict__ sampled_lp, int* __restrict__ sampled_rank) {
+    __shared__ SelSmem s;
+    __shared__ int s_ids[32];
+    const int r = blockIdx.x;
+    const T* row = logits + (size_t)r * V;
+    float m = NEG_INF;
+    for_row(row, V, [&](int, float v) { m = fmaxf(m, v); });
+    const float M = block_reduce(m, s.f32, [](float a, float b) { return fmaxf(a, b); });
+    const int sid = sampled[r];
+    const float xs = (unsigned)sid < (unsigned)V ? to_f32(row[sid]) : __int_as_float(0x7fc00000);
+    float sum = 0.f;
+    unsigned ge = 0;
+    for_row(row, V, [&](int, float v) { sum += expf(v - M); ge += v >= xs; });
+    const float S = block_reduce(sum, s.f32, [](float a, float b) { return a + b; });
+    const unsigned rank = block_reduce(ge, s.u32, [](unsigned a, unsigned b) { return a + b; });
+    const float logS = logf(S);
+    if (threadIdx.x == 0) { sampled_lp[r] = xs - M - logS; sampled_rank[r] = (int)rank; }
+    if (n <= 0) return;
+    const int nn = min(n, V);
+    const unsigned kth = radix_select(row, V, 0u, false, M, 0.f, (unsigned)nn, s, 0, 0u, 0u, 0u);
+    // Keys above kth (fewer than nn) in any order, then ties in index order until nn are held.
+    if (threadIdx.x == 0) s.aux = 0;
+    __syncthreads();
+    for_row(row, V, [&](int i, float v) {
+        if (ord_key(v) > kth) { const unsigned slot = atomicAdd(&s.aux, 1u); s.cand[slot] = i; }
+    });
+    __syncthreads();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int base = 0; base < V && (int)s.aux < nn; base += blockDim.x) {
+        const int i = base + threadIdx.x;
+        const bool tie = i < V && ord_key(to_f32(row[i])) == kth;
+        const unsigned bal = __ballot_sync(0xffffffffu, tie);
+        if (lane == 0) s_ids[warp] = __popc(bal);
+        __syncthreads();
+        int before = s.aux;
+        for (int w = 0; w < warp; w++) before += s_ids[w];
+        before += __popc(bal & ((1u << lane) - 1));
+        __syncthreads();
+        if (tie && before < nn) s.cand[before] = i;
+        if (threadIdx.x == 0) {
+            int tot = 0;
+            for (int w = 0; w < (int)(blockDim.x >> 5); w++) tot += s_ids[w];
+            s.aux = min(s.aux + tot, (unsigned)nn);
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x != 0) return;
+    // Insertion sort of the nn ids by (value desc, id asc).
+    for (int a = 1; a < nn; a++) {
+        const int id = s.cand[a];
+        const unsigned kk = ord_key(to_f32(row[id]));
+        int b = a - 1;
+        while (b >= 0) {
+            const int ob = s.cand[b];
+            const unsigned ok = ord_key(to_f32(row[ob]));
+            if (ok > kk || (ok == kk && ob < id)) break;
+            s.cand[b + 1] = ob;
+            b--;
+        }
+        s.cand[b + 1] = id;
+    }
+    for (int j = 0; j < n; j++) {
+        const bool ok = j < nn;
+        const int id = ok ? (int)s.cand[j] : -1;
+        top_ids[(size_t)r * n + j] = id;
+        top_lp[(size_t)r * n + j] = ok ? to_f32(row[id]) - M - logS : NEG_INF;
+    }
+}

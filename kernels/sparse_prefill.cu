@@ -1,0 +1,438 @@
+// sparse_prefill.cu -- indexer, top-k over key blocks and sparse attention of the sparse prefill path.
+// CPU twin: kernels/sparse_prefill.py (the semantics, in its docstring); the driver is toolkit/sparse.py.
+// Rows are the prefill requests' rows: request b owns flat rows qsl[b]..qsl[b+1]-1 of q (local row t = row - qsl[0]),
+// its queries sit at the end of its seq_len tokens. Keys are read from the paged cache through the block table
+// (slot = table[k / bs] * bs + k % bs, the block id clamped to the cache): nothing is gathered into a workspace.
+//
+// 1. sparse_compress_keys<T>  grid (N, B), block Hkv*D: kbar[b, j, g, d] = mean of keys jR..jR+R-1 (0 past L/R)
+// 2. sparse_scores<T>         grid (ceil(max_qlen/32), ceil(N/64), B), block 256: a 32-row x 64-block tile of one
+//                             request; per kv group the tile's query means (mean of the group's heads) and block
+//                             means are staged in smem (rows padded to D+1 floats: no bank conflicts), each
+//                             thread accumulates 2 rows x 4 blocks, ReLU per group, sum. fp32 throughout.
+//                             Only rows r0 .. r0+rows-1 (the chunk) are written; -inf past (pos+1)/R.
+// 3. sparse_topk              grid rows, block 512: per row a 4-pass 8-bit radix select of the K-th largest score
+//                             (float -> order-preserving uint), then one pass in index order with block scans that
+//                             keeps every score above it and the lowest-indexed ties: ascending block order, as
+//                             the CPU twin's stable argsort. Rows with (pos+1)/R <= K write 0..n-1 (no scores read).
+// 4. sparse_attention<T,D,GM> grid (T, Hkv), block 128: one query and one kv head, the group's G <= GM heads
+//                             together. The combined row's entries are expanded (block scan over 128 entries at a
+//                             time) into a list of cache slots in smem: a block's tokens before the window start,
+//                             then the window tokens. Warps take 32-key tiles of the list in turn: lane = key for
+//                             the scores (K row read as 16-byte chunks, Q broadcast from smem), online softmax per
+//                             head in log2 units (row sums kept per lane, reduced at the end), then lane = output
+//                             dims for P.V (V rows read coalesced, P broadcast from smem). The 4 warps' partial
+//                             (m, l, acc) merge through smem at the end. fp32 math on CUDA cores.
+#include "dtype.cuh"
+
+constexpr float LOG2E_F = 1.4426950408889634f;
+
+__device__ __forceinline__ int find_req(const int* qsl, int num_reqs, int row) {
+    int lo = 0, hi = num_reqs - 1;
+    const int base = qsl[0];
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) >> 1;
+        if (qsl[mid] - base <= row) lo = mid; else hi = mid - 1;
+    }
+    return lo;
+}
+
+__device__ __forceinline__ int cache_slot(const int* table, int k, int bs, int num_blocks) {
+    const unsigned blk = min((unsigned)table[k / bs], (unsigned)num_blocks - 1u);
+    return (int)blk * bs + k % bs;
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// 1. Block means of the keys
+// ---------------------------------------------------------------------------------------------------------
+template <typename T>
+__global__ void sparse_compress_keys(const T* __restrict__ k_cache, const int* __restrict__ block_tables,
+                                     int tab_width, const int* __restrict__ seq_lens, int bs, int num_blocks, int R,
+                                     int N, int Hkv, int D, float* __restrict__ kbar) {
+    const int j = blockIdx.x, b = blockIdx.y, gd = threadIdx.x;
+    if (gd >= Hkv * D) return;
+    const int L = min(max(seq_lens[b], 0), tab_width * bs);
+    float acc = 0.0f;
+    if (j < L / R) {
+        const int* table = block_tables + (size_t)b * tab_width;
+        for (int k = j * R; k < j * R + R; k++)
+            acc += to_f32(k_cache[(size_t)cache_slot(table, k, bs, num_blocks) * Hkv * D + gd]);
+        acc *= 1.0f / (float)R;
+    }
+    kbar[((size_t)b * N + j) * Hkv * D + gd] = acc;
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// 2. Indexer scores
+// ---------------------------------------------------------------------------------------------------------
+constexpr int SC_TQ = 32, SC_TN = 64;
+
+template <typename T>
+__global__ void __launch_bounds__(256)
+sparse_scores(const T* __restrict__ q, const float* __restrict__ kbar, const int* __restrict__ qsl, int num_reqs,
+              const int* __restrict__ seq_lens, int R, int r0, int rows, int N, int Hq, int Hkv, int D,
+              float* __restrict__ scores) {
+    extern __shared__ float sm[];
+    float* Qs = sm;                        // [SC_TQ][D + 1]
+    float* Ks = Qs + SC_TQ * (D + 1);      // [SC_TN][D + 1]
+    const int b = blockIdx.z, base = qsl[0];
+    const int qs = qsl[b] - base, qlen = qsl[b + 1] - qsl[b], L = seq_lens[b];
+    const int t0 = qs + blockIdx.x * SC_TQ;          // first local row of the tile
+    const int j0 = blockIdx.y * SC_TN;
+    // Rows of the tile that exist and fall in this chunk [r0, r0 + rows).
+    const int lo = max(t0, r0), hi = min(min(t0 + SC_TQ, qs + qlen), r0 + rows);
+    if (lo >= hi) return;
+    const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;  // rows 2ty, 2ty+1; blocks tx + 16c
+    const int G = Hq / Hkv;
+    const float invG = 1.0f / (float)G;
+    float s[2][4];
+#pragma unroll
+    for (int a = 0; a < 2; a++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) s[a][c] = 0.0f;
+    for (int g = 0; g < Hkv; g++) {
+        __syncthreads();  // previous group's tiles consumed
+        for (int i = tid; i < SC_TQ * D; i += 256) {
+            const int r = i / D, d = i % D, t = t0 + r;
+            float v = 0.0f;
+            if (t >= lo && t < hi) {
+                const T* qr = q + ((size_t)(base + t) * Hq + g * G) * D + d;
+                for (int h = 0; h < G; h++) v += to_f32(qr[(size_t)h * D]);
+                v *= invG;
+            }
+            Qs[r * (D + 1) + d] = v;
+        }
+        for (int i = tid; i < SC_TN * D; i += 256) {
+            const int c = i / D, d = i % D, j = j0 + c;
+            Ks[c * (D + 1) + d] = j < N ? kbar[(((size_t)b * N + j) * Hkv + g) * D + d] : 0.0f;
+        }
+        __syncthreads();
+        float dot[2][4];
+#pragma unroll
+        for (int a = 0; a < 2; a++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) dot[a][c] = 0.0f;
+        for (int d = 0; d < D; d++) {
+            const float q0 = Qs[(2 * ty) * (D + 1) + d], q1 = Qs[(2 * ty + 1) * (D + 1) + d];
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                const float kv = Ks[(tx + 16 * c) * (D + 1) + d];
+                dot[0][c] += q0 * kv;
+                dot[1][c] += q1 * kv;
+            }
+        }
+#pragma unroll
+        for (int a = 0; a < 2; a++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) s[a][c] += fmaxf(dot[a][c], 0.0f);
+    }
+#pragma unroll
+    for (int a = 0; a < 2; a++) {
+        const int t = t0 + 2 * ty + a;
+        if (t < lo || t >= hi) continue;
+        const int pos = L - qlen + (t - qs), nb = (pos + 1) / R;
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            const int j = j0 + tx + 16 * c;
+            if (j < N) scores[(size_t)(t - r0) * N + j] = j < nb ? s[a][c] : NEG_INF;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// 3. Top-k per row
+// ---------------------------------------------------------------------------------------------------------
+constexpr int TK_THREADS = 512;
+
+__device__ __forceinline__ unsigned order_key(float f) {
+    if (f == 0.0f) f = 0.0f;  // -0 and +0 are one score (the twin's sort treats them as equal)
+    const unsigned u = __float_as_uint(f);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+// Exclusive block scan of one int per thread (TK_THREADS threads); returns the prefix, *total gets the sum.
+__device__ __forceinline__ int block_scan(int v, int* warp_sums, int* total) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int x = v;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int y = __shfl_up_sync(0xffffffffu, x, o);
+        if (lane >= o) x += y;
+    }
+    if (lane == 31) warp_sums[warp] = x;
+    __syncthreads();
+    if (warp == 0) {
+        int w = lane < TK_THREADS / 32 ? warp_sums[lane] : 0;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const int y = __shfl_up_sync(0xffffffffu, w, o);
+            if (lane >= o) w += y;
+        }
+        if (lane < TK_THREADS / 32) warp_sums[lane] = w;  // inclusive
+    }
+    __syncthreads();
+    const int before = (warp ? warp_sums[warp - 1] : 0) + x - v;
+    *total = warp_sums[TK_THREADS / 32 - 1];
+    __syncthreads();  // warp_sums may be rewritten by the next scan
+    return before;
+}
+
+extern "C" __global__ void __launch_bounds__(TK_THREADS)
+sparse_topk(const float* __restrict__ scores, int N, const int* __restrict__ qsl, int num_reqs,
+            const int* __restrict__ seq_lens, int R, int K, int r0, int rows, int* __restrict__ topk) {
+    __shared__ int hist[256];
+    __shared__ int warp_sums[TK_THREADS / 32];
+    __shared__ unsigned s_prefix;
+    __shared__ int s_need;
+    const int i = blockIdx.x, t = r0 + i, tid = threadIdx.x;
+    if (i >= rows) return;
+    const int b = find_req(qsl, num_reqs, t), base = qsl[0];
+    const int qlen = qsl[b + 1] - qsl[b], pos = seq_lens[b] - qlen + (t - (qsl[b] - base));
+    const int n = min((pos + 1) / R, N);
+    int* out = topk + (size_t)t * K;
+    if ((pos + 1) / R <= K) {  // short row: every complete block, no scores read
+        for (int j = tid; j < K; j += TK_THREADS) out[j] = j < (pos + 1) / R ? j : -1;
+        return;
+    }
+    const float* row = scores + (size_t)i * N;
+    // Radix select, most significant byte first: the K-th largest key's prefix grows by 8 bits per pass.
+    unsigned prefix = 0;
+    int need = K;  // how many of the keys that match the prefix so far are still to be taken from the top
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        for (int h = tid; h < 256; h += TK_THREADS) hist[h] = 0;
+        __syncthreads();
+        const unsigned mask = shift == 24 ? 0u : (0xffffffffu << (shift + 8));
+        for (int j = tid; j < n; j += TK_THREADS) {
+            const unsigned key = order_key(row[j]);
+            if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255], 1);
+        }
+        __syncthreads();
+        if (tid == 0) {
+            int acc = 0, d = 255;
+            for (; d > 0; d--) {
+                if (acc + hist[d] >= need) break;
+                acc += hist[d];
+            }
+            s_prefix = prefix | ((unsigned)d << shift);
+            s_need = need - acc;
+        }
+        __syncthreads();
+        prefix = s_prefix;
+        need = s_need;
+        __syncthreads();
+    }
+    // prefix = the K-th largest key; take every key above it and the `need` lowest-indexed keys equal to it.
+    int taken = 0, eq_seen = 0;
+    for (int j0 = 0; j0 < n; j0 += TK_THREADS) {
+        const int j = j0 + tid;
+        const unsigned key = j < n ? order_key(row[j]) : 0u;
+        const int gt = j < n && key > prefix, eq = j < n && key == prefix;
+        int eq_total, sel_total;
+        const int eq_rank = block_scan(eq, warp_sums, &eq_total);
+        const int sel = gt || (eq && eq_seen + eq_rank < need);
+        const int at = block_scan(sel, warp_sums, &sel_total);
+        if (sel) out[taken + at] = j;
+        taken += sel_total;
+        eq_seen += eq_total;
+    }
+    for (int j = taken + tid; j < K; j += TK_THREADS) out[j] = -1;  // only for bad input (fewer than K keys)
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// 4. Sparse attention
+// ---------------------------------------------------------------------------------------------------------
+constexpr int SA_KCAP = 512, SA_THREADS = 128;  // GM: the group size bound, 8 or 16 (registers)
+
+template <typename T, int D, int GM>
+__global__ void __launch_bounds__(SA_THREADS, 1)
+sparse_attention(const T* __restrict__ q, const T* __restrict__ k_cache, const T* __restrict__ v_cache,
+                 const int* __restrict__ block_tables, int tab_width, const int* __restrict__ qsl, int num_reqs,
+                 const int* __restrict__ seq_lens, const int* __restrict__ combined, int Kc,
+                 const int* __restrict__ lens, int M, int N, int W, int R, int bs, int num_blocks, float scale, int Hq,
+                 int Hkv, T* __restrict__ out) {
+    constexpr int NJ = (D + 31) / 32;                              // output dims per lane
+    constexpr bool VEC = (D * sizeof(T)) % 16 == 0;                // K rows as 16-byte chunks
+    extern __shared__ __align__(16) unsigned char sa_raw[];
+    float* Qs = reinterpret_cast<float*>(sa_raw);                  // [GM][D], pre-scaled (log2 units)
+    float* Ps = Qs + GM * D;                                  // [4 warps][GM][32]
+    float* Mg = Ps + 4 * GM * 32;                             // merge: [4][GM][D + 2]
+    int* slots = reinterpret_cast<int*>(Mg + 4 * GM * (D + 2)); // [SA_KCAP]
+    __shared__ int warp_sums[SA_THREADS / 32];
+
+    const int t = blockIdx.x, g = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int G = min(Hq / Hkv, GM);
+    const int base = qsl[0], b = find_req(qsl, num_reqs, t);
+    const int qlen = qsl[b + 1] - qsl[b], L = min(seq_lens[b], tab_width * bs);
+    const int pos = seq_lens[b] - qlen + (t - (qsl[b] - base));
+    const int prefix = seq_lens[b] - qlen;
+    const int gstart = prefix - min(prefix, W - 1), wstart = pos - min(pos + 1, W) + 1;
+    const int* table = block_tables + (size_t)b * tab_width;
+    const long long off = (long long)b * M;
+    const int row = base + t;
+
+    for (int i = tid; i < G * D; i += SA_THREADS)
+        Qs[i] = to_f32(q[((size_t)row * Hq + g * (Hq / Hkv)) * D + i]) * (scale * LOG2E_F);
+
+    float m[GM], l[GM], acc[GM][NJ];
+#pragma unroll
+    for (int h = 0; h < GM; h++) {
+        m[h] = NEG_INF; l[h] = 0.0f;
+#pragma unroll
+        for (int j = 0; j < NJ; j++) acc[h][j] = 0.0f;
+    }
+    const size_t kv_stride = (size_t)Hkv * D;
+    const T* kb = k_cache + (size_t)g * D;
+    const T* vb = v_cache + (size_t)g * D;
+    const int n_entries = lens[t];
+    const int* crow = combined + (size_t)t * Kc;
+    const int E = max(1, min(SA_THREADS, SA_KCAP / R));  // entries per chunk: their keys always fit the list
+    float* P = Ps + warp * GM * 32;
+
+    for (int e0 = 0; e0 < n_entries; e0 += E) {
+        // Expand entries e0 .. e0+E-1 into cache slots: this thread's entry covers keys [k0, k0 + cnt).
+        int k0 = 0, cnt = 0;
+        if (tid < E && e0 + tid < n_entries) {
+            const int r = crow[e0 + tid];
+            if (r >= 0) {
+                const long long local = (long long)r - off;
+                if (local >= 0 && local < N) {  // key block `local`: its tokens before the window
+                    k0 = (int)local * R;
+                    cnt = max(0, min(min(k0 + R, wstart), L) - k0);
+                } else if (local >= N && local < M) {  // window token
+                    k0 = gstart + (int)(local - N);
+                    cnt = k0 >= 0 && k0 < L ? 1 : 0;
+                }
+            }
+        }
+        int total;
+        __syncthreads();  // the previous chunk's slots are consumed (and Qs written on the first pass)
+        {
+            const int lane_ = lane;
+            int x = cnt;
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                const int y = __shfl_up_sync(0xffffffffu, x, o);
+                if (lane_ >= o) x += y;
+            }
+            if (lane_ == 31) warp_sums[warp] = x;
+            __syncthreads();
+            int before = x - cnt;
+            for (int w = 0; w < warp; w++) before += warp_sums[w];
+            total = warp_sums[0] + warp_sums[1] + warp_sums[2] + warp_sums[3];
+            for (int c = 0; c < cnt; c++) slots[before + c] = cache_slot(table, k0 + c, bs, num_blocks);  // cnt <= R
+        }
+        __syncthreads();
+        // Warps take 32-key tiles in turn.
+        for (int k_base = warp * 32; k_base < total; k_base += 4 * 32) {
+            const int kidx = k_base + lane;
+            const bool valid = kidx < total;
+            float s[GM];
+#pragma unroll
+            for (int h = 0; h < GM; h++) s[h] = 0.0f;
+            if (valid) {
+                const T* kr = kb + (size_t)slots[kidx] * kv_stride;
+                if constexpr (VEC) {
+                    constexpr int PER = 16 / sizeof(T);
+#pragma unroll
+                    for (int d0 = 0; d0 < D; d0 += PER) {
+                        Chunk<T> ch;
+                        ch.u = *reinterpret_cast<const uint4*>(kr + d0);
+                        float kf[PER];
+#pragma unroll
+                        for (int e = 0; e < PER; e++) kf[e] = to_f32(ch.e[e]);
+#pragma unroll
+                        for (int h = 0; h < GM; h++) {
+                            if (h < G) {
+#pragma unroll
+                                for (int e = 0; e < PER; e++) s[h] += Qs[h * D + d0 + e] * kf[e];
+                            }
+                        }
+                    }
+                } else {
+                    for (int d = 0; d < D; d++) {
+                        const float kf = to_f32(kr[d]);
+#pragma unroll
+                        for (int h = 0; h < GM; h++)
+                            if (h < G) s[h] += Qs[h * D + d] * kf;
+                    }
+                }
+            }
+#pragma unroll
+            for (int h = 0; h < GM; h++) {
+                if (h >= G) continue;
+                float v = valid ? s[h] : NEG_INF;
+                float mx = v;
+#pragma unroll
+                for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+                const float mn = fmaxf(m[h], mx);  // finite: lane 0's key is valid in every tile
+                const float alpha = exp2f(m[h] - mn);
+                const float p = valid ? exp2f(v - mn) : 0.0f;
+                m[h] = mn;
+                l[h] = l[h] * alpha + p;  // per-lane partial sum (alpha is warp-uniform)
+#pragma unroll
+                for (int j = 0; j < NJ; j++) acc[h][j] *= alpha;
+                P[h * 32 + lane] = p;
+            }
+            __syncwarp();
+            const int nk = min(32, total - k_base);
+            for (int k = 0; k < nk; k++) {
+                const int slot = slots[k_base + k];
+                float v[NJ];
+#pragma unroll
+                for (int j = 0; j < NJ; j++) {
+                    const int d = lane + 32 * j;
+                    v[j] = d < D ? to_f32(vb[(size_t)slot * kv_stride + d]) : 0.0f;
+                }
+#pragma unroll
+                for (int h = 0; h < GM; h++) {
+                    if (h >= G) continue;
+                    const float p = P[h * 32 + k];
+#pragma unroll
+                    for (int j = 0; j < NJ; j++) acc[h][j] += p * v[j];
+                }
+            }
+            __syncwarp();
+        }
+    }
+    // Merge the 4 warps: each writes (m, l, acc) per head; then thread (h, d) combines.
+#pragma unroll
+    for (int h = 0; h < GM; h++) {
+        if (h >= G) continue;
+        float lt = l[h];
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) lt += __shfl_xor_sync(0xffffffffu, lt, o);
+        float* mg = Mg + (warp * GM + h) * (D + 2);
+#pragma unroll
+        for (int j = 0; j < NJ; j++)
+            if (lane + 32 * j < D) mg[lane + 32 * j] = acc[h][j];
+        if (lane == 0) { mg[D] = m[h]; mg[D + 1] = lt; }
+    }
+    __syncthreads();
+    for (int i = tid; i < G * D; i += SA_THREADS) {
+        const int h = i / D, d = i % D;
+        float mx = NEG_INF;
+        for (int w = 0; w < 4; w++) mx = fmaxf(mx, Mg[(w * GM + h) * (D + 2) + D]);
+        float num = 0.0f, den = 0.0f;
+        if (mx != NEG_INF) {
+            for (int w = 0; w < 4; w++) {
+                const float* mg = Mg + (w * GM + h) * (D + 2);
+                const float a = exp2f(mg[D] - mx);  // a warp that saw no key has m = -inf: a = 0
+                num += a * mg[d];
+                den += a * mg[D + 1];
+            }
+        }
+        out[((size_t)row * Hq + g * (Hq / Hkv) + h) * D + d] = from_f32<T>(den > 0.0f ? num * __frcp_rn(den) : 0.0f);
+    }
+}
+
+#define SA_INSTANCE_G(T, D, GM)                                                                                  \
+    template __global__ void sparse_attention<T, D, GM>(const T*, const T*, const T*, const int*, int, const int*, \
+                                                        int, const int*, const int*, int, const int*, int, int, int, \
+                                                        int, int, int, float, int, int, T*);
+#define SA_INSTANCE(T, D) SA_INSTANCE_G(T, D, 8) SA_INSTANCE_G(T, D, 16)
+#define SP_INSTANCES(T)                                                                                          \
+    template __global__ void sparse_compress_keys<T>(const T*, const int*, int, const int*, int, int, int, int,   \
+                                                     int, int, float*);                                          \
+    template __global__ void sparse_scores<T>(const T*, const float*, const int*, int, const int*, int, int, int, \
+                                              int, int, int, int, float*);                                       \
+    SA_INSTANCE(T, 8) SA_INSTANCE(T, 16) SA_INSTANCE(T, 32) SA_INSTANCE(T, 64) SA_INSTANCE(T, 128)
+SP_INSTANCES(float) SP_INSTANCES(__half) SP_INSTANCES(__nv_bfloat16)

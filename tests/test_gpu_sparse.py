@@ -1,0 +1,160 @@
+"""Sparse prefill CUDA kernels against their CPU twins at realistic shapes (H200; skipped without a GPU).
+
+combine and top-k must be bit-identical to the twins (same inputs); the indexer and sparse attention read bf16
+caches and are compared with the twins run on the same bf16 values upcast to fp32 (bf16 tolerance).
+Shapes: Qwen2.5-0.5B's attention (14 query heads, 2 kv heads, head dim 64), several requests with cached
+prefixes, a query_start_loc slice that does not start at 0, block size 16 and shuffled block tables.
+"""
+import numpy as np
+import pytest
+from paged_cache import paged_cache
+from test_sparse_kernels import random_combine_case
+
+from kernels import sparse_prefill as sp
+from kernels.combine import combine_topk_swa_indices as combine_twin
+from kernels.prefill_attention import prefill_attention
+
+pytestmark = pytest.mark.gpu
+I32 = np.int32
+
+
+@pytest.fixture(scope="module")
+def cuda():
+    import cupy as cp
+
+    from toolkit.backends.cuda import CudaBackend
+
+    be = CudaBackend("bfloat16")
+    be.bind_thread()
+    return cp, be
+
+
+def bf16(a):
+    import ml_dtypes
+
+    return np.ascontiguousarray(a, np.float32).astype(ml_dtypes.bfloat16)
+
+
+def up(cp, a):
+    """fp32 host -> (device bf16 bits, the same values as fp32 on the host)."""
+    b = bf16(a)
+    return cp.asarray(b.view(np.uint16)), b.astype(np.float32)
+
+
+def test_combine_bit_identical(cuda):
+    cp, be = cuda
+    from toolkit.ops import combine_topk_swa_indices
+
+    t = np.array([[1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 12]], I32)
+    args = (np.array([0, 2, 3], I32), np.array([8, 10], I32), np.array([8, 10], I32))
+    c, n = combine_topk_swa_indices(cp.asarray(t), *map(cp.asarray, args), 4, 2, 4, 64, 16)
+    assert isinstance(c, cp.ndarray)
+    assert c.get()[2, :8].tolist() == [73, 74, 75, 76, 86, 87, 88, 89] and n.get().tolist() == [7, 8, 8]
+    rng = np.random.default_rng(0)
+    for K, W, R in ((512, 128, 4), (0, 16, 1), (7, 8, 2), (3, 5, 5)):
+        for split in ("flat_warp", "flat_block", "persistent"):
+            topk, qsl, seq_lens, gather, M, N = random_combine_case(rng, 4, K, W, R, base=17)
+            want, want_lens = combine_twin(topk, qsl, seq_lens, gather, W, R, K, M, N)
+            full_qsl = cp.asarray(np.concatenate([[0, 5, 17], qsl]).astype(I32))  # a slice that starts at 17
+            out = cp.full(want.shape, 999, cp.int32)  # dirty buffer
+            lens = cp.full(len(want_lens), 999, cp.int32)
+            be._sparse.combine(cp.asarray(topk), full_qsl[3:], cp.asarray(seq_lens), cp.asarray(gather), W, R, K, M,
+                               N, out, lens, split=split, workers=128)
+            np.testing.assert_array_equal(out.get(), want)
+            np.testing.assert_array_equal(lens.get(), want_lens)
+
+
+def case(rng, cp, lens=(700, 300, 1500), qlens=(700, 120, 900), Hq=14, Hkv=2, D=64, bs=16):
+    kc, vc, tables = paged_cache(rng, list(lens), Hkv, D, block_size=bs)
+    kc, vc = np.nan_to_num(kc, nan=1e4), np.nan_to_num(vc, nan=1e4)  # bf16 keeps no NaN payload reliably
+    qsl = (np.concatenate([[0], np.cumsum(qlens)]) + 3).astype(I32)
+    q = rng.standard_normal((int(qsl[-1]) + 1, Hq, D)).astype(np.float32)
+    seq_lens = np.array(lens, I32)
+    dq, q = up(cp, q)
+    dk, kc = up(cp, kc)
+    dv, vc = up(cp, vc)
+    dev = dict(q=dq, k=dk, v=dv, tables=cp.asarray(tables), qsl=cp.asarray(qsl), seq_lens=cp.asarray(seq_lens))
+    return dev, (q, kc, vc, tables, qsl, seq_lens)
+
+
+def test_indexer_and_topk(cuda):
+    cp, be = cuda
+    rng = np.random.default_rng(1)
+    dev, (q, kc, vc, tables, qsl, seq_lens) = case(rng, cp)
+    R, K, bs = 4, 64, 16
+    N = int((seq_lens // R).max())
+    T = int(qsl[-1] - qsl[0])
+    kbar = sp.compress_keys(kc, tables, seq_lens, bs, R, N)
+    dkbar = cp.empty(kbar.shape, cp.float32)
+    be.sparse_compress_keys(dev["k"], dev["tables"], dev["seq_lens"], bs, R, dkbar)
+    np.testing.assert_allclose(dkbar.get(), kbar, rtol=1e-5, atol=1e-5)
+    scores = np.empty((T, N), np.float32)
+    sp.indexer_scores(q, kbar, qsl, seq_lens, R, 0, scores)
+    r0, rows = 200, 1000  # one chunk of rows, across a request boundary
+    dscores = cp.empty((rows, N), cp.float32)
+    be.sparse_scores(dev["q"], dkbar, dev["qsl"], dev["seq_lens"], R, r0, dscores, 900)
+    got = dscores.get()
+    want = scores[r0:r0 + rows]
+    assert (np.isinf(got) == np.isinf(want)).all()
+    fin = np.isfinite(want)
+    assert np.abs(got[fin] - want[fin]).max() <= 1e-3 * np.abs(want[fin]).max()
+    # top-k on identical scores, rounded so that ties are common: bit-identical to the twin
+    tied = np.round(scores * 4) / 4
+    want_topk = np.full((T, K), 7, I32)
+    sp.topk_blocks(tied, qsl, seq_lens, R, K, 0, want_topk)
+    dtopk = cp.full((T, K), 7, cp.int32)
+    be.sparse_topk(cp.asarray(tied[:500]), dev["qsl"], dev["seq_lens"], R, K, 0, dtopk)
+    be.sparse_topk(cp.asarray(tied[500:]), dev["qsl"], dev["seq_lens"], R, K, 500, dtopk)
+    np.testing.assert_array_equal(dtopk.get(), want_topk)
+
+
+@pytest.mark.parametrize("K,W,R", [(64, 128, 4), (512, 128, 4), (3, 8, 2)])
+def test_sparse_attention(cuda, K, W, R):
+    cp, be = cuda
+    rng = np.random.default_rng(K + W)
+    dev, (q, kc, vc, tables, qsl, seq_lens) = case(rng, cp)
+    bs, scale = 16, 64 ** -0.5
+    T = int(qsl[-1] - qsl[0])
+    N = int((seq_lens // R).max())
+    gather = sp.gather_lens(qsl, seq_lens, W)
+    M = N + int(gather.max())
+    topk = np.empty((T, K), I32)
+    if N > K:
+        kbar = sp.compress_keys(kc, tables, seq_lens, bs, R, N)
+        sp.topk_blocks(sp.indexer_scores(q, kbar, qsl, seq_lens, R, 0, np.empty((T, N), np.float32)), qsl, seq_lens,
+                       R, K, 0, topk)
+    else:
+        sp.topk_blocks(None, qsl, seq_lens, R, K, 0, topk)
+    combined, clens = combine_twin(topk, qsl, seq_lens, gather, W, R, K, M, N)
+    want = np.zeros_like(q)
+    sp.sparse_attention(q, kc, vc, tables, qsl, seq_lens, combined, clens, M, N, W, R, bs, scale, want)
+    dout = cp.zeros(dev["q"].shape, cp.uint16)
+    be.sparse_attention(dev["q"], dev["k"], dev["v"], dev["tables"], dev["qsl"], dev["seq_lens"],
+                        cp.asarray(combined), cp.asarray(clens), M, N, W, R, bs, scale, dout)
+    got = be.to_host(dout)
+    rows = slice(qsl[0], qsl[-1])
+    err = np.abs(got[rows] - want[rows]).max()
+    assert err <= 2e-2 * max(1.0, np.abs(want[rows]).max()), err
+    if N <= K:  # every block covered: dense attention
+        dense = np.zeros_like(q)
+        prefill_attention(q, kc, vc, tables, qsl, seq_lens, bs, scale, dense)
+        assert np.abs(got[rows] - dense[rows]).max() <= 2e-2 * max(1.0, np.abs(dense[rows]).max())
+
+
+def test_engine_sparse_gpu_matches_cpu(stories_dir, monkeypatch):
+    import toolkit.sparse as sparse
+    from toolkit.assembly import build_engine
+    from toolkit.options import EngineOptions
+
+    monkeypatch.setattr(sparse, "DENSE_WHEN_EXACT", False)
+    ids = list(np.random.default_rng(0).integers(1, 512, 300))
+    tight = EngineOptions(sparse_topk=8, sparse_window=16, sparse_block=4)
+    got = build_engine(stories_dir, device="cuda", dtype="float32", max_context=512, options=tight,
+                       warmup=False).logits(ids)
+    want = build_engine(stories_dir, device="cpu", max_context=512, options=tight, warmup=False).logits(ids)
+    assert np.abs(got - want).max() <= 2e-3 * max(1.0, np.abs(want).max())
+    dense = build_engine(stories_dir, device="cuda", dtype="float32", max_context=512,
+                         options=EngineOptions(sparse_prefill=False), warmup=False)
+    exact = build_engine(stories_dir, device="cuda", dtype="float32", max_context=512, options=EngineOptions(),
+                         warmup=False)
+    assert np.abs(exact.logits(ids) - dense.logits(ids)).max() <= 1e-3

@@ -1,0 +1,135 @@
+"""Sparse prefill end to end on the CPU: the fixtures (tests/fixtures) and stories260K.
+
+* The default parameters cover every block of these short prompts, so the sparse path must give dense logits;
+  toolkit.sparse.DENSE_WHEN_EXACT = False forces the sparse kernels themselves to run on them.
+* A forced-sparse prefill (K=2, W=4, R=2) is compared with the same model run on a backend whose sparse ops are
+  the plain NumPy references of tests/test_sparse_kernels.py (argsort top-k, Python-set key sets, float64
+  softmax), the indexer a float64 loop over the cache: an independent implementation of the same semantics.
+* Records say which path ran: StepTiming.prefill_path and RequestStats.prefill_path.
+"""
+import numpy as np
+import pytest
+from conftest import FIXTURES
+from reference_run import FIXTURE_NAMES
+from test_sparse_kernels import ref_combine, ref_sparse_attention
+
+import toolkit.sparse as sparse
+from toolkit.assembly import build_engine
+from toolkit.backends.cpu import CpuBackend
+from toolkit.engine import SamplingParams
+from toolkit.options import EngineOptions
+
+TIGHT = dict(sparse_topk=2, sparse_window=4, sparse_block=2)
+
+
+@pytest.fixture
+def force_sparse(monkeypatch):
+    monkeypatch.setattr(sparse, "DENSE_WHEN_EXACT", False)
+
+
+class RefBackend(CpuBackend):
+    """CpuBackend with the sparse ops replaced by slow, obvious references."""
+
+    def sparse_compress_keys(self, k_cache, block_tables, seq_lens, block_size, R, kbar):
+        self._cache = (k_cache, block_tables, block_size)
+
+    def sparse_scores(self, q, kbar, qsl, seq_lens, R, r0, scores, max_query_len=None):
+        kc, tables, bs = self._cache
+        Hkv = kc.shape[1]
+        t = 0
+        for b in range(len(seq_lens)):
+            qlen = qsl[b + 1] - qsl[b]
+            for i in range(qlen):
+                pos = seq_lens[b] - qlen + i
+                if r0 <= t < r0 + len(scores):
+                    qm = q[qsl[0] + t].astype(np.float64).reshape(Hkv, -1, q.shape[2]).mean(1)
+                    for j in range(scores.shape[1]):
+                        if j < (pos + 1) // R:
+                            km = np.mean([kc[tables[b, k // bs] * bs + k % bs] for k in range(j * R, j * R + R)], 0)
+                            scores[t - r0, j] = sum(max(0.0, qm[g] @ km[g]) for g in range(Hkv))
+                        else:
+                            scores[t - r0, j] = -np.inf
+                t += 1
+
+    def sparse_topk(self, scores, qsl, seq_lens, R, K, r0, topk):
+        t = 0
+        for b in range(len(seq_lens)):
+            qlen = qsl[b + 1] - qsl[b]
+            for i in range(qlen):
+                n = (seq_lens[b] - qlen + i + 1) // R
+                if n <= K:
+                    topk[t] = list(range(n)) + [-1] * (K - n)
+                elif r0 <= t < r0 + len(scores):
+                    topk[t] = sorted(np.argsort(-scores[t - r0, :n], kind="stable")[:K])
+                t += 1
+        self._topk = topk
+
+    def combine_topk_swa_indices(self, topk, qsl, seq_lens, gather_lens, W, R, K, M, N, out, lens):
+        want, want_lens = ref_combine(topk, qsl, seq_lens, gather_lens, W, R, K, M, N)
+        out[:], lens[:] = want, want_lens
+
+    def sparse_attention(self, q, k_cache, v_cache, block_tables, qsl, seq_lens, combined, lens, M, N, W, R,
+                         block_size, scale, out):
+        ref = ref_sparse_attention(q, k_cache, v_cache, block_tables, seq_lens, qsl, self._topk, W, R, block_size,
+                                   scale)
+        out[qsl[0]:qsl[-1]] = ref[qsl[0]:qsl[-1]]
+
+
+def engines(folder, options, max_context=64, **kw):
+    fast = build_engine(folder, device="cpu", max_context=max_context, options=options, warmup=False, **kw)
+    ref = build_engine(folder, device="cpu", max_context=max_context, options=options, warmup=False, **kw)
+    ref.runner.model.be = RefBackend()  # the model's ops only; the runner keeps its own backend
+    ref.runner.model._sparse = None
+    return fast, ref
+
+
+@pytest.mark.parametrize("name", FIXTURE_NAMES)
+def test_default_sparse_equals_dense(name, force_sparse):
+    folder = FIXTURES / name
+    ids = np.load(folder / "reference.npz")["input_ids"]
+    engine = build_engine(folder, device="cpu", max_context=64, options=EngineOptions(sparse_prefill=False),
+                          warmup=False)
+    dense = engine.logits(ids)
+    engine.set_options(EngineOptions())
+    assert np.abs(engine.logits(ids) - dense).max() <= 1e-4
+    assert np.abs(engine.logits(ids, chunk=7) - dense).max() <= 1e-4  # chunks over a cached prefix
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen3"])
+def test_forced_sparse_matches_reference(name):
+    folder = FIXTURES / name
+    ids = np.load(folder / "reference.npz")["input_ids"]
+    fast, ref = engines(folder, EngineOptions(**TIGHT))
+    got, want = fast.logits(ids), ref.logits(ids)
+    assert np.abs(got - want).max() <= 1e-4
+    fast.set_options(EngineOptions(sparse_prefill=False))
+    assert np.abs(fast.logits(ids) - got).max() > 1e-2  # the tight setting really is approximate
+    fast.set_options(EngineOptions(**TIGHT))
+    assert np.abs(fast.logits(ids, chunk=5) - got).max() <= 1e-4  # chunked prefill: same semantics
+
+
+def test_stories_sparse(stories_dir, force_sparse):
+    ids = list(np.random.default_rng(0).integers(1, 512, 200))
+    fast, ref = engines(stories_dir, EngineOptions(sparse_prefill=False), max_context=512)
+    dense = fast.logits(ids)
+    fast.set_options(EngineOptions())
+    assert np.abs(fast.logits(ids) - dense).max() <= 1e-4
+    tight = EngineOptions(sparse_topk=8, sparse_window=16, sparse_block=4)
+    fast.set_options(tight)
+    ref.set_options(tight)
+    got = fast.logits(ids[:120])
+    assert np.abs(got - ref.logits(ids[:120])).max() <= 1e-4
+    assert np.abs(got - dense[:120]).max() > 1e-3
+
+
+def test_records_say_which_path_ran():
+    folder = FIXTURES / "qwen3"
+    ids = np.load(folder / "reference.npz")["input_ids"].tolist()
+    engine = build_engine(folder, device="cpu", max_context=64, warmup=False)
+    for options, want in ((EngineOptions(), "sparse-exact"), (EngineOptions(**TIGHT), "sparse-approx"),
+                          (EngineOptions(sparse_prefill=False), "dense")):
+        engine.set_options(options)
+        outs = list(engine.generate(ids, SamplingParams(max_tokens=2, ignore_eos=True)))
+        assert outs[-1].stats.prefill_path == want
+        assert outs[-1].stats.as_dict()["prefill_path"] == want
+        assert outs[0].step.prefill_path == want and outs[-1].step.prefill_path == ""  # then a decode step

@@ -1,0 +1,161 @@
+"""Launchers for the sampler's CUDA kernels (kernels/sampler.cu) on CuPy arrays; CPU twin: kernels/sampler.py.
+
+    logits [R, V] (bf16 as uint16 bits, fp16, fp32) --to_fp32--> x f32[R, V]
+    x: add_entries, apply_penalties, temperature_min_p, top_k_top_p (in place)
+    logits or x --gumbel_sample--> out int32[R];   raw logits --logprobs--> top ids / logprobs, rank
+
+Every launch is a few host checks plus kernel launches on the current CuPy stream: no host synchronisation, no
+allocation, no host->device copy, and grids that depend only on (R, V), so a launch sequence can be captured in
+a CUDA graph and replayed with new data in the same buffers. The per-row workspaces (argmax merge keys, block
+counters, row maxima) start zeroed and the kernels leave them zeroed; they are allocated by `reserve(rows)` (or
+by the first eager launch with more rows than reserved: do one eager launch, or call reserve, before capturing).
+One workspace per CudaSamplerKernels: use one stream per object.
+"""
+import numpy as np
+
+from .cuda_kernels import _module, _i32, CTYPES
+
+SAMPLE_CHUNK = 4096  # sampler.cu: SAMPLE_CHUNK (tokens per gumbel_sample chunk)
+MAX_TILES = 2  # sampler.cu: MAX_TILES (chunks a gumbel_sample block holds in registers)
+ROW_CHUNK = 4096     # sampler.cu: ROW_CHUNK (values per temperature / min_p block)
+SEL_THREADS = 1024   # sampler.cu: SEL_THREADS (top_k_top_p and logprobs: one block per row)
+MAX_LOGPROBS = 20
+I32, F32, U32 = np.dtype(np.int32), np.dtype(np.float32), np.dtype(np.uint32)
+_CTYPE_OF = {np.dtype(np.float32): "float", np.dtype(np.float16): "__half", np.dtype(np.uint16): "__nv_bfloat16"}
+
+
+class CudaSamplerKernels:
+    """The sampler ops on CuPy arrays. `dtype` is the model's compute dtype; the logits inputs may be that
+    dtype's storage (bf16 = uint16) or fp32 (the processed copy): each op picks its instantiation per call."""
+
+    def __init__(self, dtype: str):
+        import cupy
+
+        if dtype not in CTYPES:
+            raise ValueError(f"unsupported dtype {dtype!r}; choose one of {sorted(CTYPES)}")
+        self.cp, self.dtype = cupy, dtype
+        self._fns = {}
+        self._rows = 0
+        self._ws = self._counters = self._rowmax = None
+        self._n_sm = None
+
+    def _fn(self, name: str, ctype: str = "float"):
+        f = self._fns.get((name, ctype))
+        if f is None:
+            f = _module("sampler", ctype).get_function(f"{name}<{ctype}>")
+            self._fns[(name, ctype)] = f
+        return f
+
+    def _sms(self) -> int:
+        if self._n_sm is None:
+            self._n_sm = self.cp.cuda.Device().attributes["MultiProcessorCount"]
+        return self._n_sm
+
+    def reserve(self, rows: int):
+        """Allocate the zeroed per-row workspaces for up to `rows` rows (once; outside any graph capture)."""
+        if rows > self._rows:
+            cp = self.cp
+            self._ws = cp.zeros(rows, cp.uint64)
+            self._counters = cp.zeros(rows, cp.uint32)
+            self._rowmax = cp.zeros(rows, cp.uint32)
+            self._rows = rows
+
+    # -- checks ---------------------------------------------------------------------------------------------------
+    def _arr(self, op, name, a, dtype, shape):
+        if not isinstance(a, self.cp.ndarray):
+            raise ValueError(f"{op}: {name} must be a CuPy array, got {type(a).__name__}")
+        if a.dtype != dtype or not a.flags.c_contiguous or a.shape != shape:
+            raise ValueError(f"{op}: {name} must be a C-contiguous {np.dtype(dtype).name} array of shape {shape}, "
+                             f"got {a.dtype} shape {a.shape}{'' if a.flags.c_contiguous else ' (strided)'}")
+
+    def _logits(self, op, logits):
+        ct = _CTYPE_OF.get(np.dtype(logits.dtype))
+        if ct is None or not isinstance(logits, self.cp.ndarray) or logits.ndim != 2 or not logits.flags.c_contiguous:
+            raise ValueError(f"{op}: logits must be a C-contiguous [R, V] float32/float16/uint16(bf16) array, got "
+                             f"{logits.dtype} shape {logits.shape}")
+        return ct, logits.shape
+
+    def _x32(self, op, x):
+        if not isinstance(x, self.cp.ndarray) or x.dtype != F32 or x.ndim != 2 or not x.flags.c_contiguous:
+            raise ValueError(f"{op}: x must be a C-contiguous float32 [R, V] array, got {x.dtype} shape {x.shape}")
+        return x.shape
+
+    # -- ops ---------------------------------------------------------------------------------------------------------
+    def gumbel_sample(self, logits, temperature, seeds, positions, out):
+        ct, (R, V) = self._logits("gumbel_sample", logits)
+        self._arr("gumbel_sample", "temperature", temperature, F32, (R,))
+        self._arr("gumbel_sample", "seeds", seeds, U32, (R, 2))
+        self._arr("gumbel_sample", "positions", positions, I32, (R,))
+        self._arr("gumbel_sample", "out", out, I32, (R,))
+        if not R or not V:
+            return
+        self.reserve(R)
+        # Each block holds `tiles` chunks of SAMPLE_CHUNK tokens in registers (the random rows' second pass
+        # reads them there, not from memory again): 2 once the grid fills the GPU (8 blocks of 256 threads per
+        # SM), else 1 for more blocks at small batch. At B = 128, V = 151,936: 19 blocks a row, 2,432 in all.
+        nchunks = -(-V // SAMPLE_CHUNK)
+        tiles = MAX_TILES if nchunks * R > 8 * self._sms() else 1
+        bpr = -(-nchunks // tiles)
+        self._fn("gumbel_sample", ct)((bpr * R,), (256,), (logits, _i32(V), _i32(tiles), temperature, seeds,
+                                                           positions, self._ws, self._counters, out))
+
+    def to_fp32(self, logits, out):
+        ct, shape = self._logits("to_fp32", logits)
+        self._arr("to_fp32", "out", out, F32, shape)
+        n = logits.size
+        if n:
+            blocks = max(1, min(-(-n // 1024), 65536))
+            self._fn("to_fp32", ct)((blocks,), (256,), (logits, out, np.int64(n)))
+
+    def _csr(self, op, R, offsets, tokens, *entry_arrays):
+        self._arr(op, "offsets", offsets, I32, (R + 1,))
+        self._arr(op, "tokens", tokens, I32, tokens.shape)
+        for name, a, dt in entry_arrays:
+            if not isinstance(a, self.cp.ndarray) or a.dtype != dt or not a.flags.c_contiguous or a.shape != tokens.shape:
+                raise ValueError(f"{op}: {name} must be a C-contiguous {np.dtype(dt).name} array shaped like tokens "
+                                 f"{tokens.shape}, got {a.dtype} {a.shape}")
+
+    def add_entries(self, x, offsets, tokens, values):
+        R, V = self._x32("add_entries", x)
+        self._csr("add_entries", R, offsets, tokens, ("values", values, F32))
+        if R:
+            self._fn("add_entries")((R,), (128,), (x, _i32(V), offsets, tokens, values))
+
+    def apply_penalties(self, x, offsets, tokens, counts, rep, freq, pres):
+        R, V = self._x32("apply_penalties", x)
+        self._csr("apply_penalties", R, offsets, tokens, ("counts", counts, I32))
+        for name, a in (("rep", rep), ("freq", freq), ("pres", pres)):
+            self._arr("apply_penalties", name, a, F32, (R,))
+        if R:
+            self._fn("apply_penalties")((R,), (128,), (x, _i32(V), offsets, tokens, counts, rep, freq, pres))
+
+    def temperature_min_p(self, x, temperature, min_p):
+        R, V = self._x32("temperature_min_p", x)
+        self._arr("temperature_min_p", "temperature", temperature, F32, (R,))
+        self._arr("temperature_min_p", "min_p", min_p, F32, (R,))
+        if not R or not V:
+            return
+        self.reserve(R)
+        grid = (-(-V // ROW_CHUNK), R)
+        self._fn("temperature_max")(grid, (256,), (x, _i32(V), temperature, min_p, self._rowmax))
+        self._fn("min_p_mask")(grid, (256,), (x, _i32(V), temperature, min_p, self._rowmax, self._counters))
+
+    def top_k_top_p(self, x, top_k, top_p):
+        R, V = self._x32("top_k_top_p", x)
+        self._arr("top_k_top_p", "top_k", top_k, I32, (R,))
+        self._arr("top_k_top_p", "top_p", top_p, F32, (R,))
+        if R and V:
+            self._fn("top_k_top_p")((R,), (SEL_THREADS,), (x, _i32(V), top_k, top_p))
+
+    def logprobs(self, logits, sampled, n, top_ids, top_lp, sampled_lp, sampled_rank):
+        ct, (R, V) = self._logits("logprobs", logits)
+        if not 0 <= n <= MAX_LOGPROBS:
+            raise ValueError(f"logprobs: n must be in [0, {MAX_LOGPROBS}], got {n}")
+        self._arr("logprobs", "sampled", sampled, I32, (R,))
+        self._arr("logprobs", "top_ids", top_ids, I32, (R, n))
+        self._arr("logprobs", "top_lp", top_lp, F32, (R, n))
+        self._arr("logprobs", "sampled_lp", sampled_lp, F32, (R,))
+        self._arr("logprobs", "sampled_rank", sampled_rank, I32, (R,))
+        if R and V:
+            self._fn("logprobs", ct)((R,), (SEL_THREADS,), (logits, _i32(V), sampled, _i32(n), top_ids, top_lp,
+                                                           sampled_lp, sampled_rank))

@@ -1,0 +1,120 @@
+"""Launchers of the sparse prefill kernels (kernels/sparse_prefill.cu, kernels/combine.cu) on CuPy arrays.
+
+Every launch is a few host checks plus one kernel on the current stream: no host synchronisation and no
+allocation (toolkit/sparse.py owns the workspaces and passes them in), so a step using them can be captured.
+The host ints that shape a launch (rows, N, M, max_query_len) come from the step's host-side lengths.
+`combine` is also the CuPy side of toolkit.ops.combine_topk_swa_indices, where it allocates its outputs.
+"""
+import numpy as np
+
+from .cuda_kernels import _f32, _i32
+
+SA_HEAD_DIMS = (8, 16, 32, 64, 128)
+SA_MAXG, SA_KCAP = 16, 512
+COMBINE_SPLITS = ("flat_warp", "flat_block", "persistent")
+
+
+def _smem_attention(D: int, GM: int) -> int:
+    return (GM * D + 4 * GM * 32 + 4 * GM * (D + 2)) * 4 + SA_KCAP * 4
+
+
+class CudaSparse:
+    def __init__(self, kernels):
+        self.k = kernels  # CudaKernels: dtype, ctype, module cache
+        self.cp = kernels.cp
+
+    def _f(self, op, name, smem=0):
+        return self.k._fn(op, name, smem)
+
+    def compress_keys(self, k_cache, block_tables, seq_lens, block_size, R, kbar):
+        B, N, Hkv, D = kbar.shape
+        if not B or not N:
+            return
+        f = self._f("sparse_prefill", f"sparse_compress_keys<{self.k.ctype}>")
+        f((N, B), (Hkv * D,), (k_cache, block_tables, _i32(block_tables.shape[1]), seq_lens, _i32(block_size),
+                               _i32(k_cache.shape[0] // block_size), _i32(R), _i32(N), _i32(Hkv), _i32(D), kbar))
+
+    def scores(self, q, kbar, qsl, seq_lens, R, r0, out, max_query_len):
+        rows, N = out.shape
+        B, _, Hkv, D = kbar.shape
+        if not rows or not N:
+            return
+        smem = (32 + 64) * (D + 1) * 4
+        f = self._f("sparse_prefill", f"sparse_scores<{self.k.ctype}>", smem)
+        f((-(-max_query_len // 32), -(-N // 64), B), (256,),
+          (q, kbar, qsl, _i32(B), seq_lens, _i32(R), _i32(r0), _i32(rows), _i32(N), _i32(q.shape[1]), _i32(Hkv),
+           _i32(D), out), shared_mem=smem)
+
+    def topk(self, scores, qsl, seq_lens, R, K, r0, topk, rows=None):
+        B = seq_lens.shape[0]
+        if scores is None:  # every row short: no scores read (N = 1 is never used)
+            rows, N, scores = topk.shape[0] - r0, 1, topk
+        else:
+            rows, N = scores.shape
+        if rows:
+            self._f("sparse_prefill", "sparse_topk")((rows,), (512,), (
+                scores, _i32(N), qsl, _i32(B), seq_lens, _i32(R), _i32(K), _i32(r0), _i32(rows), topk))
+
+    def gather_lens(self, qsl, seq_lens, W, out):
+        B = seq_lens.shape[0]
+        if B:
+            self._f("combine", "prefill_gather_lens")((-(-B // 128),), (128,), (qsl, seq_lens, _i32(B), _i32(W), out))
+
+    def combine(self, topk, qsl, seq_lens, gather_lens, W, R, K, M, N, out, lens, split="flat_warp",
+                workers=256):
+        T, Kc = out.shape
+        B = seq_lens.shape[0]
+        if topk.ndim != 2 or topk.shape[0] < T or topk.strides[1] != 4 or Kc % 128 or Kc < K + W:
+            raise ValueError(f"combine_topk_swa_indices: topk {topk.shape}, out {out.shape}, K={K}, W={W}")
+        if not T:
+            return
+        args = (topk, _i32(topk.strides[0] // 4), _i32(topk.shape[1]), qsl, _i32(B), seq_lens, gather_lens, _i32(T),
+                _i32(W), _i32(R), _i32(K), _i32(M), _i32(N), _i32(Kc), out, lens)
+        if split == "flat_warp":
+            self._f("combine", "combine_flat_warp")((-(-T // 4),), (128,), args)
+        elif split == "flat_block":
+            self._f("combine", "combine_flat_block")((T,), (128,), args)
+        else:
+            self._f("combine", "combine_persistent")((workers, B), (128,), args)
+
+    def attention(self, q, k_cache, v_cache, block_tables, qsl, seq_lens, combined, lens, M, N, W, R, block_size,
+                  scale, out):
+        T, Kc = combined.shape
+        Hq, D = q.shape[1:]
+        Hkv = k_cache.shape[1]
+        if D not in SA_HEAD_DIMS or Hq // Hkv > SA_MAXG:
+            raise ValueError(f"sparse_attention: head dim {D} (supported {SA_HEAD_DIMS}), group {Hq // Hkv} "
+                             f"(at most {SA_MAXG})")
+        if not T:
+            return
+        GM = 8 if Hq // Hkv <= 8 else 16
+        smem = _smem_attention(D, GM)
+        f = self._f("sparse_prefill", f"sparse_attention<{self.k.ctype}, {D}, {GM}>", smem)
+        f((T, Hkv), (128,), (q, k_cache, v_cache, block_tables, _i32(block_tables.shape[1]), qsl,
+                             _i32(seq_lens.shape[0]), seq_lens, combined, _i32(Kc), lens, _i32(M), _i32(N), _i32(W),
+                             _i32(R), _i32(block_size), _i32(k_cache.shape[0] // block_size), _f32(scale), _i32(Hq),
+                             _i32(Hkv), out), shared_mem=smem)
+
+
+_DEFAULT = {}
+
+
+def combine(topk_indices, query_start_loc, seq_lens, gather_lens, window_size, compress_ratio, topk, M, N):
+    """toolkit.ops on CuPy arrays: allocates the outputs (the engine passes its own buffers instead)."""
+    import cupy as cp
+
+    from .cuda_kernels import CudaKernels
+
+    sp = _DEFAULT.get("sp")
+    if sp is None:
+        sp = _DEFAULT["sp"] = CudaSparse(CudaKernels("float32"))  # combine is dtype-free: int32 only
+    B = int(seq_lens.shape[0])
+    T = int(query_start_loc[B] - query_start_loc[0]) if B else 0  # a host read: fine outside the engine
+    Kc = -(-(topk + window_size) // 128) * 128
+    out, lens = cp.empty((T, Kc), cp.int32), cp.empty(T, cp.int32)
+    i32 = np.int32
+    sp.combine(cp.ascontiguousarray(topk_indices, i32) if topk_indices.strides[-1] != 4 else topk_indices,
+               query_start_loc.astype(i32, copy=False), seq_lens.astype(i32, copy=False),
+               gather_lens.astype(i32, copy=False), int(window_size), int(compress_ratio), int(topk), int(M), int(N),
+               out, lens)
+    return out, lens

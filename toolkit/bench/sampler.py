@@ -1,0 +1,126 @@
+"""`python -m toolkit bench sampler`: the sampler step alone, fast path against slow path.
+
+For each batch size and sampling mode it times the sampler's device work on random bf16 logits
+[B, V] two ways:
+  * graph: CUDA events around one replay of a CUDA graph holding `steps` sampler steps, divided by
+    `steps`, so launch overhead does not hide the kernels (on the GPU; the engine's decode graph
+    holds the sampler the same way, with every processing stage captured);
+  * eager: events around `steps` eager sampler calls (what an eager step pays, launches included).
+It also reports the host time of the gate and the staging, and the FP32 bytes materialised per
+step. Medians of `repeats` runs. With PyTorch present, the reference operations are timed in the
+same process for the ratio: the bf16 -> fp32 copy, bf16 argmax, fp32 softmax + multinomial, sort.
+"""
+import statistics
+import time
+
+import numpy as np
+
+from ..sampler.params import SamplingParams
+from ..sampler.sampler import ALL_STAGES, Sampler
+from ..sampler.state import RequestSampling
+from ..timings import NullTimer
+
+MODES = {  # name -> (params of every row, fast path switch)
+    "greedy, fast path": (dict(temperature=0.0), True),
+    "greedy, fast path off": (dict(temperature=0.0), False),
+    "T=1, fast path": (dict(temperature=1.0), True),
+    "T=1, fast path off": (dict(temperature=1.0), False),
+    "T=0.7 top-k 50 top-p 0.9": (dict(temperature=0.7, top_k=50, top_p=0.9), True),
+}
+
+
+def _timed(be, fn, steps: int) -> float:
+    """Device µs per call of fn, over `steps` calls between two events (or host time on the CPU)."""
+    if be.name != "cuda":
+        t = time.perf_counter()
+        for _ in range(steps):
+            fn()
+        return (time.perf_counter() - t) / steps * 1e6
+    cp = be.cp
+    a, b = cp.cuda.Event(), cp.cuda.Event()
+    a.record(be.stream)
+    for _ in range(steps):
+        fn()
+    b.record(be.stream)
+    b.synchronize()
+    return cp.cuda.get_elapsed_time(a, b) * 1e3 / steps
+
+
+def bench_case(be, V: int, B: int, params: dict, fast_on: bool, steps: int, repeats: int, seed: int = 0) -> dict:
+    rng = np.random.default_rng(seed)
+    sampler = Sampler(be, V, B, 16)
+    states = [RequestSampling(SamplingParams(**params), [1], V, seed + i) for i in range(B)]
+    logits = be.from_host((rng.standard_normal((B, V)) * 3).astype(np.float32))
+    be.bind_thread()
+    positions = np.arange(B, dtype=np.int32) + 7
+    due = np.ones(B, bool)
+    t = time.perf_counter()
+    for _ in range(steps):
+        sb = sampler.prepare(states, positions, due, B, fast_on)
+        sampler.stage(sb)
+    be.synchronize()
+    host_us = (time.perf_counter() - t) / steps * 1e6
+    eager = [_timed(be, lambda: sampler.sample(logits, sb, NullTimer()), steps) for _ in range(repeats)]
+    row = {"batch": B, "vocab": V, "path": "fast" if sb.fast else "slow", "bytes": sampler.materialised_bytes(sb),
+           "eager_us": statistics.median(eager), "host_us": host_us, "graph_us": None}
+    if be.name == "cuda" and getattr(be, "graphs_supported", True):
+        stages = None if sb.fast else ALL_STAGES
+        sampler.sample(logits, sb, NullTimer(), stages=stages)  # compile and load outside the capture
+        g = be.capture(lambda: [sampler.sample(logits, sb, NullTimer(), stages=stages) for _ in range(steps)])
+        row["graph_us"] = statistics.median(_timed(be, lambda: be.replay(g), 1) / steps for _ in range(repeats))
+    return row
+
+
+def torch_reference(B: int, V: int, repeats: int, steps: int = 20) -> dict:
+    """PyTorch's own ops on the same shape, µs each (median), or {} without PyTorch/GPU."""
+    try:
+        import torch
+    except ImportError:
+        return {}
+    if not torch.cuda.is_available():
+        return {}
+    x = torch.randn(B, V, device="cuda", dtype=torch.bfloat16) * 3
+    ops = {"torch: bf16 -> fp32 copy": lambda: torch.empty_like(x, dtype=torch.float32).copy_(x),
+           "torch: bf16 argmax": lambda: x.argmax(-1),
+           "torch: fp32 softmax + multinomial": lambda: torch.multinomial(torch.softmax(x.float(), -1), 1),
+           "torch: sort rows": lambda: torch.sort(x, dim=-1)}
+    out = {}
+    for name, fn in ops.items():
+        fn()
+        times = []
+        for _ in range(repeats):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            for _ in range(steps):
+                fn()
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b) * 1e3 / steps)
+        out[name] = statistics.median(times)
+    return out
+
+
+def run_sampler_bench(be, V: int, batches, steps: int, repeats: int) -> tuple[list, dict]:
+    rows, refs = [], {}
+    for B in batches:
+        for mode, (params, fast_on) in MODES.items():
+            row = bench_case(be, V, B, params, fast_on, steps, repeats)
+            rows.append({"mode": mode, **row})
+        if be.name == "cuda":
+            refs[B] = torch_reference(B, V, repeats)
+    return rows, refs
+
+
+def markdown(env: dict, rows: list, refs: dict) -> str:
+    lines = [f"- {k}: {v}" for k, v in env.items()] + [""]
+    lines += ["| B | mode | path | FP32 bytes/step | graph µs/step | eager µs/step | host gate+stage µs |",
+              "|---:|---|---|---:|---:|---:|---:|"]
+    for r in rows:
+        g = f"{r['graph_us']:.1f}" if r["graph_us"] is not None else "-"
+        lines.append(f"| {r['batch']} | {r['mode']} | {r['path']} | {r['bytes'] / 2**20:.1f} MiB | {g} | "
+                     f"{r['eager_us']:.1f} | {r['host_us']:.1f} |")
+    if refs:
+        lines += ["", "| B | PyTorch reference (same process) | µs |", "|---:|---|---:|"]
+        for B, ops in refs.items():
+            lines += [f"| {B} | {name} | {us:.1f} |" for name, us in ops.items()]
+    return "\n".join(lines)

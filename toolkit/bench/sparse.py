@@ -1,0 +1,259 @@
+"""`python -m toolkit bench sparse`: the sparse prefill's kernels and quality, as markdown tables.
+
+    combine    combine_topk_swa_indices at DeepSeek-V4-Flash shapes (K 512, W 128, R 4, one fresh request of T
+               tokens, N = T/4, M = N + T), every work split: GPU time per launch from CUDA events around a CUDA
+               graph of REPLAYS launches (launch overhead excluded), and the launch-inclusive time of eager
+               back-to-back launches from Python.
+    layer      one layer's attention at Qwen2.5-0.5B's shape (14 q heads, 2 kv heads, D 64, bf16, random values,
+               one fresh prompt of T tokens in the paged cache): our dense tensor-core kernel, the sparse path
+               phase by phase (indexer, top-k, gather lens + combine, sparse attention), and PyTorch SDPA.
+    quality    stories260K: teacher-forced prefill logits of a greedy dense story, dense vs tight sparse
+               (W 32, R 4, K 16): greedy (argmax) agreement and mean KL(dense || sparse) over the positions.
+"""
+import argparse
+import math
+import sys
+import time
+
+import numpy as np
+
+from .env import environment
+
+REPLAYS = 100
+
+
+def _events(cp):
+    return cp.cuda.Event(), cp.cuda.Event()
+
+
+def _graph_us(cp, stream, fn, replays=REPLAYS):
+    """GPU microseconds per call of fn() from a captured graph of `replays` calls."""
+    fn()
+    stream.synchronize()
+    stream.begin_capture()
+    for _ in range(replays):
+        fn()
+    graph = stream.end_capture()
+    graph.launch(stream)
+    stream.synchronize()
+    a, b = _events(cp)
+    a.record(stream)
+    graph.launch(stream)
+    b.record(stream)
+    b.synchronize()
+    return cp.cuda.get_elapsed_time(a, b) * 1e3 / replays
+
+
+def _eager_us(cp, stream, fn, n=REPLAYS):
+    """Launch-inclusive: wall time of n back-to-back launches from Python, synchronised at the end."""
+    fn()
+    stream.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    stream.synchronize()
+    return (time.perf_counter() - t0) * 1e6 / n
+
+
+def _timed_ms(cp, stream, fn, reps=5):
+    fn()
+    stream.synchronize()
+    a, b = _events(cp)
+    a.record(stream)
+    for _ in range(reps):
+        fn()
+    b.record(stream)
+    b.synchronize()
+    return cp.cuda.get_elapsed_time(a, b) / reps
+
+
+def bench_combine(be, tokens):
+    cp = be.cp
+    rows = ["| T | split | GPU µs/launch (graph) | launch-inclusive µs | GB/s |", "|---:|---|---:|---:|---:|"]
+    K, W, R = 512, 128, 4
+    for T in tokens:
+        N = T // R
+        M = N + T
+        rng = np.random.default_rng(T)
+        topk = cp.asarray(np.sort(rng.integers(0, N, (T, K)), axis=1).astype(np.int32))
+        qsl = cp.asarray(np.array([0, T], np.int32))
+        seq_lens = cp.asarray(np.array([T], np.int32))
+        gather = cp.asarray(np.array([T], np.int32))
+        Kc = -(-(K + W) // 128) * 128
+        out, lens = cp.empty((T, Kc), cp.int32), cp.empty(T, cp.int32)
+        moved = T * (min(K, N) * 4 + Kc * 4 + 4)  # top-k read + combined row and length written
+        for split, workers in (("persistent", 128), ("persistent", 256), ("persistent", 1024), ("flat_block", 0),
+                               ("flat_warp", 0)):
+            def fn():
+                be._sparse.combine(topk, qsl, seq_lens, gather, W, R, K, M, N, out, lens, split=split,
+                                   workers=workers)
+            g = _graph_us(cp, be.stream, fn)
+            e = _eager_us(cp, be.stream, fn)
+            name = f"persistent {workers} workers" if split == "persistent" else split
+            rows.append(f"| {T} | {name} | {g:.2f} | {e:.2f} | {moved / g / 1e3:.0f} |")
+    return rows
+
+
+def bench_layer(be, tokens, K=512, W=128, R=4, with_torch=True):
+    cp = be.cp
+    from ..sparse import SparsePrefill
+
+    Hq, Hkv, D, bs = 14, 2, 64, 16
+    scale = D ** -0.5
+    rows = ["| T | dense (ours) ms | indexer ms | top-k ms | combine ms | sparse attn ms | sparse total ms | "
+            "SDPA ms | sparse / SDPA | dense / SDPA |", "|---:|" + "---:|" * 9]
+    for T in tokens:
+        rng = np.random.default_rng(T)
+        with be.stream:
+            q = (cp.asarray(rng.standard_normal((T, Hq, D), np.float32)).astype(cp.float32))
+            kf = cp.asarray(rng.standard_normal((T, Hkv, D), np.float32))
+            vf = cp.asarray(rng.standard_normal((T, Hkv, D), np.float32))
+            bits = lambda a: (a.view(cp.uint32) >> 16).astype(cp.uint16)  # fp32 -> bf16 (truncate; random data)
+            qb, kb, vb = bits(q), bits(kf), bits(vf)
+            nb = -(-T // bs)
+            table = cp.asarray(rng.permutation(nb).astype(np.int32)[None, :])
+            # cache slot of token k = table[k // bs] * bs + k % bs: scatter the keys into their slots
+            slots = (table[0, cp.arange(T) // bs] * bs + cp.arange(T) % bs)
+            kc, vc = cp.empty_like(kb), cp.empty_like(vb)
+            kc[slots], vc[slots] = kb, vb
+            qsl = cp.asarray(np.array([0, T], np.int32))
+            seq_lens = cp.asarray(np.array([T], np.int32))
+            out = cp.empty_like(qb)
+        be.bind_thread()  # leaving `with stream` restores CuPy's previous stream, not necessarily ours
+        dense = _timed_ms(cp, be.stream, lambda: be.prefill_attention(qb, kc, vc, table, qsl, seq_lens, bs, scale,
+                                                                      out, T, True))
+        sparse = SparsePrefill(be)
+        laps = {}
+
+        class Timer:
+            def __init__(self):
+                self.ev = []
+
+            def lap(self, name):
+                e = cp.cuda.Event()
+                e.record(be.stream)
+                self.ev.append((name, e))
+
+        class Step:
+            pass
+
+        step = Step()
+        step.prefill_lens, step.query_start_loc, step.seq_lens, step.block_tables = ((T, T),), qsl, seq_lens, table
+        step.max_query_len = T
+        from ..options import EngineOptions
+
+        opts = EngineOptions(sparse_topk=K, sparse_window=W, sparse_block=R)
+        reps = 3
+        for r in range(reps + 1):
+            tm = Timer()
+            start = cp.cuda.Event()
+            start.record(be.stream)
+            tm.ev.append(("start", start))
+            sparse.run(step, kc, vc, bs, qb, out, 0, opts, tm, scale, True)
+            be.stream.synchronize()
+            if r == 0:
+                continue  # warm-up: compile, allocate workspaces
+            for (_, a), (name, b) in zip(tm.ev, tm.ev[1:]):
+                if name != "attention":
+                    laps[name] = laps.get(name, 0.0) + cp.cuda.get_elapsed_time(a, b) / reps
+        total = sum(laps.values())
+        sdpa = _sdpa_ms(q, kf, vf, Hq, Hkv) if with_torch else None
+        f = lambda x: "-" if x is None else f"{x:.3f}"
+        ratio = lambda a, b: "-" if b is None else f"{a / b:.2f}"
+        rows.append(f"| {T} | {dense:.3f} | {f(laps.get('indexer', 0.0))} | {f(laps.get('topk'))} | "
+                    f"{f(laps.get('combine'))} | {f(laps.get('sparse_attention'))} | {total:.3f} | {f(sdpa)} | "
+                    f"{ratio(total, sdpa)} | {ratio(dense, sdpa)} |")
+        del q, kf, vf, qb, kb, vb, kc, vc, out, sparse
+        cp.get_default_memory_pool().free_all_blocks()
+    return rows
+
+
+def _sdpa_ms(q, k, v, Hq, Hkv):
+    try:
+        import torch
+        import torch.nn.functional as F
+    except ImportError:
+        return None
+    tq = torch.as_tensor(q, device="cuda").to(torch.bfloat16).transpose(0, 1)[None]
+    tk = torch.as_tensor(k, device="cuda").to(torch.bfloat16).transpose(0, 1)[None]
+    tv = torch.as_tensor(v, device="cuda").to(torch.bfloat16).transpose(0, 1)[None]
+    tk = tk.repeat_interleave(Hq // Hkv, dim=1).contiguous()
+    tv = tv.repeat_interleave(Hq // Hkv, dim=1).contiguous()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        fn = lambda: F.scaled_dot_product_attention(tq, tk, tv, is_causal=True)
+        fn()
+        torch.cuda.synchronize()
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(5):
+            fn()
+        b.record()
+        b.synchronize()
+    return a.elapsed_time(b) / 5
+
+
+def bench_quality(device, stories, n_tokens=480, K=16, W=32, R=4):
+    from ..assembly import build_engine
+    from ..options import EngineOptions
+
+    dense = build_engine(stories, device=device, max_context=512, options=EngineOptions(sparse_prefill=False),
+                         warmup=False, **({"dtype": "float32"} if device == "cuda" else {}))
+    ids = [1]  # BOS, then a greedy dense story (teacher-forced prefills: no sampler involved)
+    while len(ids) < n_tokens:
+        ids.append(int(np.argmax(dense.logits(ids)[-1])))
+    ld = dense.logits(ids).astype(np.float64)
+    dense.set_options(EngineOptions(sparse_topk=K, sparse_window=W, sparse_block=R))
+    ls = dense.logits(ids).astype(np.float64)
+
+    def logsoftmax(x):
+        x = x - x.max(-1, keepdims=True)
+        return x - np.log(np.exp(x).sum(-1, keepdims=True))
+
+    pd, ps = logsoftmax(ld), logsoftmax(ls)
+    kl = (np.exp(pd) * (pd - ps)).sum(-1)
+    approx = np.arange(len(ids)) + 1 > K * R  # positions whose query did not see every block
+    agree = (ld.argmax(-1) == ls.argmax(-1))
+    return ["| positions | greedy agreement | mean KL (nats) | max KL |", "|---|---:|---:|---:|",
+            f"| all {len(ids)} | {agree.mean():.4f} | {kl.mean():.5f} | {kl.max():.4f} |",
+            f"| approximate only ({approx.sum()}, pos+1 > K*R = {K * R}) | {agree[approx].mean():.4f} | "
+            f"{kl[approx].mean():.5f} | {kl[approx].max():.4f} |"]
+
+
+def main(argv) -> int:
+    p = argparse.ArgumentParser(prog="python -m toolkit bench sparse", description=__doc__.split("\n")[0])
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    p.add_argument("--tests", default="combine,layer,quality", help="comma list of combine, layer, quality")
+    p.add_argument("--tokens", default="1024,4096,16384", help="combine sweep token counts")
+    p.add_argument("--layer-tokens", default="4096,16384,32768", help="per-layer prompt lengths")
+    p.add_argument("--stories", default=None, help="stories260K folder (default: ../shared/models/stories260K)")
+    args = p.parse_args(argv)
+    tests = args.tests.split(",")
+    env = environment(args.device)
+    print("## Environment\n")
+    for k, v in env.items():
+        print(f"- {k}: {v}")
+    if args.device == "cuda" and ("combine" in tests or "layer" in tests):
+        from ..backends.cuda import CudaBackend
+
+        be = CudaBackend("bfloat16")
+        be.bind_thread()
+        if "combine" in tests:
+            print("\n## combine_topk_swa_indices (K 512, W 128, R 4, N = T/4, M = N + T)\n")
+            print("\n".join(bench_combine(be, [int(x) for x in args.tokens.split(",")])))
+            sys.stdout.flush()
+        if "layer" in tests:
+            print("\n## One layer's prefill attention, Qwen2.5-0.5B shape (14/2 heads, D 64, bf16), K 512 W 128 R 4\n")
+            print("\n".join(bench_layer(be, [int(x) for x in args.layer_tokens.split(",")])))
+            sys.stdout.flush()
+    if "quality" in tests:
+        from pathlib import Path
+
+        stories = args.stories or str(Path(__file__).resolve().parents[3] / "shared" / "models" / "stories260K")
+        if Path(stories, "config.json").is_file():
+            print("\n## Quality on stories260K: dense vs sparse W 32, R 4, K 16 (teacher-forced prefill logits)\n")
+            print("\n".join(bench_quality(args.device, stories)))
+        else:
+            print(f"\n(quality skipped: no {stories})")
+    return 0

@@ -1,0 +1,108 @@
+"""The sampling flags of `generate`: one per SamplingParams field (toolkit/sampler/params.py).
+
+    add_sampling_args(parser)       --temperature, --top-k, ..., --logprobs (every default None = not given)
+    check_sampling_args(parser, args)   the flags together (counts, min_tokens <= max_tokens); argparse error
+    flag_params(args) -> dict       the fields the flags set, for SamplingParams(**...)
+
+Every flag defaults to None, so that a value nobody gave lets the model's generation_config.json show
+through (precedence: generation_config.json < flags < JSONL fields, cli/records.py). Each value is checked
+by SamplingParams itself as it is parsed, so a bad flag is an argparse error (exit 2) before the model loads,
+with the same words as the error record a bad JSONL field gets.
+"""
+import argparse
+
+from ..errors import ToolkitError
+from ..sampler.params import MAX_LOGPROBS, SamplingParams
+from .common import non_negative_int
+
+DEFAULT_MAX_TOKENS = 256
+_ROOM = 2 ** 62  # max_tokens while one flag is checked alone (min_tokens is bounded by the real one later)
+
+
+def _checked(name: str, parse):
+    """An argparse type: parse the text, then let SamplingParams judge the value."""
+    def convert(text: str):
+        try:
+            v = parse(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {'an integer' if parse is int else 'a number'}, "
+                                             f"got {text!r}") from None
+        try:
+            SamplingParams(**{"max_tokens": _ROOM, "temperature": 1.0, name: v})
+        except ToolkitError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+        return v
+    return convert
+
+
+def _bias(text: str) -> tuple:
+    tok, sep, bias = text.partition("=")
+    try:
+        pair = (int(tok), float(bias))
+    except ValueError:
+        pair = None
+    if not sep or pair is None:
+        raise argparse.ArgumentTypeError(f"expected TOKEN=BIAS (like 13=-5.0), got {text!r}")
+    return _checked("logit_bias", lambda _: (pair,))(text)[0]
+
+
+def _word(name: str):
+    def convert(text: str) -> str:
+        if not text:
+            raise argparse.ArgumentTypeError(f"{name} must be a non-empty string")
+        return text
+    return convert
+
+
+def add_sampling_args(p: argparse.ArgumentParser):
+    g = p.add_argument_group("sampling (defaults: the model's generation_config.json, else off; a JSONL "
+                             "request's own fields override these)")
+    g.add_argument("--max-tokens", type=non_negative_int, default=None,
+                   help=f"tokens to generate per request, at most the context (default: {DEFAULT_MAX_TOKENS}, "
+                        "or less when the context ends first)")
+    g.add_argument("--temperature", type=_checked("temperature", float), default=None,
+                   help="0 is greedy, and so is anything below 1e-5")
+    g.add_argument("--top-k", type=_checked("top_k", int), default=None,
+                   help="keep the k most likely tokens (0 or -1: off)")
+    g.add_argument("--top-p", type=_checked("top_p", float), default=None,
+                   help="keep the smallest set of tokens whose probability reaches p, in (0, 1] (1: off)")
+    g.add_argument("--min-p", type=_checked("min_p", float), default=None,
+                   help="drop tokens below min_p x the top token's probability, in [0, 1] (0: off)")
+    g.add_argument("--repetition-penalty", type=_checked("repetition_penalty", float), default=None,
+                   help="> 0; divides positive logits of prompt and output tokens, multiplies negative ones (1: off)")
+    g.add_argument("--frequency-penalty", type=_checked("frequency_penalty", float), default=None,
+                   help="in [-2, 2]; subtracted once per occurrence in the output (0: off)")
+    g.add_argument("--presence-penalty", type=_checked("presence_penalty", float), default=None,
+                   help="in [-2, 2]; subtracted once if the token occurs in the output (0: off)")
+    g.add_argument("--logit-bias", type=_bias, action="append", default=None, metavar="TOKEN=BIAS",
+                   help="add BIAS (in [-100, 100]) to TOKEN's logit; repeatable")
+    g.add_argument("--bad-words", type=_word("--bad-words"), action="append", default=None, metavar="WORD",
+                   help="never generate WORD (as written and with a leading space); repeatable")
+    g.add_argument("--stop", type=_word("--stop"), action="append", default=None, metavar="STR",
+                   help="stop when STR appears in the output, and leave it out; repeatable")
+    g.add_argument("--ignore-eos", action="store_true", default=None, help="do not stop at the end-of-text token")
+    g.add_argument("--min-tokens", type=_checked("min_tokens", int), default=None,
+                   help="do not stop (EOS, stop tokens) before this many tokens")
+    g.add_argument("--seed", type=_checked("seed", int), default=None,
+                   help="sampling seed in [0, 2^64) (default: random, and recorded in each JSONL record)")
+    g.add_argument("--logprobs", type=_checked("logprobs", int), default=None, metavar="N",
+                   help=f"record the sampled token's logprob and the top N (0 to {MAX_LOGPROBS}) in JSONL records")
+
+
+_FLAGS = ("max_tokens", "temperature", "top_k", "top_p", "min_p", "repetition_penalty", "frequency_penalty",
+          "presence_penalty", "logit_bias", "bad_words", "stop", "ignore_eos", "min_tokens", "seed", "logprobs")
+
+
+def flag_params(args) -> dict:
+    """The SamplingParams fields the command line sets (a flag not given is left out)."""
+    return {name: getattr(args, name) for name in _FLAGS if getattr(args, name, None) is not None}
+
+
+def check_sampling_args(parser: argparse.ArgumentParser, args):
+    """The flags together: repeated flags within their counts, each token biased once, min_tokens <= max_tokens."""
+    # Without --max-tokens a JSONL request may still set its own, so only plain prompts are held to the default.
+    room = _ROOM if getattr(args, "prompts_file", None) else DEFAULT_MAX_TOKENS
+    try:
+        SamplingParams(**{"max_tokens": room, "temperature": 1.0, **flag_params(args)})
+    except ToolkitError as e:
+        parser.error(str(e))

@@ -1,0 +1,164 @@
+"""The sampler's inputs for one step, as data: built on the host, staged before the step runs.
+
+For R logits rows (one per request of the step, padded to the CUDA-graph bucket):
+    temperature, top_k, top_p, min_p, rep, freq, pres   per-row parameters ([R]; off values on padding rows)
+    sample_temp    what the sampling kernel divides by: 0 (greedy) or 1 (temperature, if any, was applied
+                   by the processing stage, or is 1 anyway on the fast path)
+    seeds          uint32 [R, 2] Philox key; positions [R]: the position the sampled token will take
+    bias_*         CSR (offsets [R+1], tokens, values): logit bias
+    pen_*          CSR (offsets [R+1], tokens, output counts): every distinct token of prompt ∪ output
+    ban_*          CSR (offsets [R+1], tokens, values = -inf): bad words, stop tokens before min_tokens
+
+Everything lives in one pinned int32 host buffer with fixed regions (floats are the same 4 bytes, viewed
+as float32) and its device twin. A CUDA graph captured on the device views replays with each step's new
+values; the kernels read the CSR sizes from the offsets, so their grids never depend on them. Staging is
+one copy of the per-row part, plus, on the slow path only, one copy of each CSR entry region's used
+prefix.
+"""
+from dataclasses import dataclass
+
+import numpy as np
+
+MAX_BIAS, MAX_BANS = 1024, 320  # per request: 1024 logit-bias entries; 128 bad words + 192 stop ids
+
+_ROW_F32 = ("temperature", "top_p", "min_p", "rep", "freq", "pres", "sample_temp")
+_ROW_I32 = ("top_k", "positions")
+# A padding row (or one that samples nothing): greedy, every filter off.
+_OFF_F32 = np.array([0.0, 1.0, 0.0, 1.0, 0.0, 0.0, 0.0], np.float32)  # T, top_p, min_p, rep, freq, pres, sample T
+_OFF_I32 = np.array([0, 0, 0], np.int32)  # top_k, seed words
+
+
+@dataclass
+class SamplingBatch:
+    """Host arrays of one step's sampler inputs (views into the pinned staging buffer)."""
+    rows: int  # R, padding included
+    real_rows: int  # B
+    fast: bool  # no sampling row needs logits processing (and the fast path is on)
+    why_slow: str  # the first reason the step took the slow path ("" on the fast path)
+    stages: frozenset  # processing stages some row needs: "bias", "penalties", "bans", "temperature", "top_k_top_p"
+    logprobs: int  # the most logprobs any row asked for (0: none)
+    ends: dict  # CSR name -> number of entries used
+
+
+class SamplingStager:
+    def __init__(self, backend, max_rows: int, max_context: int):
+        self.be, self.max_rows = backend, max_rows
+        R1 = max_rows + 1
+        fixed = [(n, max_rows) for n in _ROW_F32 + _ROW_I32] + [("seeds", 2 * max_rows)] + \
+                [(n + "_off", R1) for n in ("bias", "pen", "ban")]
+        csr = [("bias_tok", max_rows * MAX_BIAS), ("bias_val", max_rows * MAX_BIAS),
+               ("ban_tok", max_rows * MAX_BANS), ("ban_val", max_rows * MAX_BANS),
+               ("pen_tok", max_rows * max_context), ("pen_cnt", max_rows * max_context)]
+        self.off, total = {}, 0
+        for name, n in fixed + csr:
+            self.off[name] = (total, n)
+            total += n
+        self.fixed_end = self.off["bias_tok"][0]
+        self.host, self.dev = backend.int_buffer(total)
+
+    def _view(self, arr, name):
+        off, n = self.off[name]
+        f32 = name in _ROW_F32 or name.endswith("_val")
+        return arr[off:off + n].view(np.float32 if f32 else np.int32)  # NumPy and CuPy take NumPy dtypes
+
+    def host_view(self, name):
+        return self._view(self.host, name)
+
+    def device(self, rows: int) -> dict:
+        """Device views for R rows: per-row arrays [R], seeds uint32 [R, 2], CSR offsets [R+1], whole entry
+        regions (the kernels stop at the offsets)."""
+        d = {n: self._view(self.dev, n)[:rows] for n in _ROW_F32 + _ROW_I32}
+        d["seeds"] = self._view(self.dev, "seeds")[:2 * rows].view(np.uint32).reshape(rows, 2)
+        for n in ("bias", "pen", "ban"):
+            d[n + "_off"] = self._view(self.dev, n + "_off")[:rows + 1]
+        for n in ("bias_tok", "bias_val", "ban_tok", "ban_val", "pen_tok", "pen_cnt"):
+            d[n] = self._view(self.dev, n)
+        return d
+
+    # -- host side ------------------------------------------------------------------------------------
+    def build(self, states: list, positions, sampling_rows, rows: int, fast_path_on: bool) -> SamplingBatch:
+        """Fill the host buffer for `states` (one per request; None = a row that samples nothing)."""
+        h = self.host_view
+        B = len(states)
+        needs = [s for i, s in enumerate(states) if s is not None and sampling_rows[i] and s.needs_processing]
+        fast = fast_path_on and not needs
+        why = "" if fast else ("switched off" if not needs else _why(needs[0]))
+        # One stacked array per kind (B small copies), then one vector store per field: the fast path's
+        # host cost stays a few microseconds at batch 256.
+        f32 = np.array([s.row_f32 if s is not None else _OFF_F32 for s in states], np.float32).reshape(B, -1)
+        i32 = np.array([s.row_i32 if s is not None else _OFF_I32 for s in states], np.int32).reshape(B, -1)
+        for j, name in enumerate(_ROW_F32):
+            h(name)[:B] = f32[:, j]
+            h(name)[B:rows] = _OFF_F32[j]
+        top_k, seeds, pos = h("top_k"), h("seeds"), h("positions")
+        top_k[:B], top_k[B:rows] = i32[:, 0], 0
+        seeds[:2 * B] = i32[:, 1:3].reshape(-1)
+        seeds[2 * B:2 * rows] = 0
+        pos[:B], pos[B:rows] = positions, 0
+        live = [s for s in states if s is not None]
+        logprobs = max([s.params.logprobs or 0 for s in live] + [0])
+        stages = set()
+        if not fast:
+            T, min_p = f32[:, 0], f32[:, 2]
+            if ((T != 0) & ((T != 1) | (min_p != 0))).any():
+                stages.add("temperature")
+            if (i32[:, 0] > 0).any() or (f32[:, 1] != 1).any():
+                stages.add("top_k_top_p")
+        ends = {}
+        if not fast:
+            ends["bias"] = self._csr("bias", [s.bias_tokens if s else None for s in states],
+                                     [s.bias_values if s else None for s in states], rows)
+            pens = [s.penalty_entries() if s else (None, None) for s in states]
+            ends["pen"] = self._csr("pen", [t for t, _ in pens], [c for _, c in pens], rows)
+            bans = [s.banned() if s else None for s in states]
+            ends["ban"] = self._csr("ban", bans, [np.full(len(b), -np.inf, np.float32) if b else None
+                                                  for b in bans], rows)
+            stages |= {k for k, n in (("bias", ends["bias"]), ("penalties", ends["pen"]), ("bans", ends["ban"]))
+                       if n}
+        return SamplingBatch(rows, B, fast, why, frozenset(stages), logprobs, ends)
+
+    def _csr(self, name, tokens, values, rows) -> int:
+        off = self.host_view(name + "_off")
+        tok = self.host_view(name + "_tok")
+        val = self.host_view(name + ("_val" if name != "pen" else "_cnt"))
+        n = 0
+        off[0] = 0
+        for i in range(rows):
+            t = tokens[i] if i < len(tokens) else None
+            if t is not None and len(t):
+                if n + len(t) > len(tok):
+                    raise ValueError(f"sampler: more than {len(tok)} {name} entries in one step")
+                tok[n:n + len(t)] = t
+                val[n:n + len(t)] = values[i]
+                n += len(t)
+            off[i + 1] = n
+        return n
+
+    def stage(self, batch: SamplingBatch):
+        """Copy the step's inputs to the device (asynchronous; before the step's kernels launch)."""
+        up = self.be.upload
+        up(self.host, self.dev, self.fixed_end)
+        for name, n in batch.ends.items():
+            if n:
+                for arr in (name + "_tok", name + ("_cnt" if name == "pen" else "_val")):
+                    off, _ = self.off[arr]
+                    up(self.host, self.dev, n, offset=off)
+
+
+def _why(state) -> str:
+    """The first parameter that makes this request need logits processing (shown by the UI)."""
+    p = state.params
+    for name, off in (("temperature", (0.0, 1.0)), ("top_p", (1.0,)), ("min_p", (0.0,)),
+                      ("repetition_penalty", (1.0,)), ("frequency_penalty", (0.0,)), ("presence_penalty", (0.0,))):
+        v = getattr(p, name)
+        if v not in off:
+            return f"{name}={v:g}"
+    if p.top_k > 0:
+        return f"top_k={p.top_k}"
+    if p.logit_bias:
+        return "logit_bias"
+    if p.bad_words:
+        return "bad_words"
+    if p.min_tokens:
+        return f"min_tokens={p.min_tokens}"
+    return "logits processing"

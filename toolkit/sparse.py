@@ -1,0 +1,113 @@
+"""Sparse prefill attention for one layer: indexer -> top-k -> combine -> sparse attention, over the paged cache.
+
+    prefill rows of the step (requests nd..B-1: query_start_loc, seq_lens, block_tables; q post-RoPE, keys of
+    this step already written to the cache by rope_qkv)
+      compress_keys    kbar [B, N, Hkv, D]  block means of every complete key block      } "indexer"
+      scores           [rows, N] fp32 per chunk of query rows (never all of [T, N])     }
+      topk             [T, K] int32: each row's K best blocks, ascending, -1 padded      "topk"
+      gather_lens, combine_topk_swa_indices -> [T, Kc] workspace row ids + lens       "combine"
+      sparse_attention -> out rows (window + selected blocks, each token once)         "sparse_attention"
+
+Parameters come from EngineOptions: K = sparse_topk, W = sparse_window, R = sparse_block. A row at position pos
+has n = (pos+1)//R complete blocks; when n <= K it takes all of them and, W >= R, its key set is 0..pos: the
+result is exactly dense causal attention. When every row of the step is that short the indexer is skipped and
+(DENSE_WHEN_EXACT) the dense prefill kernel runs instead of the sparse one: same math, and the dense kernel
+shares each K/V tile among 64 queries where the sparse one gathers per query. The step is then reported as
+"sparse-exact" (README, "Sparse prefill"). Decode rows never come here: decode stays dense.
+
+N = max over the requests of seq_len // R and M = N + max gather_len, the reference document's workspace
+pitch; these and the chunking are host ints from the step's host-side lengths (DeviceStep.prefill_lens), so
+nothing here synchronises with the device. Workspaces grow to the largest step seen and are then reused.
+"""
+import numpy as np
+
+from .errors import ToolkitError
+
+DENSE_WHEN_EXACT = True  # tests set False to run the sparse kernels on fully covered steps
+SCORE_BYTES = 256 << 20  # at most this much fp32 scores at once: queries are scored in chunks of rows
+
+
+def validate(K: int, W: int, R: int):
+    for name, v in (("sparse_topk", K), ("sparse_window", W), ("sparse_block", R)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ToolkitError(f"{name} must be an integer >= 1, got {v!r}")
+    if W < R:
+        raise ToolkitError(f"sparse_window ({W}) must be >= sparse_block ({R}): the window has to cover the "
+                           "partial block at the end of each query's context")
+
+
+def request_path(seq_len: int, options) -> str:
+    """The prefill path one request's step ran: exact when its last query sees every complete block."""
+    if not options.sparse_prefill:
+        return "dense"
+    return "sparse-exact" if seq_len // options.sparse_block <= options.sparse_topk else "sparse-approx"
+
+
+def step_path(batch, options) -> str:
+    """StepTiming.prefill_path: "" for a pure decode step, else dense / sparse-exact / sparse-approx."""
+    nd = batch.num_decodes
+    if nd == batch.num_seqs:
+        return ""
+    paths = {request_path(int(L), options) for L in batch.seq_lens[nd:]}
+    return "sparse-approx" if "sparse-approx" in paths else paths.pop()
+
+
+def merge_paths(old: str, new: str) -> str:
+    """A request prefilled over several steps: approximate if any step was."""
+    order = ("", "dense", "sparse-exact", "sparse-approx")
+    return max(old, new, key=order.index)
+
+
+class SparsePrefill:
+    """Workspaces and the per-layer driver; one per Model."""
+
+    def __init__(self, backend):
+        self.be = backend
+        self._ws = {}  # name -> flat buffer, grown on demand
+
+    def _buf(self, name: str, shape, dtype):
+        n = int(np.prod(shape))
+        buf = self._ws.get(name)
+        if buf is None or buf.size < n:
+            buf = self._ws[name] = self.be.empty((max(n, 1),), dtype)
+        return buf[:n].reshape(shape)
+
+    def run(self, step, k_cache, v_cache, bs: int, q, out, nd: int, options, timer, scale: float,
+            tensor_cores: bool):
+        be = self.be
+        K, W, R = options.sparse_topk, options.sparse_window, options.sparse_block
+        lens = step.prefill_lens  # host (q_len, seq_len) of each prefill request
+        qsl, seq_lens, tables = step.query_start_loc[nd:], step.seq_lens[nd:], step.block_tables[nd:]
+        N = max(L // R for _, L in lens)
+        timer.lap("attention")  # qkv, RoPE and the decode rows so far
+        if N <= K and DENSE_WHEN_EXACT:
+            be.prefill_attention(q, k_cache, v_cache, tables, qsl, seq_lens, bs, scale, out, step.max_query_len,
+                                 tensor_cores)
+            timer.lap("sparse_attention")
+            return
+        T = sum(n for n, _ in lens)
+        Hkv, D = k_cache.shape[1:]
+        M = N + max(n + min(L - n, W - 1) for n, L in lens)
+        topk = self._buf("topk", (T, K), np.int32)
+        if N > K:  # some row has more blocks than it keeps: score them
+            kbar = self._buf("kbar", (len(lens), N, Hkv, D), np.float32)
+            be.sparse_compress_keys(k_cache, tables, seq_lens, bs, R, kbar)
+            chunk = max(1, min(T, SCORE_BYTES // (4 * N)))
+            for r0 in range(0, T, chunk):
+                scores = self._buf("scores", (min(chunk, T - r0), N), np.float32)
+                be.sparse_scores(q, kbar, qsl, seq_lens, R, r0, scores, step.max_query_len)
+                timer.lap("indexer")
+                be.sparse_topk(scores, qsl, seq_lens, R, K, r0, topk)
+                timer.lap("topk")
+        else:  # every row short: all blocks in order, no indexer
+            be.sparse_topk(None, qsl, seq_lens, R, K, 0, topk)
+            timer.lap("topk")
+        gather = self._buf("gather", (len(lens),), np.int32)
+        be.sparse_gather_lens(qsl, seq_lens, W, gather)
+        Kc = -(-(K + W) // 128) * 128
+        combined = self._buf("combined", (T, Kc), np.int32)
+        clens = self._buf("clens", (T,), np.int32)
+        be.combine_topk_swa_indices(topk, qsl, seq_lens, gather, W, R, K, M, N, combined, clens)
+        timer.lap("combine")
+        be.sparse_attention(q, k_cache, v_cache, tables, qsl, seq_lens, combined, clens, M, N, W, R, bs, scale, out)
+        timer.lap("sparse_attention")
