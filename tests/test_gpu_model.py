@@ -58,7 +58,9 @@ def test_stories_same_text_on_gpu(stories_dir):
 
 
 def test_default_model_same_greedy_text_on_gpu():
-    """The embedded default model: CUDA (its bf16) and CPU give the same first 32 greedy tokens."""
+    """The embedded default model: CUDA (its bf16) and CPU give the same greedy tokens, except where the bf16
+    logits the GPU's lm_head writes (as vLLM's does) cannot tell the two best tokens apart: the first
+    divergence, if any, must be a tie within two bf16 steps of the CPU's fp32 logits."""
     from toolkit.cli.common import default_model
 
     if default_model() is None:
@@ -69,4 +71,11 @@ def test_default_model_same_greedy_text_on_gpu():
         ids = cpu.tokenizer.encode(prompt)
         a, b = greedy_tokens(cpu, ids, 32), greedy_tokens(gpu, ids, 32)
         print(f"{prompt!r}: cpu {cpu.tokenizer.decode(a)!r} | gpu {gpu.tokenizer.decode(b)!r}")
-        assert a == b
+        if a == b:
+            continue
+        i = next(j for j, (x, y) in enumerate(zip(a, b)) if x != y)
+        row = cpu.logits(ids + a[:i])[-1]
+        step = 2.0 ** (np.floor(np.log2(np.abs(row).max())) - 7)  # one bf16 step at the row's largest logit
+        gap = abs(float(row[a[i]]) - float(row[b[i]]))
+        print(f"  diverges at {i}: cpu {a[i]} vs gpu {b[i]}, fp32 gap {gap:.4f} (bf16 step {step:.4f})")
+        assert gap <= 2 * step

@@ -15,7 +15,7 @@ values; the kernels read the CSR sizes from the offsets, so their grids never de
 one copy of the per-row part, plus, on the slow path only, one copy of each CSR entry region's used
 prefix.
 """
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -26,6 +26,7 @@ _ROW_I32 = ("top_k", "positions")
 # A padding row (or one that samples nothing): greedy, every filter off.
 _OFF_F32 = np.array([0.0, 1.0, 0.0, 1.0, 0.0, 0.0, 0.0], np.float32)  # T, top_p, min_p, rep, freq, pres, sample T
 _OFF_I32 = np.array([0, 0, 0], np.int32)  # top_k, seed words
+_CSR_STAGES = frozenset({"bias", "penalties", "bans"})
 
 
 @dataclass
@@ -55,6 +56,10 @@ class SamplingStager:
             total += n
         self.fixed_end = self.off["bias_tok"][0]
         self.host, self.dev = backend.int_buffer(total)
+        # Views are made once: a CuPy slice costs microseconds, and a step would otherwise make dozens.
+        self._host_views = {name: self._view(self.host, name) for name in self.off}
+        self._device_views = {}  # rows -> dict of device views
+        self._last_key, self._last = None, None  # the previous step's batch (see build)
 
     def _view(self, arr, name):
         off, n = self.off[name]
@@ -62,12 +67,15 @@ class SamplingStager:
         return arr[off:off + n].view(np.float32 if f32 else np.int32)  # NumPy and CuPy take NumPy dtypes
 
     def host_view(self, name):
-        return self._view(self.host, name)
+        return self._host_views[name]
 
     def device(self, rows: int) -> dict:
         """Device views for R rows: per-row arrays [R], seeds uint32 [R, 2], CSR offsets [R+1], whole entry
         regions (the kernels stop at the offsets)."""
-        d = {n: self._view(self.dev, n)[:rows] for n in _ROW_F32 + _ROW_I32}
+        d = self._device_views.get(rows)
+        if d is not None:
+            return d
+        d = self._device_views[rows] = {n: self._view(self.dev, n)[:rows] for n in _ROW_F32 + _ROW_I32}
         d["seeds"] = self._view(self.dev, "seeds")[:2 * rows].view(np.uint32).reshape(rows, 2)
         for n in ("bias", "pen", "ban"):
             d[n + "_off"] = self._view(self.dev, n + "_off")[:rows + 1]
@@ -80,11 +88,21 @@ class SamplingStager:
         """Fill the host buffer for `states` (one per request; None = a row that samples nothing)."""
         h = self.host_view
         B = len(states)
+        # A decode batch is usually the batch of the step before: then only the positions (and, on the slow
+        # path, the penalty/ban entries) change, and the per-row parameters already in the buffer stay.
+        key = (rows, fast_path_on, tuple(-1 if s is None else s.serial for s in states),
+               np.asarray(sampling_rows, bool).tobytes())
+        if key == self._last_key:
+            h("positions")[:B] = positions
+            last = self._last
+            if last.fast:
+                return last
+            ends, stages = self._entries(states, rows)
+            return replace(last, ends=ends, stages=last.stages - _CSR_STAGES | stages)
         needs = [s for i, s in enumerate(states) if s is not None and sampling_rows[i] and s.needs_processing]
         fast = fast_path_on and not needs
         why = "" if fast else ("switched off" if not needs else _why(needs[0]))
-        # One stacked array per kind (B small copies), then one vector store per field: the fast path's
-        # host cost stays a few microseconds at batch 256.
+        # One stacked array per kind (each request keeps its row ready), then one vector store per field.
         f32 = np.array([s.row_f32 if s is not None else _OFF_F32 for s in states], np.float32).reshape(B, -1)
         i32 = np.array([s.row_i32 if s is not None else _OFF_I32 for s in states], np.int32).reshape(B, -1)
         for j, name in enumerate(_ROW_F32):
@@ -106,16 +124,24 @@ class SamplingStager:
                 stages.add("top_k_top_p")
         ends = {}
         if not fast:
-            ends["bias"] = self._csr("bias", [s.bias_tokens if s else None for s in states],
-                                     [s.bias_values if s else None for s in states], rows)
-            pens = [s.penalty_entries() if s else (None, None) for s in states]
-            ends["pen"] = self._csr("pen", [t for t, _ in pens], [c for _, c in pens], rows)
-            bans = [s.banned() if s else None for s in states]
-            ends["ban"] = self._csr("ban", bans, [np.full(len(b), -np.inf, np.float32) if b else None
-                                                  for b in bans], rows)
-            stages |= {k for k, n in (("bias", ends["bias"]), ("penalties", ends["pen"]), ("bans", ends["ban"]))
-                       if n}
-        return SamplingBatch(rows, B, fast, why, frozenset(stages), logprobs, ends)
+            ends, csr_stages = self._entries(states, rows)
+            stages |= csr_stages
+        self._last_key = key
+        self._last = SamplingBatch(rows, B, fast, why, frozenset(stages), logprobs, ends)
+        return self._last
+
+    def _entries(self, states, rows) -> tuple:
+        """The slow path's sparse entries (logit bias, penalties, bans) of this step, and the stages they need."""
+        ends = {"bias": self._csr("bias", [s.bias_tokens if s else None for s in states],
+                                  [s.bias_values if s else None for s in states], rows)}
+        pens = [s.penalty_entries() if s else (None, None) for s in states]
+        ends["pen"] = self._csr("pen", [t for t, _ in pens], [c for _, c in pens], rows)
+        bans = [s.banned() if s else None for s in states]
+        ends["ban"] = self._csr("ban", bans, [np.full(len(b), -np.inf, np.float32) if b else None for b in bans],
+                                rows)
+        stages = frozenset(k for k, n in (("bias", ends["bias"]), ("penalties", ends["pen"]), ("bans", ends["ban"]))
+                           if n)
+        return ends, stages
 
     def _csr(self, name, tokens, values, rows) -> int:
         off = self.host_view(name + "_off")

@@ -14,8 +14,11 @@ only reads it:
 The per-step entries it hands the sampler are sparse: (token, value) pairs for logit bias and bans,
 (token, output count) pairs for the penalties, so a step never builds a [V] array on the host.
 """
+import itertools
+
 import numpy as np
 
+_serial = itertools.count()
 NEG_INF = float("-inf")
 
 
@@ -41,6 +44,7 @@ def bad_word_ids(words, tokenizer) -> list:
 class RequestSampling:
     def __init__(self, params, prompt_ids, vocab_size: int, seed: int, stop_ids=(), bad_words=()):
         p = self.params = params
+        self.serial = next(_serial)  # identifies this request's rows across steps (ids of objects get reused)
         self.stop_ids = tuple(sorted(set(stop_ids)))
         self.needs_processing = p.needs_processing(vocab_size, bool(self.stop_ids))
         self.seed_words = (seed & 0xFFFFFFFF, seed >> 32)
