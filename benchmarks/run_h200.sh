@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Everything that needs the GPU, in one go (the H200 is lent by the minute). Run from the repo root on the
-# GPU machine: `bash benchmarks/run_h200.sh [tests|speed|peer|sampler|sparse|all]`; logs go to $OUT.
+# GPU machine: `bash benchmarks/run_h200.sh [tests|speed|peer|sampler|sparse|final|all]`; logs go to $OUT.
+# `final` is what one session's closing run fits in: every GPU test, the sampler and sparse benchmarks, and
+# the decode comparison with the PyTorch peer.
 # The GPU image lacks nvmath-python (the capturable cuBLAS binding): its wheel travels in .whl/ (see README).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -18,7 +20,7 @@ fi
 export NUMBA_CACHE_DIR=/tmp/numba_cache OMP_WAIT_POLICY=passive PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/env.txt"
 B="python3 -m toolkit bench --device cuda"
-if [[ $what == tests || $what == all ]]; then
+if [[ $what == tests || $what == all || $what == final ]]; then
   python3 -m pytest -q -s -m gpu tests/ -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" | grep -E "passed|failed|error|bf16 default|FAILED" | tail -40
 fi
 if [[ $what == speed || $what == all ]]; then
@@ -26,13 +28,17 @@ if [[ $what == speed || $what == all ]]; then
   $B --shape qwen2.5-0.5b --batch 1,8,32,128 --depth 0,4096 --prefill 512,4096 --cuda-graphs on,off 2>&1 | tee "$OUT/bench_05b.log"
   $B --shape qwen2.5-0.5b --batch 1,2,4 --depth 0 --prefill 512 --small-batch-gemv on,off 2>&1 | tee "$OUT/bench_gemv.log" | tail -9
 fi
-if [[ $what == sampler || $what == all ]]; then
+if [[ $what == sampler || $what == all || $what == final ]]; then
   python3 -m toolkit bench sampler --device cuda 2>&1 | tee "$OUT/bench_sampler.log"
   # End to end: the decode step with the sampler's fast path on and off (greedy requests: a no-op batch).
   $B --shape qwen2.5-0.5b --batch 1,32,128 --depth 0 --prefill 512 --sampler-fast-path on,off 2>&1 | tee -a "$OUT/bench_sampler.log" | grep "^|"
 fi
-if [[ $what == sparse || $what == all ]]; then
-  python3 -m toolkit bench sparse --device cuda 2>&1 | tee "$OUT/bench_sparse.log"
+if [[ $what == sparse || $what == all || $what == final ]]; then
+  python3 -m toolkit bench sparse --device cuda --tests combine,layer 2>&1 | tee "$OUT/bench_sparse.log"
+  python3 benchmarks/sparse_sections.py 2>&1 | tee "$OUT/sparse_sections.log"
+fi
+if [[ $what == final ]]; then
+  $B --shape qwen2.5-0.5b --batch 1,32 --depth 0 --prefill 4096 --peer torch 2>&1 | tee "$OUT/bench_peer.log"
 fi
 if [[ $what == peer || $what == all ]]; then
   $B --shape qwen2.5-0.5b --batch 1,32 --depth 0 --prefill 4096 --peer torch 2>&1 | tee "$OUT/bench_peer.log"

@@ -10,20 +10,8 @@
 // block of a row to finish (counted in counters[r]) writes out[r] and zeroes ws[r] and counters[r] again, so
 // the next call, or a CUDA-graph replay, starts clean. ws and counters (one per row) must start at zero.
 #include "dtype.cuh"
+#include "pick.cuh"
 
-// Is candidate (v, i) better than (bv, bi)? NaN beats numbers; among equals (or NaNs) the lower index wins.
-__device__ __forceinline__ bool better(float v, int i, float bv, int bi) {
-    const bool vn = isnan(v), bn = isnan(bv);
-    if (vn || bn) return vn && (!bn || i < bi);
-    return v > bv || (v == bv && i < bi);
-}
-
-// Packed key whose unsigned order is `better`'s order. Never 0 for a real candidate (0 = "nothing yet").
-__device__ __forceinline__ unsigned long long pack(float v, int i) {
-    unsigned u = __float_as_uint(v);
-    u = isnan(v) ? 0xffffffffu : (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-    return ((unsigned long long)u << 32) | (unsigned)(~i);
-}
 
 extern "C" __global__ void __launch_bounds__(256)
 argmax(const float* __restrict__ logits, int V, int chunk, unsigned long long* __restrict__ ws,

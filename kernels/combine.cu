@@ -15,17 +15,7 @@
 //   combine_flat_block  grid T, block 128: one block per row
 //   combine_persistent  grid (workers, num_reqs), block 128: vLLM's layout, block (w, b) does rows qs+w, qs+w+workers..
 #include "dtype.cuh"
-
-__device__ __forceinline__ int find_request(const int* qsl, int num_reqs, int row) {
-    // Largest b with qsl[b] - qsl[0] <= row (requests with no rows are skipped by the search).
-    int lo = 0, hi = num_reqs - 1;
-    const int base = qsl[0];
-    while (lo < hi) {
-        const int mid = (lo + hi + 1) >> 1;
-        if (qsl[mid] - base <= row) lo = mid; else hi = mid - 1;
-    }
-    return lo;
-}
+#include "paged.cuh"
 
 // One row, its Kc/4 int4 chunks strided over `n` cooperating threads (thread index i).
 __device__ __forceinline__ void combine_row(const int* __restrict__ topk, int topk_stride, int Kw, int t, int b,

@@ -28,6 +28,7 @@
 //    used. S = Q K^T and O += P V use mma.sync m16n8k16 (fp32 accumulate). Tiles are visited in key order;
 //    only tiles that cross the diagonal are masked and tiles entirely above it are never loaded.
 #include "dtype.cuh"
+#include "mma.cuh"
 
 constexpr float LOG2E = 1.4426950408889634f;
 
@@ -175,72 +176,6 @@ prefill_attention(const T* __restrict__ q, const T* __restrict__ k_cache, const 
 // ---------------------------------------------------------------------------------------------------------
 constexpr int TC_BQ = 64, TC_BK = 64;
 
-__device__ __forceinline__ unsigned smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
-
-__device__ __forceinline__ void ldmatrix_x4(unsigned r[4], const void* p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)));
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(unsigned r[4], const void* p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)));
-}
-
-// c += a * b on one 16x8x16 tile. The element type picks the instruction (overloads on a tag pointer).
-__device__ __forceinline__ void mma(float c[4], const unsigned a[4], unsigned b0, unsigned b1, const __nv_bfloat16*) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ void mma(float c[4], const unsigned a[4], unsigned b0, unsigned b1, const __half*) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-// Two fp32 -> one register of two 16-bit values (lo in the low half), as an A fragment wants them.
-__device__ __forceinline__ unsigned pack2(float lo, float hi, const __nv_bfloat16*) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<unsigned*>(&v);
-}
-__device__ __forceinline__ unsigned pack2(float lo, float hi, const __half*) {
-    __half2 v = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<unsigned*>(&v);
-}
-
-// Async 16-byte global -> shared copy; pred false zero-fills the destination (rows past the valid range).
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool pred) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(pred ? 16 : 0)
-                 : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N> __device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
-// Stage 64 rows into smem rows of LD elements: smem row r <- base + (row0 + r) * stride if row0 + r < n_valid,
-// else zeros. An invalid row's source address is clamped to `base`, so no address ever leaves the tensor.
-template <typename T, int D, int LD>
-__device__ __forceinline__ void load_tile(T* dst, const T* base, int row0, size_t stride, int n_valid) {
-    constexpr int CPR = D / 8;  // 16-byte chunks per row
-#pragma unroll
-    for (int i = 0; i < TC_BQ * CPR / 128; i++) {
-        const int c = threadIdx.x + i * 128, r = c / CPR, col = (c % CPR) * 8;
-        const bool ok = row0 + r < n_valid;
-        cp_async16(dst + r * LD + col, base + (ok ? (size_t)(row0 + r) * stride : 0) + col, ok);
-    }
-}
-
-// The same for a K or V tile gathered from the cache: smem row r <- base + slots[r] * stride, zeros for -1.
-template <typename T, int D, int LD>
-__device__ __forceinline__ void load_kv_tile(T* dst, const T* base, const int* slots, size_t stride) {
-    constexpr int CPR = D / 8;
-#pragma unroll
-    for (int i = 0; i < TC_BK * CPR / 128; i++) {
-        const int c = threadIdx.x + i * 128, r = c / CPR, col = (c % CPR) * 8, slot = slots[r];
-        cp_async16(dst + r * LD + col, base + (slot >= 0 ? (size_t)slot * stride : 0) + col, slot >= 0);
-    }
-}
-
 // Registers: D=64 must stay <= 128 so 4 blocks are resident per SM (4 x 45 KB of smem fit); that is why the Q
 // fragments are re-read from smem per tile instead of held in registers (the block-table staging needed the room).
 template <typename T, int D>
@@ -275,11 +210,11 @@ prefill_attention_tc(const T* __restrict__ q, const T* __restrict__ k_cache, con
     // Slots of tiles 0 and 1 (their loads overlap the Q copy), then Q and K/V tile 0 in one cp.async group.
     const int s0 = tid < TC_BK ? key_slot(table, tid, kv_len, block_size, num_blocks) : -1;
     const int s1 = tid < TC_BK ? key_slot(table, TC_BK + tid, kv_len, block_size, num_blocks) : -1;
-    load_tile<T, D, LD>(Qs, q + ((size_t)sq.qs * Hq + h) * D, q0, (size_t)Hq * D, n_tokens);
+    load_rows<T, D, LD, TC_BQ>(Qs, q + ((size_t)sq.qs * Hq + h) * D, q0, (size_t)Hq * D, n_tokens);
     if (tid < TC_BK) { s_slot[0][tid] = s0; s_slot[1][tid] = s1; }
     __syncthreads();
-    load_kv_tile<T, D, LD>(Ks, kb, s_slot[0], kv_stride);
-    load_kv_tile<T, D, LD>(Vs, vb, s_slot[0], kv_stride);
+    load_slot_rows<T, D, LD, TC_BK>(Ks, kb, s_slot[0], kv_stride);
+    load_slot_rows<T, D, LD, TC_BK>(Vs, vb, s_slot[0], kv_stride);
     cp_async_commit();
 
     // Per thread: rows r0 = 16*warp + g and r1 = r0 + 8 of the block's 64 queries.
@@ -293,8 +228,8 @@ prefill_attention_tc(const T* __restrict__ q, const T* __restrict__ k_cache, con
     for (int j = 0; j < n_kt; j++) {
         const int buf = j & 1, k0 = j * TC_BK;
         if (j + 1 < n_kt) {  // prefetch the next tile into the other buffer while this one is used
-            load_kv_tile<T, D, LD>(Ks + (buf ^ 1) * TILE, kb, s_slot[buf ^ 1], kv_stride);
-            load_kv_tile<T, D, LD>(Vs + (buf ^ 1) * TILE, vb, s_slot[buf ^ 1], kv_stride);
+            load_slot_rows<T, D, LD, TC_BK>(Ks + (buf ^ 1) * TILE, kb, s_slot[buf ^ 1], kv_stride);
+            load_slot_rows<T, D, LD, TC_BK>(Vs + (buf ^ 1) * TILE, vb, s_slot[buf ^ 1], kv_stride);
             cp_async_commit();
             cp_async_wait<1>();
         } else {

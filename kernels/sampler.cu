@@ -26,6 +26,7 @@
 // Workspaces (ws, counters, rowmax) hold one entry per row, start at zero, and the kernels leave them zeroed
 // (the last block of a row resets them), so any launch can be captured in a CUDA graph and replayed.
 #include "dtype.cuh"
+#include "pick.cuh"
 
 constexpr int SAMPLE_CHUNK = 4096;   // tokens per gumbel_sample block: 256 threads x 4 groups of 4
 constexpr int SAMPLE_THREADS = 256;
@@ -64,18 +65,6 @@ __device__ __forceinline__ float key_float(unsigned k) {
     return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
 }
 
-// As argmax.cu: is (v, i) better than (bv, bi)? NaN beats numbers; among equals the lower index wins.
-__device__ __forceinline__ bool better(float v, int i, float bv, int bi) {
-    const bool vn = isnan(v), bn = isnan(bv);
-    if (vn || bn) return vn && (!bn || i < bi);
-    return v > bv || (v == bv && i < bi);
-}
-// Packed 64-bit key whose unsigned order is `better`'s order (NaN -> high word all ones); never 0.
-__device__ __forceinline__ unsigned long long pack(float v, int i) {
-    unsigned u = __float_as_uint(v);
-    u = isnan(v) ? 0xffffffffu : (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-    return ((unsigned long long)u << 32) | (unsigned)(~i);
-}
 
 // Four consecutive values 4g..4g+3 of a row as fp32; past the end -> -inf. `vec`: V % 4 == 0 and the row is
 // aligned to 4 elements, so one 16-byte (fp32) or 8-byte (16-bit) load serves them.
@@ -159,6 +148,9 @@ gumbel_sample(const T* __restrict__ logits, int V, int tiles, const float* __res
     constexpr int GPT = SAMPLE_CHUNK / 4 / SAMPLE_THREADS;  // groups of 4 per thread per tile
     __shared__ float s_red[32];
     __shared__ int s_i[32];
+    // Per warp, the groups of 4 tokens that need noise (pass 2 below): token group index and the 4 values.
+    __shared__ int s_cg[SAMPLE_THREADS / 32][32 * GPT * MAX_TILES];
+    __shared__ float4 s_cv[SAMPLE_THREADS / 32][32 * GPT * MAX_TILES];
     const int nchunks = (V + SAMPLE_CHUNK - 1) / SAMPLE_CHUNK, bpr = (nchunks + tiles - 1) / tiles;
     const int r = blockIdx.x / bpr, c0 = (blockIdx.x % bpr) * tiles, c1 = min(c0 + tiles, nchunks);
     const T* row = logits + (size_t)r * V;
@@ -209,29 +201,46 @@ gumbel_sample(const T* __restrict__ logits, int V, int tiles, const float* __res
         // Pass 2 (from registers). A token can reach L only if x/T + G_MAX >= L (else no Philox call at all),
         // and only if u <= exp(x/T - L + d): g = -log(-log1p(-u)) <= -log(u), and d (with the 1.0001 factor)
         // covers the rounding of g, of the fast __expf and of the sums. Tokens that pass get the exact
-        // logf/log1pf noise.
+        // logf/log1pf noise. The groups of 4 that need a Philox call are first compacted per warp (ballot +
+        // popc into shared memory): a warp runs Philox for its candidates only, all 32 lanes busy, instead of
+        // for every group in which any one lane has a candidate (on a language model's logits, most groups of a
+        // warp have none, but nearly every group slot has one in *some* lane).
+        const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+        const unsigned below = (1u << lane) - 1u;
+        int n = 0;
 #pragma unroll
         for (int ti = 0; ti < MAX_TILES; ti++) {
             if (ti >= nt) break;
             const int g0 = (c0 + ti) * (SAMPLE_CHUNK / 4) + threadIdx.x;
 #pragma unroll
             for (int j = 0; j < GPT; j++) {
-                const int g = g0 + j * SAMPLE_THREADS;
                 bool any = false;
 #pragma unroll
                 for (int q = 0; q < 4; q++) any |= !(a[ti][j][q] + G_MAX < L);  // NaN counts as a candidate
-                if (!any) continue;
-                const uint4 w = philox4x32_10(make_uint4((unsigned)g, pos, 0u, 0u), k0, k1);
-                const unsigned w4[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-                for (int q = 0; q < 4; q++) {
-                    const float v = a[ti][j][q];
-                    if (v + G_MAX < L) continue;
-                    const float u = ((float)(w4[q] >> 9) + 0.5f) * 1.1920928955078125e-07f;
-                    const float d = 1e-3f + 1e-5f * (fabsf(v) + fabsf(L));
-                    if (u > __expf(v - L + d) * 1.0001f) continue;  // (false for NaN and inf: then computed)
-                    take(v + gumbel_u(u), 4 * g + q);
+                const unsigned m = __ballot_sync(0xffffffffu, any);
+                if (any) {
+                    const int slot = n + __popc(m & below);
+                    s_cg[warp][slot] = g0 + j * SAMPLE_THREADS;
+                    s_cv[warp][slot] = make_float4(a[ti][j][0], a[ti][j][1], a[ti][j][2], a[ti][j][3]);
                 }
+                n += __popc(m);
+            }
+        }
+        __syncwarp();
+        for (int c = lane; c < n; c += 32) {
+            const int g = s_cg[warp][c];
+            const float4 v4 = s_cv[warp][c];
+            const float vs[4] = {v4.x, v4.y, v4.z, v4.w};
+            const uint4 w = philox4x32_10(make_uint4((unsigned)g, pos, 0u, 0u), k0, k1);
+            const unsigned w4[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                const float v = vs[q];
+                if (v + G_MAX < L) continue;
+                const float u = ((float)(w4[q] >> 9) + 0.5f) * 1.1920928955078125e-07f;
+                const float d = 1e-3f + 1e-5f * (fabsf(v) + fabsf(L));
+                if (u > __expf(v - L + d) * 1.0001f) continue;  // (false for NaN and inf: then computed)
+                take(v + gumbel_u(u), 4 * g + q);
             }
         }
     }

@@ -9,7 +9,8 @@
 //                             request; per kv group the tile's query means (mean of the group's heads) and block
 //                             means are staged in smem (rows padded to D+1 floats: no bank conflicts), each
 //                             thread accumulates 2 rows x 4 blocks, ReLU per group, sum. fp32 throughout.
-//                             Only rows r0 .. r0+rows-1 (the chunk) are written; -inf past (pos+1)/R.
+//                             Only rows r0 .. r0+rows-1 (the chunk) are written; -inf past (pos+1)/R. A tile
+//                             wholly past its last row's complete blocks (half of a fresh prompt's) only writes -inf.
 // 3. sparse_topk              grid rows, block 512: per row a 4-pass 8-bit radix select of the K-th largest score
 //                             (float -> order-preserving uint), then one pass in index order with block scans that
 //                             keeps every score above it and the lowest-indexed ties: ascending block order, as
@@ -23,23 +24,11 @@
 //                             dims for P.V (V rows read coalesced, P broadcast from smem). The 4 warps' partial
 //                             (m, l, acc) merge through smem at the end. fp32 math on CUDA cores.
 #include "dtype.cuh"
+#include "paged.cuh"
+#include "scan.cuh"
 
 constexpr float LOG2E_F = 1.4426950408889634f;
 
-__device__ __forceinline__ int find_req(const int* qsl, int num_reqs, int row) {
-    int lo = 0, hi = num_reqs - 1;
-    const int base = qsl[0];
-    while (lo < hi) {
-        const int mid = (lo + hi + 1) >> 1;
-        if (qsl[mid] - base <= row) lo = mid; else hi = mid - 1;
-    }
-    return lo;
-}
-
-__device__ __forceinline__ int cache_slot(const int* table, int k, int bs, int num_blocks) {
-    const unsigned blk = min((unsigned)table[k / bs], (unsigned)num_blocks - 1u);
-    return (int)blk * bs + k % bs;
-}
 
 // ---------------------------------------------------------------------------------------------------------
 // 1. Block means of the keys
@@ -82,6 +71,13 @@ sparse_scores(const T* __restrict__ q, const float* __restrict__ kbar, const int
     const int lo = max(t0, r0), hi = min(min(t0 + SC_TQ, qs + qlen), r0 + rows);
     if (lo >= hi) return;
     const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;  // rows 2ty, 2ty+1; blocks tx + 16c
+    if (j0 >= (L - qlen + (hi - 1 - qs) + 1) / R) {  // past every row's complete blocks (causal): all -inf, no math
+        for (int i = tid; i < (hi - lo) * SC_TN; i += 256) {
+            const int t = lo + i / SC_TN, j = j0 + i % SC_TN;
+            if (j < N) scores[(size_t)(t - r0) * N + j] = NEG_INF;
+        }
+        return;
+    }
     const int G = Hq / Hkv;
     const float invG = 1.0f / (float)G;
     float s[2][4];
@@ -149,32 +145,6 @@ __device__ __forceinline__ unsigned order_key(float f) {
     return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
-// Exclusive block scan of one int per thread (TK_THREADS threads); returns the prefix, *total gets the sum.
-__device__ __forceinline__ int block_scan(int v, int* warp_sums, int* total) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    int x = v;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-        const int y = __shfl_up_sync(0xffffffffu, x, o);
-        if (lane >= o) x += y;
-    }
-    if (lane == 31) warp_sums[warp] = x;
-    __syncthreads();
-    if (warp == 0) {
-        int w = lane < TK_THREADS / 32 ? warp_sums[lane] : 0;
-#pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-            const int y = __shfl_up_sync(0xffffffffu, w, o);
-            if (lane >= o) w += y;
-        }
-        if (lane < TK_THREADS / 32) warp_sums[lane] = w;  // inclusive
-    }
-    __syncthreads();
-    const int before = (warp ? warp_sums[warp - 1] : 0) + x - v;
-    *total = warp_sums[TK_THREADS / 32 - 1];
-    __syncthreads();  // warp_sums may be rewritten by the next scan
-    return before;
-}
 
 extern "C" __global__ void __launch_bounds__(TK_THREADS)
 sparse_topk(const float* __restrict__ scores, int N, const int* __restrict__ qsl, int num_reqs,
@@ -185,7 +155,7 @@ sparse_topk(const float* __restrict__ scores, int N, const int* __restrict__ qsl
     __shared__ int s_need;
     const int i = blockIdx.x, t = r0 + i, tid = threadIdx.x;
     if (i >= rows) return;
-    const int b = find_req(qsl, num_reqs, t), base = qsl[0];
+    const int b = find_request(qsl, num_reqs, t), base = qsl[0];
     const int qlen = qsl[b + 1] - qsl[b], pos = seq_lens[b] - qlen + (t - (qsl[b] - base));
     const int n = min((pos + 1) / R, N);
     int* out = topk + (size_t)t * K;
@@ -227,9 +197,9 @@ sparse_topk(const float* __restrict__ scores, int N, const int* __restrict__ qsl
         const unsigned key = j < n ? order_key(row[j]) : 0u;
         const int gt = j < n && key > prefix, eq = j < n && key == prefix;
         int eq_total, sel_total;
-        const int eq_rank = block_scan(eq, warp_sums, &eq_total);
+        const int eq_rank = block_scan<TK_THREADS>(eq, warp_sums, &eq_total);
         const int sel = gt || (eq && eq_seen + eq_rank < need);
-        const int at = block_scan(sel, warp_sums, &sel_total);
+        const int at = block_scan<TK_THREADS>(sel, warp_sums, &sel_total);
         if (sel) out[taken + at] = j;
         taken += sel_total;
         eq_seen += eq_total;
@@ -260,7 +230,7 @@ sparse_attention(const T* __restrict__ q, const T* __restrict__ k_cache, const T
 
     const int t = blockIdx.x, g = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int G = min(Hq / Hkv, GM);
-    const int base = qsl[0], b = find_req(qsl, num_reqs, t);
+    const int base = qsl[0], b = find_request(qsl, num_reqs, t);
     const int qlen = qsl[b + 1] - qsl[b], L = min(seq_lens[b], tab_width * bs);
     const int pos = seq_lens[b] - qlen + (t - (qsl[b] - base));
     const int prefix = seq_lens[b] - qlen;

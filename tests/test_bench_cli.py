@@ -239,3 +239,15 @@ def test_throughput_real_engine(capsys):
     assert row["requests"] == 5 and row["errors"] == 0 and row["scheduler"] == "alternate"
     assert 20 <= row["output_tokens"] <= 60 and row["output_tok_per_s"] > 0
     assert row["ttft_ms_p50"] > 0 and row["itl_ms_p99"] >= row["itl_ms_p50"] > 0
+
+
+def test_bench_sampler_cpu(capsys):
+    assert main(["bench", "sampler", "--device", "cpu", "--batch", "1,3", "--vocab", "300", "--steps", "2",
+                 "-r", "1"]) == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("| 1 |") or line.startswith("| 3 |")]
+    assert len(rows) == 2 * 6
+    fast = [r for r in rows if "| fast |" in r]
+    slow = [r for r in rows if "| slow |" in r]
+    assert fast and slow and all("| 0.0 MiB |" in r for r in fast)
+    assert "| 3 | greedy, fast path off | slow |" in out  # the switch forces the FP32 copy

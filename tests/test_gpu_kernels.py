@@ -12,7 +12,6 @@ garbage block-table entries point to) are filled with NaN: touching one shows up
 """
 import functools
 
-import ml_dtypes
 import numpy as np
 import pytest
 from paged_cache import paged_cache
@@ -26,6 +25,8 @@ from kernels.rmsnorm import add_rmsnorm
 from kernels.rope import rope_qkv
 
 cp = pytest.importorskip("cupy")
+from gpu_arrays import dev, rounded  # noqa: E402
+
 pytestmark = pytest.mark.gpu
 
 H, HQ, HKV, D, I, VOCAB = 896, 14, 2, 64, 4864, 151936
@@ -38,22 +39,6 @@ def K(dtype):
     from toolkit.backends.cuda_kernels import CudaKernels
 
     return CudaKernels(dtype)
-
-
-def rounded(x, dtype):
-    """fp32 host copy of x as the device holds it in `dtype`."""
-    x = np.asarray(x, np.float32)
-    if dtype == "float32":
-        return x.copy()
-    return x.astype(ml_dtypes.bfloat16 if dtype == "bfloat16" else np.float16).astype(np.float32)
-
-
-def dev(x, dtype):
-    """Host fp32 -> device array in the storage type (bf16 as uint16 bits)."""
-    x = np.asarray(x, np.float32)
-    if dtype == "bfloat16":
-        return cp.asarray(x.astype(ml_dtypes.bfloat16).view(np.uint16))
-    return cp.asarray(x.astype(np.float16 if dtype == "float16" else np.float32))
 
 
 def host(a, dtype):

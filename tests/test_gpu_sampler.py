@@ -17,6 +17,8 @@ import pytest
 from kernels import sampler as S
 
 cp = pytest.importorskip("cupy")
+from gpu_arrays import dev, rounded  # noqa: E402
+
 pytestmark = pytest.mark.gpu
 
 V_BIG = 151936
@@ -29,20 +31,6 @@ def K(dtype):
     from toolkit.backends.cuda_sampler import CudaSamplerKernels
 
     return CudaSamplerKernels(dtype)
-
-
-def rounded(x, dtype):
-    x = np.asarray(x, np.float32)
-    if dtype == "float32":
-        return x.copy()
-    return x.astype(ml_dtypes.bfloat16 if dtype == "bfloat16" else np.float16).astype(np.float32)
-
-
-def dev(x, dtype):
-    x = np.asarray(x, np.float32)
-    if dtype == "bfloat16":
-        return cp.asarray(x.astype(ml_dtypes.bfloat16).view(np.uint16))
-    return cp.asarray(x.astype(np.float16 if dtype == "float16" else np.float32))
 
 
 def llm_like(rng, B, V, spread=2.0):

@@ -158,3 +158,88 @@ def test_engine_sparse_gpu_matches_cpu(stories_dir, monkeypatch):
     exact = build_engine(stories_dir, device="cuda", dtype="float32", max_context=512, options=EngineOptions(),
                          warmup=False)
     assert np.abs(exact.logits(ids) - dense.logits(ids)).max() <= 1e-3
+
+
+# ---- the tensor-core route: tile unions + sparse_attention_tc ----
+
+def tiled_gpu(cp, be, dev, combined, clens, M, N, W, R, K, qlens, bs, scale, out_rows):
+    from kernels.sparse_attention_tc import n_tiles, union_cap
+
+    B = len(qlens)
+    tiles, cap = n_tiles(max(qlens)), union_cap(N, K)
+    ublk = cp.full((B * tiles, cap), -7, cp.int32)  # dirty buffers: the kernels must not rely on zeros
+    umask = cp.full((B * tiles, cap), 5, cp.uint64)
+    ucount = cp.full(B * tiles, -7, cp.int32)
+    be.sparse_tile_union(dev["qsl"], dev["seq_lens"], cp.asarray(combined), cp.asarray(clens), M, N, W, R, K, ublk,
+                         umask, ucount)
+    dout = cp.zeros((out_rows,) + tuple(dev["q"].shape[1:]), cp.uint16)
+    be.sparse_attention_tiled(dev["q"], dev["k"], dev["v"], dev["tables"], dev["qsl"], dev["seq_lens"], ublk, umask,
+                              ucount, W, R, K, bs, scale, dout)
+    return (ublk.get(), umask.get(), ucount.get()), be.to_host(dout), tiles, cap
+
+
+@pytest.mark.parametrize("K,W,R,lens,qlens", [
+    (64, 128, 4, (700, 300, 1500), (700, 120, 900)),     # approximate rows next to covered tiles
+    (512, 128, 4, (700, 300, 1500), (700, 120, 900)),    # every block covered: dense causal attention
+    (3, 8, 2, (700, 300, 1500), (700, 120, 900)),
+    (5, 12, 3, (260, 199, 90), (200, 199, 7)),           # R does not divide 64
+    (40, 16, 1, (9000, 300), (200, 300)),                # N > UNION_CAP: the union kernel takes two passes
+])
+def test_sparse_attention_tiled(cuda, K, W, R, lens, qlens):
+    from test_sparse_tiled import pipeline
+
+    from kernels import sparse_attention_tc as tc
+
+    cp, be = cuda
+    rng = np.random.default_rng(K * 7 + W + R)
+    dev, (q, kc, vc, tables, qsl, seq_lens) = case(rng, cp, lens, qlens)
+    bs, scale = 16, 64 ** -0.5
+    combined, clens, M, N, _ = pipeline(q, kc, tables, seq_lens, qsl, K, W, R, bs)
+    (ublk, umask, ucount), got, tiles, cap = tiled_gpu(cp, be, dev, combined, clens, M, N, W, R, K, qlens, bs, scale,
+                                                       q.shape[0])
+    wb, wm, wc = tc.tile_union(qsl, seq_lens, combined, clens, M, N, W, R, K, tiles, cap)
+    for b, n in enumerate(qlens):  # the union lists are bit-identical to the twin's on every existing tile
+        for ti in range(b * tiles, b * tiles + tc.n_tiles(n)):
+            assert ucount[ti] == wc[ti]
+            np.testing.assert_array_equal(ublk[ti, :wc[ti]], wb[ti, :wc[ti]])
+            np.testing.assert_array_equal(umask[ti, :wc[ti]], wm[ti, :wc[ti]])
+    want = np.zeros_like(q)
+    sp.sparse_attention(q, kc, vc, tables, qsl, seq_lens, combined, clens, M, N, W, R, bs, scale, want)
+    rows = slice(qsl[0], qsl[-1])
+    assert np.isfinite(got[rows]).all()
+    err = np.abs(got[rows] - want[rows]).max()
+    assert err <= 2e-2 * max(1.0, np.abs(want[rows]).max()), err
+    assert (got[:qsl[0]] == 0).all() and (got[qsl[-1]:] == 0).all()  # rows outside the slice untouched
+    if N <= K:  # every block covered: dense attention
+        dense = np.zeros_like(q)
+        prefill_attention(q, kc, vc, tables, qsl, seq_lens, bs, scale, dense)
+        assert np.abs(got[rows] - dense[rows]).max() <= 2e-2 * max(1.0, np.abs(dense[rows]).max())
+
+
+def test_tiled_matches_per_query_kernel_at_4k(cuda):
+    """Benchmark shape (one fresh 4,096-token prompt, K 512 W 128 R 4): the whole GPU pipeline through
+    toolkit/sparse.py with the tiled route against the same pipeline with the per-query CUDA-core kernel."""
+    import toolkit.sparse as sparse
+    from toolkit.options import EngineOptions
+
+    cp, be = cuda
+    rng = np.random.default_rng(4096)
+    T = 4096
+    dev, (q, kc, vc, tables, qsl, seq_lens) = case(rng, cp, (T,), (T,))
+
+    class Step:
+        prefill_lens, max_query_len = ((T, T),), T
+        query_start_loc, seq_lens, block_tables = dev["qsl"], dev["seq_lens"], dev["tables"]
+
+    class Lap:
+        def lap(self, name):
+            pass
+
+    outs = []
+    for tc_route in (True, False):
+        out = cp.zeros(dev["q"].shape, cp.uint16)
+        sparse.SparsePrefill(be).run(Step, dev["k"], dev["v"], 16, dev["q"], out, 0, EngineOptions(), Lap(),
+                                     64 ** -0.5, tc_route)
+        outs.append(be.to_host(out))
+    rows = slice(qsl[0], qsl[-1])
+    assert np.abs(outs[0][rows] - outs[1][rows]).max() <= 2e-2 * max(1.0, np.abs(outs[1][rows]).max())

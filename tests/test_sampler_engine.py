@@ -176,3 +176,20 @@ def test_logprobs_are_raw_log_softmax(engine):
         assert [t for t, _ in top] == list(np.argsort(-row, kind="stable")[:4])
         assert [v for _, v in top] == pytest.approx(lp[[t for t, _ in top]], abs=1e-4)
     assert len(outs) == 3 and V > 4
+
+
+def test_stop_string_split_over_steps_is_held_back_and_trimmed():
+    from types import SimpleNamespace
+
+    from toolkit.engine.stops import stop_strings
+
+    seq = SimpleNamespace(params=SimpleNamespace(stop=("\n\n", "END")), text="", held="")
+    emitted = []
+    for piece, want_hit in [("Hello", False), (" wor", False), ("ld\n", False), ("\nmore", True)]:
+        out, hit = stop_strings(seq, piece, final=False)
+        emitted.append(out)
+        assert hit == want_hit
+    assert "".join(emitted) == "Hello world"  # the "\n" was held back, then trimmed with its stop string
+    seq = SimpleNamespace(params=SimpleNamespace(stop=("END",)), text="", held="")
+    assert stop_strings(seq, "the E", final=False) == ("the ", False)  # "E" may start "END"
+    assert stop_strings(seq, "N", final=True) == ("EN", False)  # the request ended: flush what was held

@@ -6,7 +6,10 @@
       scores           [rows, N] fp32 per chunk of query rows (never all of [T, N])     }
       topk             [T, K] int32: each row's K best blocks, ascending, -1 padded      "topk"
       gather_lens, combine_topk_swa_indices -> [T, Kc] workspace row ids + lens       "combine"
-      sparse_attention -> out rows (window + selected blocks, each token once)         "sparse_attention"
+      tensor cores (16-bit, head dim 64/128): kernels/sparse_attention_tc
+        sparse_tile_union -> per 64-query tile the union of its rows' blocks + masks   "combine"
+        sparse_attention_tiled -> out rows (mma.sync over union + window span)         "sparse_attention"
+      otherwise sparse_attention -> out rows (one CUDA-core block per query)           "sparse_attention"
 
 Parameters come from EngineOptions: K = sparse_topk, W = sparse_window, R = sparse_block. A row at position pos
 has n = (pos+1)//R complete blocks; when n <= K it takes all of them and, W >= R, its key set is 0..pos: the
@@ -25,6 +28,7 @@ from .errors import ToolkitError
 
 DENSE_WHEN_EXACT = True  # tests set False to run the sparse kernels on fully covered steps
 SCORE_BYTES = 256 << 20  # at most this much fp32 scores at once: queries are scored in chunks of rows
+UNION_BYTES = 512 << 20  # tile-union lists above this (B * tiles * min(N, 64K) * 12 bytes): per-query kernel
 
 
 def validate(K: int, W: int, R: int):
@@ -70,6 +74,10 @@ class SparsePrefill:
         buf = self._ws.get(name)
         if buf is None or buf.size < n:
             buf = self._ws[name] = self.be.empty((max(n, 1),), dtype)
+            # Launches go to CuPy's current stream: make sure an allocation mid-step has not changed it (with
+            # CuPy 14.2 a plain `with stream:` did, and the sparse kernels then ran unsynchronised with the step;
+            # CudaBackend._on_stream now rebinds too).
+            self.be.bind_thread()
         return buf[:n].reshape(shape)
 
     def run(self, step, k_cache, v_cache, bs: int, q, out, nd: int, options, timer, scale: float,
@@ -108,6 +116,20 @@ class SparsePrefill:
         combined = self._buf("combined", (T, Kc), np.int32)
         clens = self._buf("clens", (T,), np.int32)
         be.combine_topk_swa_indices(topk, qsl, seq_lens, gather, W, R, K, M, N, combined, clens)
+        if tensor_cores and be.sparse_tiled_ok(D):
+            from kernels.sparse_attention_tc import n_tiles, union_cap
+
+            tiles, cap = n_tiles(max(n for n, _ in lens)), union_cap(N, K)
+            if len(lens) * tiles * cap * 12 <= UNION_BYTES:
+                ublk = self._buf("ublk", (len(lens) * tiles, cap), np.int32)
+                umask = self._buf("umask", (len(lens) * tiles, cap), np.uint64)
+                ucount = self._buf("ucount", (len(lens) * tiles,), np.int32)
+                be.sparse_tile_union(qsl, seq_lens, combined, clens, M, N, W, R, K, ublk, umask, ucount)
+                timer.lap("combine")
+                be.sparse_attention_tiled(q, k_cache, v_cache, tables, qsl, seq_lens, ublk, umask, ucount, W, R, K,
+                                          bs, scale, out)
+                timer.lap("sparse_attention")
+                return
         timer.lap("combine")
         be.sparse_attention(q, k_cache, v_cache, tables, qsl, seq_lens, combined, clens, M, N, W, R, bs, scale, out)
         timer.lap("sparse_attention")

@@ -15,6 +15,7 @@ import time
 import numpy as np
 
 from kernels.activation import silu_mul
+from kernels import sparse_attention_tc as _satc
 from kernels import sparse_prefill as _sp
 from kernels.argmax import argmax
 from kernels.combine import combine_topk_swa_indices
@@ -110,6 +111,20 @@ class CpuBackend:
                          W, R, block_size, scale, out):
         _sp.sparse_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, combined, lens, M, N,
                              W, R, block_size, scale, out)
+
+    def sparse_tiled_ok(self, head_dim):
+        return False  # the CPU keeps the per-query reference; the tiled twins are for tests
+
+    def sparse_tile_union(self, query_start_loc, seq_lens, combined, lens, M, N, W, R, K, ublk, umask, ucount):
+        B = seq_lens.shape[0]
+        _satc.tile_union(query_start_loc, seq_lens, combined, lens, M, N, W, R, K, ublk.shape[0] // max(B, 1),
+                         ublk.shape[1], ublk, umask, ucount)
+
+    def sparse_attention_tiled(self, q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, ublk, umask,
+                               ucount, W, R, K, block_size, scale, out):
+        B = seq_lens.shape[0]
+        _satc.tiled_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, ublk, umask, ucount,
+                              ublk.shape[0] // max(B, 1), W, R, K, block_size, scale, out)
 
     # -- sampler ops (kernels/sampler.cu, kernels/sampler.py) ---------------------------------------------------
     gumbel_sample = staticmethod(_smp.gumbel_sample)

@@ -57,6 +57,21 @@ class CudaTimer:
         return out
 
 
+class _StreamScope:
+    """with: make the stream current; on exit make it current again (CuPy restores the previous one, which
+    turned out not to be ours even when bind_thread had made it current)."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def __enter__(self):
+        self._stream.__enter__()
+
+    def __exit__(self, *exc):
+        self._stream.__exit__(*exc)
+        self._stream.use()
+
+
 class CudaClock:
     """Two events around a whole step (graph replay or eager launches, plus sampling)."""
 
@@ -141,6 +156,12 @@ class CudaBackend:
         self.stream.use()
 
     # -- memory ---------------------------------------------------------------
+    def _on_stream(self):
+        """`with` this for allocations and copies: they go to our stream, and afterwards our stream is current
+        again. (On the H200 run, with CuPy 14.2, leaving a plain `with self.stream:` left another stream current
+        even after bind_thread: later launches then ran unsynchronised with the step's events.)"""
+        return _StreamScope(self.stream)
+
     def from_host(self, a: np.ndarray):
         """Host array (any float dtype) -> device array in the compute dtype."""
         import ml_dtypes
@@ -149,15 +170,15 @@ class CudaBackend:
         a = np.ascontiguousarray(a.astype(target, copy=False))
         if self.dtype == "bfloat16":
             a = a.view(np.uint16)
-        with self.stream:
+        with self._on_stream():
             return self.cp.asarray(a)
 
     def from_host_f32(self, a: np.ndarray):
-        with self.stream:
+        with self._on_stream():
             return self.cp.asarray(np.ascontiguousarray(a, dtype=np.float32))
 
     def empty(self, shape, dtype=None):
-        with self.stream:
+        with self._on_stream():
             return self.cp.empty(shape, dtype=dtype or self._storage)
 
     def to_host(self, a) -> np.ndarray:
@@ -173,7 +194,7 @@ class CudaBackend:
         mem = self.cp.cuda.alloc_pinned_memory(n * 4)
         host = np.frombuffer(mem, np.int32, n)
         host[:] = 0
-        with self.stream:
+        with self._on_stream():
             return host, self.cp.zeros(n, self.cp.int32)
 
     def upload(self, host, dev, n: int, offset: int = 0):
@@ -258,6 +279,17 @@ class CudaBackend:
                          W, R, block_size, scale, out):
         self._sparse.attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, combined, lens, M, N,
                                W, R, block_size, scale, out)
+
+    def sparse_tiled_ok(self, head_dim):
+        return self._sparse.tiled_ok(head_dim)
+
+    def sparse_tile_union(self, query_start_loc, seq_lens, combined, lens, M, N, W, R, K, ublk, umask, ucount):
+        self._sparse.tile_union(query_start_loc, seq_lens, combined, lens, M, N, W, R, K, ublk, umask, ucount)
+
+    def sparse_attention_tiled(self, q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, ublk, umask,
+                               ucount, W, R, K, block_size, scale, out):
+        self._sparse.attention_tiled(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, ublk, umask,
+                                     ucount, W, R, K, block_size, scale, out)
 
     # -- sampler ops (kernels/sampler.cu, kernels/sampler.py) ---------------------------------------------------
     def gumbel_sample(self, logits, temperature, seeds, positions, out):

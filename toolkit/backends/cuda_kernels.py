@@ -53,6 +53,8 @@ def kernel_names(op: str, ctype: str) -> list:
     if op == "sparse_prefill":  # (sparse_topk is extern "C": fp32 scores)
         return [f"sparse_compress_keys<{ctype}>", f"sparse_scores<{ctype}>"] + \
             [f"sparse_attention<{ctype}, {d}, {g}>" for d in (8, 16, 32, 64, 128) for g in (8, 16)]
+    if op == "sparse_attention_tc":  # (sparse_tile_union is extern "C"); the attention for 16-bit types only
+        return [] if ctype == "float" else [f"sparse_attention_tc<{ctype}, {d}>" for d in TC_HEAD_DIMS]
     if op == "sampler":  # templated on the logits type; the processing kernels exist for float only
         f32 = ["add_entries", "apply_penalties", "temperature_max", "min_p_mask", "top_k_top_p"]
         return [f"{k}<{ctype}>" for k in ["gumbel_sample", "to_fp32", "logprobs"] + (f32 if ctype == "float" else [])]

@@ -7,7 +7,9 @@ The host ints that shape a launch (rows, N, M, max_query_len) come from the step
 """
 import numpy as np
 
-from .cuda_kernels import _f32, _i32
+from kernels.sparse_attention_tc import UNION_CAP
+
+from .cuda_kernels import TC_HEAD_DIMS, _f32, _i32
 
 SA_HEAD_DIMS = (8, 16, 32, 64, 128)
 SA_MAXG, SA_KCAP = 16, 512
@@ -94,6 +96,38 @@ class CudaSparse:
                              _i32(seq_lens.shape[0]), seq_lens, combined, _i32(Kc), lens, _i32(M), _i32(N), _i32(W),
                              _i32(R), _i32(block_size), _i32(k_cache.shape[0] // block_size), _f32(scale), _i32(Hq),
                              _i32(Hkv), out), shared_mem=smem)
+
+    # -- the tensor-core route (kernels/sparse_attention_tc.cu): tile unions, then attention per tile ----------
+    def tiled_ok(self, head_dim: int) -> bool:
+        return self.k.dtype != "float32" and head_dim in TC_HEAD_DIMS
+
+    def tile_union(self, qsl, seq_lens, combined, lens, M, N, W, R, K, ublk, umask, ucount):
+        B = seq_lens.shape[0]
+        tiles, cap = ublk.shape[0] // max(B, 1), ublk.shape[1]
+        if not B or not tiles or combined.shape[0] == 0:
+            return
+        smem = min(max(N, 1), UNION_CAP) * 8
+        f = self._f("sparse_attention_tc", "sparse_tile_union", smem)
+        f((tiles, B), (256,), (qsl, seq_lens, combined, _i32(combined.shape[1]), lens, _i32(M), _i32(N), _i32(W),
+                               _i32(R), _i32(K), _i32(tiles), _i32(cap), ublk, umask, ucount), shared_mem=smem)
+
+    def attention_tiled(self, q, k_cache, v_cache, block_tables, qsl, seq_lens, ublk, umask, ucount, W, R, K,
+                        block_size, scale, out):
+        B = seq_lens.shape[0]
+        Hq, D = q.shape[1:]
+        Hkv = k_cache.shape[1]
+        if not self.tiled_ok(D) or Hq % Hkv:
+            raise ValueError(f"sparse_attention_tiled: {self.k.dtype}, head dim {D} (16-bit types, head dim in "
+                             f"{TC_HEAD_DIMS}), {Hq} q heads / {Hkv} kv heads")
+        tiles, cap = ublk.shape[0] // max(B, 1), ublk.shape[1]
+        if not B or not tiles:
+            return
+        smem = 5 * 64 * (D + 8) * self.k.itemsize  # Q + double-buffered K and V, rows padded by 8
+        f = self._f("sparse_attention_tc", f"sparse_attention_tc<{self.k.ctype}, {D}>", smem)
+        f((Hq, B, tiles), (128,), (q, k_cache, v_cache, block_tables, _i32(block_tables.shape[1]), qsl, seq_lens,
+                                   ublk, umask, ucount, _i32(tiles), _i32(cap), _i32(W), _i32(R), _i32(K),
+                                   _i32(block_size), _i32(k_cache.shape[0] // block_size), _f32(scale), _i32(Hq),
+                                   _i32(Hkv), out), shared_mem=smem)
 
 
 _DEFAULT = {}

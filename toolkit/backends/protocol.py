@@ -51,6 +51,13 @@ class Backend(Protocol):
     def sparse_attention(self, q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, combined, lens,
                          M: int, N: int, W: int, R: int, block_size: int, scale: float,
                          out) -> None: ...  # softmax over window + selected blocks, each token once
+    # The same attention by 64-query tiles (kernels/sparse_attention_tc.{cu,py}): union of the tile's blocks with
+    # per-query masks, then tensor-core attention over union + window. ublk/umask/ucount: [B*tiles, cap] lists.
+    def sparse_tiled_ok(self, head_dim: int) -> bool: ...  # whether the driver should take the tiled route
+    def sparse_tile_union(self, query_start_loc, seq_lens, combined, lens, M: int, N: int, W: int, R: int, K: int,
+                          ublk, umask, ucount) -> None: ...
+    def sparse_attention_tiled(self, q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, ublk, umask,
+                               ucount, W: int, R: int, K: int, block_size: int, scale: float, out) -> None: ...
 
     # -- sampler ops (kernels/sampler.cu, kernels/sampler.py) ----------------------------------------------------
     # logits [R, V]: the compute dtype (CUDA: bf16 as uint16, fp16, fp32; CPU: fp32) or the fp32 copy; x: fp32

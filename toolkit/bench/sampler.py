@@ -1,7 +1,9 @@
 """`python -m toolkit bench sampler`: the sampler step alone, fast path against slow path.
 
 For each batch size and sampling mode it times the sampler's device work on random bf16 logits
-[B, V] two ways:
+[B, V] shaped like a language model's (N(0, 2) plus 40 tokens raised by 4..14: a few likely tokens; the
+Gumbel kernel skips the noise of tokens that cannot win, so the shape matters), and T = 1 also on
+N(0, 3) logits, where every token is a contender (the worst case). Two timings:
   * graph: CUDA events around one replay of a CUDA graph holding `steps` sampler steps, divided by
     `steps`, so launch overhead does not hide the kernels (on the GPU; the engine's decode graph
     holds the sampler the same way, with every processing stage captured);
@@ -20,13 +22,23 @@ from ..sampler.sampler import ALL_STAGES, Sampler
 from ..sampler.state import RequestSampling
 from ..timings import NullTimer
 
-MODES = {  # name -> (params of every row, fast path switch)
-    "greedy, fast path": (dict(temperature=0.0), True),
-    "greedy, fast path off": (dict(temperature=0.0), False),
-    "T=1, fast path": (dict(temperature=1.0), True),
-    "T=1, fast path off": (dict(temperature=1.0), False),
-    "T=0.7 top-k 50 top-p 0.9": (dict(temperature=0.7, top_k=50, top_p=0.9), True),
+MODES = {  # name -> (params of every row, fast path switch, logits shape)
+    "greedy, fast path": (dict(temperature=0.0), True, "llm"),
+    "greedy, fast path off": (dict(temperature=0.0), False, "llm"),
+    "T=1, fast path": (dict(temperature=1.0), True, "llm"),
+    "T=1, fast path, N(0,3) logits": (dict(temperature=1.0), True, "flat"),
+    "T=1, fast path off": (dict(temperature=1.0), False, "llm"),
+    "T=0.7 top-k 50 top-p 0.9": (dict(temperature=0.7, top_k=50, top_p=0.9), True, "llm"),
 }
+
+
+def make_logits(rng, B: int, V: int, shape: str) -> np.ndarray:
+    if shape == "flat":
+        return (rng.standard_normal((B, V)) * 3).astype(np.float32)
+    x = rng.standard_normal((B, V)).astype(np.float32) * 2
+    for b in range(B):  # a few likely tokens, as a language model's next-token logits have
+        x[b, rng.choice(V, 40, replace=False)] += rng.uniform(4, 14, 40)
+    return x
 
 
 def _timed(be, fn, steps: int) -> float:
@@ -46,11 +58,12 @@ def _timed(be, fn, steps: int) -> float:
     return cp.cuda.get_elapsed_time(a, b) * 1e3 / steps
 
 
-def bench_case(be, V: int, B: int, params: dict, fast_on: bool, steps: int, repeats: int, seed: int = 0) -> dict:
+def bench_case(be, V: int, B: int, params: dict, fast_on: bool, shape: str, steps: int, repeats: int,
+               seed: int = 0) -> dict:
     rng = np.random.default_rng(seed)
     sampler = Sampler(be, V, B, 16)
     states = [RequestSampling(SamplingParams(**params), [1], V, seed + i) for i in range(B)]
-    logits = be.from_host((rng.standard_normal((B, V)) * 3).astype(np.float32))
+    logits = be.from_host(make_logits(rng, B, V, shape))
     be.bind_thread()
     positions = np.arange(B, dtype=np.int32) + 7
     due = np.ones(B, bool)
@@ -60,6 +73,7 @@ def bench_case(be, V: int, B: int, params: dict, fast_on: bool, steps: int, repe
         sampler.stage(sb)
     be.synchronize()
     host_us = (time.perf_counter() - t) / steps * 1e6
+    sampler.sample(logits, sb, NullTimer())  # untimed: compiles (NVRTC, Numba) and loads the kernels
     eager = [_timed(be, lambda: sampler.sample(logits, sb, NullTimer()), steps) for _ in range(repeats)]
     row = {"batch": B, "vocab": V, "path": "fast" if sb.fast else "slow", "bytes": sampler.materialised_bytes(sb),
            "eager_us": statistics.median(eager), "host_us": host_us, "graph_us": None}
@@ -103,8 +117,8 @@ def torch_reference(B: int, V: int, repeats: int, steps: int = 20) -> dict:
 def run_sampler_bench(be, V: int, batches, steps: int, repeats: int) -> tuple[list, dict]:
     rows, refs = [], {}
     for B in batches:
-        for mode, (params, fast_on) in MODES.items():
-            row = bench_case(be, V, B, params, fast_on, steps, repeats)
+        for mode, (params, fast_on, shape) in MODES.items():
+            row = bench_case(be, V, B, params, fast_on, shape, steps, repeats)
             rows.append({"mode": mode, **row})
         if be.name == "cuda":
             refs[B] = torch_reference(B, V, repeats)

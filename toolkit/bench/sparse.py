@@ -6,7 +6,10 @@
                back-to-back launches from Python.
     layer      one layer's attention at Qwen2.5-0.5B's shape (14 q heads, 2 kv heads, D 64, bf16, random values,
                one fresh prompt of T tokens in the paged cache): our dense tensor-core kernel, the sparse path
-               phase by phase (indexer, top-k, gather lens + combine, sparse attention), and PyTorch SDPA.
+               phase by phase (indexer, top-k, gather lens + combine + tile union, sparse attention) from events
+               on the backend's stream, its device-synchronised wall time (a cross-check: work launched on another
+               stream would show here and not in the events), the per-query CUDA-core kernel, the mean union
+               size of a 64-query tile, and PyTorch SDPA.
     quality    stories260K: teacher-forced prefill logits of a greedy dense story, dense vs tight sparse
                (W 32, R 4, K 16): greedy (argmax) agreement and mean KL(dense || sparse) over the positions.
 """
@@ -100,8 +103,9 @@ def bench_layer(be, tokens, K=512, W=128, R=4, with_torch=True):
 
     Hq, Hkv, D, bs = 14, 2, 64, 16
     scale = D ** -0.5
-    rows = ["| T | dense (ours) ms | indexer ms | top-k ms | combine ms | sparse attn ms | sparse total ms | "
-            "SDPA ms | sparse / SDPA | dense / SDPA |", "|---:|" + "---:|" * 9]
+    rows = ["| T | dense (ours) ms | indexer ms | top-k ms | combine + union ms | sparse attn ms | sparse total ms | "
+            "sparse total, wall ms | per-query kernel ms | union blocks/tile | SDPA ms | sparse / SDPA | "
+            "dense / SDPA |", "|---:|" + "---:|" * 12]
     for T in tokens:
         rng = np.random.default_rng(T)
         with be.stream:
@@ -119,11 +123,10 @@ def bench_layer(be, tokens, K=512, W=128, R=4, with_torch=True):
             qsl = cp.asarray(np.array([0, T], np.int32))
             seq_lens = cp.asarray(np.array([T], np.int32))
             out = cp.empty_like(qb)
-        be.bind_thread()  # leaving `with stream` restores CuPy's previous stream, not necessarily ours
+        be.bind_thread()  # leaving `with stream` need not leave our stream current: kernels launch on the current one
         dense = _timed_ms(cp, be.stream, lambda: be.prefill_attention(qb, kc, vc, table, qsl, seq_lens, bs, scale,
                                                                       out, T, True))
         sparse = SparsePrefill(be)
-        laps = {}
 
         class Timer:
             def __init__(self):
@@ -143,26 +146,46 @@ def bench_layer(be, tokens, K=512, W=128, R=4, with_torch=True):
         from ..options import EngineOptions
 
         opts = EngineOptions(sparse_topk=K, sparse_window=W, sparse_block=R)
-        reps = 3
-        for r in range(reps + 1):
+
+        def run_laps(tensor_cores, reps=3):
+            """Per-section event times over `reps` runs after a warm-up (compile, workspaces), and the wall time of
+            the same runs with the whole device synchronised: it also sees work that strayed off our stream."""
+            laps = {}
             tm = Timer()
-            start = cp.cuda.Event()
-            start.record(be.stream)
-            tm.ev.append(("start", start))
-            sparse.run(step, kc, vc, bs, qb, out, 0, opts, tm, scale, True)
-            be.stream.synchronize()
-            if r == 0:
-                continue  # warm-up: compile, allocate workspaces
-            for (_, a), (name, b) in zip(tm.ev, tm.ev[1:]):
-                if name != "attention":
-                    laps[name] = laps.get(name, 0.0) + cp.cuda.get_elapsed_time(a, b) / reps
+            sparse.run(step, kc, vc, bs, qb, out, 0, opts, tm, scale, tensor_cores)
+            be.bind_thread()
+            cp.cuda.Device().synchronize()
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                tm = Timer()
+                start = cp.cuda.Event()
+                start.record(be.stream)
+                tm.ev.append(("start", start))
+                sparse.run(step, kc, vc, bs, qb, out, 0, opts, tm, scale, tensor_cores)
+                if cp.cuda.get_current_stream().ptr != be.stream.ptr:
+                    raise RuntimeError("bench sparse: the sparse path left another stream current")
+                tm.ev[-1][1].synchronize()
+                for (_, a), (name, b) in zip(tm.ev, tm.ev[1:]):
+                    if name != "attention":
+                        laps[name] = laps.get(name, 0.0) + cp.cuda.get_elapsed_time(a, b) / reps
+            cp.cuda.Device().synchronize()
+            return laps, (time.perf_counter() - t0) * 1e3 / reps
+
+        laps, wall = run_laps(True)
         total = sum(laps.values())
+        ws = sparse._ws.get("ucount")
+        union = "-"
+        if ws is not None:  # the tiled route ran: mean union size of the prompt's tiles
+            counts = ws[:-(-T // 64)].get()
+            counts = counts[counts > 0]  # covered tiles (the first K*R positions) have none: they run causal
+            union = f"{counts.mean():.0f} of N={T // R}" if len(counts) else "covered"
+        per_query = run_laps(False, reps=1)[0].get("sparse_attention")
         sdpa = _sdpa_ms(q, kf, vf, Hq, Hkv) if with_torch else None
         f = lambda x: "-" if x is None else f"{x:.3f}"
         ratio = lambda a, b: "-" if b is None else f"{a / b:.2f}"
         rows.append(f"| {T} | {dense:.3f} | {f(laps.get('indexer', 0.0))} | {f(laps.get('topk'))} | "
-                    f"{f(laps.get('combine'))} | {f(laps.get('sparse_attention'))} | {total:.3f} | {f(sdpa)} | "
-                    f"{ratio(total, sdpa)} | {ratio(dense, sdpa)} |")
+                    f"{f(laps.get('combine'))} | {f(laps.get('sparse_attention'))} | {total:.3f} | {wall:.3f} | "
+                    f"{f(per_query)} | {union} | {f(sdpa)} | {ratio(total, sdpa)} | {ratio(dense, sdpa)} |")
         del q, kf, vf, qb, kb, vb, kc, vc, out, sparse
         cp.get_default_memory_pool().free_all_blocks()
     return rows

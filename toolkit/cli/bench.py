@@ -247,7 +247,8 @@ def _sampler(args) -> int:
     backend_name, _ = resolve_device(args.device)
     be = make_backend(backend_name, args.dtype)
     env = environment(backend_name)
-    env.update(dtype=be.dtype, logits=f"random normal x 3, [B, {args.vocab}] in {be.dtype}",
+    env.update(dtype=be.dtype, logits=f"random [B, {args.vocab}] in {be.dtype}: N(0, 2) + 40 tokens raised by 4..14 "
+                                      "(a language model's shape), or N(0, 3) where the mode says so",
                timing=f"median of {args.repeats}; graph = events around one replay of {args.steps} steps")
     rows, refs = run_sampler_bench(be, args.vocab, args.batch, args.steps, args.repeats)
     print(sampler_markdown(env, rows, refs))

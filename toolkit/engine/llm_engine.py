@@ -29,6 +29,7 @@ from .block_manager import BlockManager
 from .runner import NAN_LOGITS, NO_TOKEN, ModelRunner
 from .scheduler import DEFAULT_POLICY, Scheduler
 from .sequence import SamplingParams, Sequence, Status
+from .stops import flush, stop_strings
 
 
 @dataclass(frozen=True)
@@ -208,7 +209,7 @@ class LLMEngine:
         """Take a sampled token: stop on EOS / stop ids / stop strings, else keep it and return its text."""
         p = seq.params
         if (tok in self._eos and not p.ignore_eos) or tok in p.stop_token_ids:
-            return self._flush(seq, ""), "stop"
+            return flush(seq, ""), "stop"
         seq.token_ids.append(tok)
         seq.sampling.on_token(tok)
         text = seq.detokenizer.add_token(tok) if seq.detokenizer is not None else ""
@@ -221,43 +222,9 @@ class LLMEngine:
             if seq.num_generated < p.min_tokens:  # stop strings count only from min_tokens on
                 seq.text += text
                 return text, finish
-            text, hit = self._stop_strings(seq, text, flush=finish is not None)
+            text, hit = stop_strings(seq, text, final=finish is not None)
             return text, "stop" if hit else finish
         return text, finish
-
-    @staticmethod
-    def _stop_strings(seq: Sequence, new: str, flush: bool) -> tuple:
-        """Search the stop strings across the text emitted so far and `new`; on a hit, emit up to it (the stop
-        string itself is trimmed). Otherwise hold back any tail that could still grow into a stop string."""
-        stops = seq.params.stop
-        longest = max(map(len, stops))
-        held = seq.held + new
-        window = seq.text[-(longest - 1):] if longest > 1 else ""
-        hay = window + held
-        hits = [i for i in (hay.find(s) for s in stops) if i >= 0]
-        if hits:
-            cut = max(0, min(hits) - len(window))
-            out, seq.held = held[:cut], ""
-            seq.text += out
-            return out, True
-        keep = 0
-        if not flush:  # the longest tail of `held` that is a proper prefix of some stop string
-            for k in range(min(len(held), longest - 1), 0, -1):
-                if any(s.startswith(held[-k:]) for s in stops):
-                    keep = k
-                    break
-        out = held[:len(held) - keep]
-        seq.held = held[len(held) - keep:]
-        seq.text += out
-        return out, False
-
-    @staticmethod
-    def _flush(seq: Sequence, text: str) -> str:
-        """Text still held back (for stop strings or an unfinished character) when the request stops."""
-        if seq.detokenizer is not None:
-            text += seq.detokenizer.finalize()
-        out, seq.held = seq.held + text, ""
-        return out
 
     def _finish(self, seq: Sequence, reason: str):
         if seq.status is not Status.FINISHED:

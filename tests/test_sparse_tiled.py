@@ -1,0 +1,108 @@
+"""The tiled route of sparse attention (kernels/sparse_attention_tc.py, the twin of the tensor-core kernel) against
+the per-query twin (kernels/sparse_prefill.py) and a set-based reference of the tile unions.
+
+Cases cover several requests, cached prefixes (chunked prefill: a chunk's queries sit at the end of the request),
+a query_start_loc slice that does not start at 0, requests longer than one 64-query tile, block sizes that do not
+divide 64, covered tiles (dense causal) next to approximate ones, and caches that are NaN outside every sequence.
+"""
+import numpy as np
+import pytest
+from test_sparse_kernels import make_attention_case
+
+from kernels import sparse_attention_tc as tc
+from kernels import sparse_prefill as sp
+from kernels.combine import combine_topk_swa_indices as combine_twin
+
+I32 = np.int32
+
+
+def pipeline(q, kc, tables, seq_lens, qsl, K, W, R, bs):
+    """Indexer, top-k and combine as toolkit/sparse.py runs them: (combined, lens, M, N)."""
+    T = int(qsl[-1] - qsl[0])
+    N = int((seq_lens // R).max())
+    gather = sp.gather_lens(qsl, seq_lens, W)
+    M = N + int(gather.max())
+    topk = np.empty((T, K), I32)
+    if N > K:
+        kbar = sp.compress_keys(kc, tables, seq_lens, bs, R, N)
+        sp.topk_blocks(sp.indexer_scores(q, kbar, qsl, seq_lens, R, 0, np.empty((T, N), np.float32)), qsl, seq_lens,
+                       R, K, 0, topk)
+    else:
+        sp.topk_blocks(None, qsl, seq_lens, R, K, 0, topk)
+    combined, clens = combine_twin(topk, qsl, seq_lens, gather, W, R, K, M, N)
+    return combined, clens, M, N, topk
+
+
+def ref_union(qsl, seq_lens, topk, W, R, K, tiles):
+    """{tile: {block: set of rows}} from the top-k lists directly (no combine, no bit tricks)."""
+    out = {}
+    base = qsl[0]
+    for b in range(len(seq_lens)):
+        n = qsl[b + 1] - qsl[b]
+        start = seq_lens[b] - n
+        for i in range(tiles):
+            rows = range(i * 64, min(n, i * 64 + 64))
+            if not rows or (start + rows[-1] + 1) // R <= K:
+                continue
+            u = {}
+            for r in rows:
+                pos = start + r
+                ws = pos - min(pos + 1, W) + 1
+                for j in topk[qsl[b] - base + r, :min((pos + 1) // R, K)]:
+                    if j >= 0 and j * R < ws:
+                        u.setdefault(int(j), set()).add(r - i * 64)
+            out[b * tiles + i] = u
+    return out
+
+
+CASES = [  # lens, qlens, K, W, R
+    ([700, 300, 1500], [700, 120, 900], 64, 128, 4),
+    ([700, 300, 1500], [700, 120, 900], 512, 128, 4),  # every row covered: dense causal tiles
+    ([260, 199, 90], [200, 199, 7], 5, 12, 3),         # R does not divide 64
+    ([333, 1, 150], [90, 1, 150], 3, 5, 5),
+    ([400, 129], [130, 129], 9, 1, 1),
+]
+
+
+@pytest.mark.parametrize("lens,qlens,K,W,R", CASES)
+def test_tiled_equals_per_query_twin(lens, qlens, K, W, R):
+    rng = np.random.default_rng(sum(lens) + K)
+    Hq, Hkv, D, bs = 6, 2, 16, 16
+    kc, vc, tables, seq_lens, qsl, q = make_attention_case(rng, lens, qlens, Hq, Hkv, D, bs, base=5)
+    scale = D ** -0.5
+    combined, clens, M, N, topk = pipeline(q, kc, tables, seq_lens, qsl, K, W, R, bs)
+    tiles, cap = tc.n_tiles(max(qlens)), tc.union_cap(N, K)
+    ublk, umask, ucount = tc.tile_union(qsl, seq_lens, combined, clens, M, N, W, R, K, tiles, cap)
+    want_u = ref_union(qsl, seq_lens, topk, W, R, K, tiles)
+    for ti, u in want_u.items():
+        n = int(ucount[ti])
+        assert ublk[ti, :n].tolist() == sorted(u)
+        for j, m in zip(ublk[ti, :n], umask[ti, :n]):
+            assert {r for r in range(64) if (int(m) >> r) & 1} == u[int(j)]
+    want = np.full_like(q, 7.0)
+    sp.sparse_attention(q, kc, vc, tables, qsl, seq_lens, combined, clens, M, N, W, R, bs, scale, want)
+    got = np.full_like(q, 7.0)
+    tc.tiled_attention(q, kc, vc, tables, qsl, seq_lens, ublk, umask, ucount, tiles, W, R, K, bs, scale, got)
+    rows = slice(qsl[0], qsl[-1])
+    assert np.isfinite(got[rows]).all()
+    assert np.abs(got[rows] - want[rows]).max() <= 1e-5
+    assert (got[:qsl[0]] == 7.0).all() and (got[qsl[-1]:] == 7.0).all()
+
+
+def test_union_is_about_k_blocks_when_neighbours_agree():
+    """Rows that select the same blocks give a union of K blocks with full masks, whatever N is: the point of
+    tiling (on random data neighbours disagree and the union approaches every block: see the README)."""
+    T, K, R, W = 256, 8, 4, 8
+    N = T // R
+    pos = np.arange(T)
+    n = (pos + 1) // R
+    topk = np.where(n[:, None] <= K, np.where(np.arange(K)[None, :] < n[:, None], np.arange(K), -1),
+                    np.arange(0, 2 * K, 2)[None, :]).astype(I32)  # long rows: blocks 0, 2, .., 2K-2
+    qsl, seq_lens = np.array([0, T], I32), np.array([T], I32)
+    gather = sp.gather_lens(qsl, seq_lens, W)
+    M = N + int(gather.max())
+    combined, clens = combine_twin(topk, qsl, seq_lens, gather, W, R, K, M, N)
+    ublk, umask, ucount = tc.tile_union(qsl, seq_lens, combined, clens, M, N, W, R, K, 4, tc.union_cap(N, K))
+    for ti in (1, 2, 3):
+        assert ucount[ti] == K and ublk[ti, :K].tolist() == list(range(0, 2 * K, 2))
+        assert (umask[ti, :K] == np.uint64(2**64 - 1)).all()
