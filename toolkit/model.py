@@ -15,7 +15,11 @@ cost one pass over memory instead of two.
 
 Attention is chosen from the step, not from a tensor shape: the first
 `num_decodes` requests feed one token each and use the split-K decode kernel;
-the rest (prompt chunks) use the varlen prefill kernel over the same cache.
+the rest (prompt chunks) use the sparse prefill path (sliding window + the
+indexer's top-k key blocks, toolkit/sparse.py) when `options.sparse_prefill`
+is on, else the dense varlen prefill kernel, over the same cache. The lm_head
+writes logits in the buffer's dtype: the compute dtype for the sampler (bf16
+on the GPU), fp32 for `all_rows` scoring.
 """
 from dataclasses import dataclass
 
@@ -69,6 +73,7 @@ class Model:
         self.cos, self.sin = backend.from_host_f32(cos), backend.from_host_f32(sin)
         self.scratch = self._alloc_scratch(max_tokens)
         self.x_last = backend.empty((max_seqs, cfg.hidden_size))
+        self._sparse = None  # the sparse prefill's workspaces (toolkit/sparse.py), made at its first use
 
     def _alloc_scratch(self, rows: int) -> Scratch:
         be, c = self.be, self.cfg
@@ -80,7 +85,7 @@ class Model:
             act=be.empty((rows, I)), mlp_out=be.empty((rows, H)))
 
     def forward(self, step, kv: KVCache, logits, options, timer, all_rows: bool = False):
-        """Run the staged `step`; write fp32 logits of each request's last row into logits[:B].
+        """Run the staged `step`; write the logits of each request's last row into logits[:B].
 
         `options` (EngineOptions, as effective on this backend) picks kernels: tensor-core prefill
         attention, our small-batch GEMV. `all_rows` writes the logits of every fed token instead
@@ -128,7 +133,7 @@ class Model:
             be.decode_attention(s.q[:nd], k, v, step.block_tables[:nd], step.seq_lens[:nd], bs, self.scale,
                                 s.attn[:nd], self.max_context)
         if nd < B and options.sparse_prefill:  # prompt rows: window + top-k blocks (toolkit/sparse.py)
-            if getattr(self, "_sparse", None) is None:
+            if self._sparse is None:
                 from .sparse import SparsePrefill
                 self._sparse = SparsePrefill(self.be)
             self._sparse.run(step, k, v, bs, s.q, s.attn, nd, options, timer, self.scale, options.tensor_cores)
