@@ -8,7 +8,7 @@ prefixes, a query_start_loc slice that does not start at 0, block size 16 and sh
 import numpy as np
 import pytest
 from paged_cache import paged_cache
-from test_sparse_kernels import random_combine_case
+from test_sparse_kernels import pipeline, random_combine_case
 
 from kernels import sparse_prefill as sp
 from kernels.combine import combine_topk_swa_indices as combine_twin
@@ -114,18 +114,7 @@ def test_sparse_attention(cuda, K, W, R):
     rng = np.random.default_rng(K + W)
     dev, (q, kc, vc, tables, qsl, seq_lens) = case(rng, cp)
     bs, scale = 16, 64 ** -0.5
-    T = int(qsl[-1] - qsl[0])
-    N = int((seq_lens // R).max())
-    gather = sp.gather_lens(qsl, seq_lens, W)
-    M = N + int(gather.max())
-    topk = np.empty((T, K), I32)
-    if N > K:
-        kbar = sp.compress_keys(kc, tables, seq_lens, bs, R, N)
-        sp.topk_blocks(sp.indexer_scores(q, kbar, qsl, seq_lens, R, 0, np.empty((T, N), np.float32)), qsl, seq_lens,
-                       R, K, 0, topk)
-    else:
-        sp.topk_blocks(None, qsl, seq_lens, R, K, 0, topk)
-    combined, clens = combine_twin(topk, qsl, seq_lens, gather, W, R, K, M, N)
+    combined, clens, M, N, _ = pipeline(q, kc, tables, seq_lens, qsl, K, W, R, bs)
     want = np.zeros_like(q)
     sp.sparse_attention(q, kc, vc, tables, qsl, seq_lens, combined, clens, M, N, W, R, bs, scale, want)
     dout = cp.zeros(dev["q"].shape, cp.uint16)
@@ -186,7 +175,6 @@ def tiled_gpu(cp, be, dev, combined, clens, M, N, W, R, K, qlens, bs, scale, out
     (40, 16, 1, (9000, 300), (200, 300)),                # N > UNION_CAP: the union kernel takes two passes
 ])
 def test_sparse_attention_tiled(cuda, K, W, R, lens, qlens):
-    from test_sparse_tiled import pipeline
 
     from kernels import sparse_attention_tc as tc
 

@@ -172,21 +172,26 @@ def make_attention_case(rng, lens, qlens, Hq, Hkv, D, bs, base=3):
     return kc, vc, tables, np.array(lens, I32), qsl, q
 
 
-def run_sparse(q, kc, vc, tables, seq_lens, qsl, K, W, R, bs, scale, scores_fn=None):
-    """The twin pipeline as toolkit/sparse.py runs it (one chunk of rows)."""
-    qlens = np.diff(qsl)
-    T = int(qlens.sum())
+def pipeline(q, kc, tables, seq_lens, qsl, K, W, R, bs):
+    """Indexer, top-k and combine on the twins, as toolkit/sparse.py runs them: (combined, lens, M, N, topk)."""
+    T = int(qsl[-1] - qsl[0])
     N = int((seq_lens // R).max())
     gather = sp.gather_lens(qsl, seq_lens, W)
     M = N + int(gather.max())
     topk = np.empty((T, K), I32)
     if N > K:
         kbar = sp.compress_keys(kc, tables, seq_lens, bs, R, N)
-        scores = sp.indexer_scores(q, kbar, qsl, seq_lens, R, 0, np.empty((T, N), np.float32))
-        sp.topk_blocks(scores, qsl, seq_lens, R, K, 0, topk)
+        sp.topk_blocks(sp.indexer_scores(q, kbar, qsl, seq_lens, R, 0, np.empty((T, N), np.float32)), qsl, seq_lens,
+                       R, K, 0, topk)
     else:
         sp.topk_blocks(None, qsl, seq_lens, R, K, 0, topk)
     combined, clens = combine_twin(topk, qsl, seq_lens, gather, W, R, K, M, N)
+    return combined, clens, M, N, topk
+
+
+def run_sparse(q, kc, vc, tables, seq_lens, qsl, K, W, R, bs, scale):
+    """The twin pipeline as toolkit/sparse.py runs it (one chunk of rows)."""
+    combined, clens, M, N, topk = pipeline(q, kc, tables, seq_lens, qsl, K, W, R, bs)
     out = np.full_like(q, 7.0)
     sp.sparse_attention(q, kc, vc, tables, qsl, seq_lens, combined, clens, M, N, W, R, bs, scale, out)
     return out, topk

@@ -7,30 +7,13 @@ divide 64, covered tiles (dense causal) next to approximate ones, and caches tha
 """
 import numpy as np
 import pytest
-from test_sparse_kernels import make_attention_case
+from test_sparse_kernels import make_attention_case, pipeline
 
 from kernels import sparse_attention_tc as tc
 from kernels import sparse_prefill as sp
 from kernels.combine import combine_topk_swa_indices as combine_twin
 
 I32 = np.int32
-
-
-def pipeline(q, kc, tables, seq_lens, qsl, K, W, R, bs):
-    """Indexer, top-k and combine as toolkit/sparse.py runs them: (combined, lens, M, N)."""
-    T = int(qsl[-1] - qsl[0])
-    N = int((seq_lens // R).max())
-    gather = sp.gather_lens(qsl, seq_lens, W)
-    M = N + int(gather.max())
-    topk = np.empty((T, K), I32)
-    if N > K:
-        kbar = sp.compress_keys(kc, tables, seq_lens, bs, R, N)
-        sp.topk_blocks(sp.indexer_scores(q, kbar, qsl, seq_lens, R, 0, np.empty((T, N), np.float32)), qsl, seq_lens,
-                       R, K, 0, topk)
-    else:
-        sp.topk_blocks(None, qsl, seq_lens, R, K, 0, topk)
-    combined, clens = combine_twin(topk, qsl, seq_lens, gather, W, R, K, M, N)
-    return combined, clens, M, N, topk
 
 
 def ref_union(qsl, seq_lens, topk, W, R, K, tiles):
