@@ -92,3 +92,25 @@ def test_model_logits_untouched_and_gpu_matches_cpu_twin():
     # The same seeds draw the same tokens on the GPU and on the CPU twin (float-rounding ties aside).
     same = np.mean(np.array(outs["gpu"]) == np.array(outs["cpu"]))
     assert same >= 0.95, outs
+
+
+def test_filtered_probs_gpu_equals_cpu():
+    """toolkit.sampling.filtered_probs on CuPy bf16 logits (the CUDA kernels) and on the same values in NumPy
+    (the twins): the same distributions, every filter and penalty active somewhere."""
+    import cupy as cp
+
+    from gpu_arrays import dev, rounded
+    from toolkit.sampling import filtered_probs
+
+    rng = np.random.default_rng(5)
+    V = 4097
+    params = [SamplingParams(seed=1, **kw) for kw in MIXED] + [SamplingParams(temperature=0.8, min_tokens=3,
+                                                                              stop_token_ids=(11,))]
+    B = len(params)
+    x = (rng.standard_normal((B, V)) * 3).astype(np.float32)
+    hist = [([1, 2, 3, 7], [7, 9, 9]) for _ in range(B)]
+    got = filtered_probs(dev(x, "bfloat16"), params, hist)
+    want = filtered_probs(rounded(x, "bfloat16"), params, hist)
+    assert isinstance(dev(x, "bfloat16"), cp.ndarray)
+    assert np.allclose(got, want, atol=1e-5)
+    assert ((got == 0) == (want == 0)).mean() > 0.999  # the same tokens masked (float-sum boundaries aside)

@@ -193,3 +193,10 @@ def test_stop_string_split_over_steps_is_held_back_and_trimmed():
     seq = SimpleNamespace(params=SimpleNamespace(stop=("END",)), text="", held="")
     assert stop_strings(seq, "the E", final=False) == ("the ", False)  # "E" may start "END"
     assert stop_strings(seq, "N", final=True) == ("EN", False)  # the request ended: flush what was held
+
+
+def test_logprobs_zero_gives_the_sampled_token_only(engine):
+    outs = list(engine.generate(PROMPTS[0], SamplingParams(max_tokens=2, seed=4, logprobs=0, ignore_eos=True)))
+    assert all(o.logprobs["top"] == [] and o.logprobs["logprob"] <= 0 and o.logprobs["rank"] >= 1 for o in outs)
+    plain = list(engine.generate(PROMPTS[0], SamplingParams(max_tokens=2, seed=4, ignore_eos=True)))
+    assert [o.token for o in plain] == [o.token for o in outs] and all(o.logprobs is None for o in plain)

@@ -109,7 +109,7 @@ class ModelRunner:
         else:
             self.model.forward(step, self.kv, self.logits, options, timer)
             sampler.sample(self.logits, sb, timer)
-        lp = sampler.logprobs(self.logits, sb, timer) if sb.logprobs else None
+        lp = sampler.logprobs(self.logits, sb, timer) if sb.logprobs >= 0 else None
         clock.stop()
         tokens = be.ids_to_host(sampler.sampled, B).astype(np.int64)  # the step's one synchronisation
         tokens[tokens < 0] = NAN_LOGITS  # the sampling kernel marks a row holding a NaN logit with -1
@@ -120,7 +120,7 @@ class ModelRunner:
             sections["gate"] = gate_ms
         return StepResult(tokens, clock.elapsed_ms(), MappingProxyType(sections), use_graph,
                           "fast" if sb.fast else "slow", sb.why_slow, sampler.materialised_bytes(sb),
-                          self._logprobs_to_host(lp, states, tokens) if lp else [None] * B)
+                          self._logprobs_to_host(lp, states, tokens) if lp is not None else [None] * B)
 
     def _logprobs_to_host(self, lp, states, tokens) -> list:
         ids, vals, slp, rank = lp

@@ -37,7 +37,7 @@ class SamplingBatch:
     fast: bool  # no sampling row needs logits processing (and the fast path is on)
     why_slow: str  # the first reason the step took the slow path ("" on the fast path)
     stages: frozenset  # processing stages some row needs: "bias", "penalties", "bans", "temperature", "top_k_top_p"
-    logprobs: int  # the most logprobs any row asked for (0: none)
+    logprobs: int  # the most top logprobs any row asked for; 0: only the sampled token's; -1: no row asked
     ends: dict  # CSR name -> number of entries used
 
 
@@ -114,7 +114,7 @@ class SamplingStager:
         seeds[2 * B:2 * rows] = 0
         pos[:B], pos[B:rows] = positions, 0
         live = [s for s in states if s is not None]
-        logprobs = max([s.params.logprobs or 0 for s in live] + [0])
+        logprobs = max([s.params.logprobs for s in live if s.params.logprobs is not None] + [-1])
         stages = set()
         if not fast:
             T, min_p = f32[:, 0], f32[:, 2]
