@@ -131,14 +131,24 @@ class SamplingStager:
         return self._last
 
     def _entries(self, states, rows) -> tuple:
-        """The slow path's sparse entries (logit bias, penalties, bans) of this step, and the stages they need."""
-        ends = {"bias": self._csr("bias", [s.bias_tokens if s else None for s in states],
-                                  [s.bias_values if s else None for s in states], rows)}
-        pens = [s.penalty_entries() if s else (None, None) for s in states]
-        ends["pen"] = self._csr("pen", [t for t, _ in pens], [c for _, c in pens], rows)
-        bans = [s.banned() if s else None for s in states]
-        ends["ban"] = self._csr("ban", bans, [np.full(len(b), -np.inf, np.float32) if b else None for b in bans],
-                                rows)
+        """The slow path's sparse entries (logit bias, penalties, bans) of this step, and the stages they need.
+        A kind no request uses costs one vector store of zero offsets (a slow path forced by the switch, or by
+        temperature alone, builds nothing per row)."""
+        live = [s for s in states if s is not None]
+        ends = {"bias": 0, "pen": 0, "ban": 0}
+        if any(len(s.bias_tokens) for s in live):
+            ends["bias"] = self._csr("bias", [s.bias_tokens if s else None for s in states],
+                                     [s.bias_values if s else None for s in states], rows)
+        if any(s.use_penalties for s in live):
+            pens = [s.penalty_entries() if s else (None, None) for s in states]
+            ends["pen"] = self._csr("pen", [t for t, _ in pens], [c for _, c in pens], rows)
+        if any(s.bad_words or s.params.min_tokens for s in live):
+            bans = [s.banned() if s else None for s in states]
+            ends["ban"] = self._csr("ban", bans, [np.full(len(b), -np.inf, np.float32) if b else None
+                                                  for b in bans], rows)
+        for name, n in ends.items():
+            if not n:
+                self.host_view(name + "_off")[:rows + 1] = 0
         stages = frozenset(k for k, n in (("bias", ends["bias"]), ("penalties", ends["pen"]), ("bans", ends["ban"]))
                            if n)
         return ends, stages
