@@ -93,6 +93,15 @@ class RequestStats:
                 "preemptions": self.preemptions, "prefill_path": self.prefill_path}
 
 
+def in_order(laps) -> dict:
+    """(section, ms) laps -> {section: total ms} for the sections this step lapped, in SECTIONS order (a decode
+    step has no indexer, a greedy fast-path step no processing: they are left out, not reported as 0)."""
+    total = {}
+    for section, ms in laps:
+        total[section] = total.get(section, 0.0) + ms
+    return {k: total[k] for k in SECTIONS if k in total}
+
+
 class CpuTimer:
     """Section laps on the host clock: NumPy/Numba work is synchronous, so wall time is device time."""
 
@@ -110,10 +119,7 @@ class CpuTimer:
         self._t = now
 
     def sections_ms(self) -> dict:
-        out = dict.fromkeys(SECTIONS, 0.0)
-        for section, dt in self._laps:
-            out[section] += dt * 1e3
-        return out
+        return in_order((section, dt * 1e3) for section, dt in self._laps)
 
 
 class NullTimer:

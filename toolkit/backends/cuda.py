@@ -15,7 +15,7 @@ import ctypes
 
 import numpy as np
 
-from ..timings import SECTIONS
+from ..timings import in_order
 from .cuda_kernels import CudaKernels
 from .cuda_sampler import CudaSamplerKernels
 
@@ -49,12 +49,10 @@ class CudaTimer:
         self._events[len(self._sections)].record(self._stream)
 
     def sections_ms(self) -> dict:
-        out = dict.fromkeys(SECTIONS, 0.0)
         ev = self._events
         ev[len(self._sections)].synchronize()
-        for i, section in enumerate(self._sections):
-            out[section] += self._cp.cuda.get_elapsed_time(ev[i], ev[i + 1])
-        return out
+        return in_order((section, self._cp.cuda.get_elapsed_time(ev[i], ev[i + 1]))
+                        for i, section in enumerate(self._sections))
 
 
 class _StreamScope:

@@ -22,7 +22,7 @@ import numpy as np
 from ..model import KVCache, Model
 from ..sampler.sampler import ALL_STAGES, Sampler
 from ..step import StepBatch, StepStager
-from ..timings import NullTimer
+from ..timings import NullTimer, in_order
 from .block_manager import slot_mapping
 
 GRAPH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -116,8 +116,7 @@ class ModelRunner:
         tokens[~due] = NO_TOKEN  # rows that fed only part of a prompt pick nothing
         sections = {}
         if not use_graph:
-            sections = self._timer.sections_ms()
-            sections["gate"] = gate_ms
+            sections = in_order([*self._timer.sections_ms().items(), ("gate", gate_ms)])  # gate: host time
         return StepResult(tokens, clock.elapsed_ms(), MappingProxyType(sections), use_graph,
                           "fast" if sb.fast else "slow", sb.why_slow, sampler.materialised_bytes(sb),
                           self._logprobs_to_host(lp, states, tokens) if lp is not None else [None] * B)
