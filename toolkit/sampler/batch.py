@@ -182,19 +182,6 @@ class SamplingStager:
 
 
 def _why(state) -> str:
-    """The first parameter that makes this request need logits processing (shown by the UI)."""
-    p = state.params
-    for name, off in (("temperature", (0.0, 1.0)), ("top_p", (1.0,)), ("min_p", (0.0,)),
-                      ("repetition_penalty", (1.0,)), ("frequency_penalty", (0.0,)), ("presence_penalty", (0.0,))):
-        v = getattr(p, name)
-        if v not in off:
-            return f"{name}={v:g}"
-    if p.top_k > 0:
-        return f"top_k={p.top_k}"
-    if p.logit_bias:
-        return "logit_bias"
-    if p.bad_words:
-        return "bad_words"
-    if p.min_tokens:
-        return f"min_tokens={p.min_tokens}"
-    return "logits processing"
+    """The first parameter that makes this request need logits processing (what the UI shows)."""
+    reasons = state.params.processing_reasons(state.vocab_size, bool(state.stop_ids))
+    return reasons[0] if reasons else "logits processing"

@@ -46,6 +46,7 @@ class RequestSampling:
         p = self.params = params
         self.serial = next(_serial)  # identifies this request's rows across steps (ids of objects get reused)
         self.stop_ids = tuple(sorted(set(stop_ids)))
+        self.vocab_size = vocab_size
         self.needs_processing = p.needs_processing(vocab_size, bool(self.stop_ids))
         self.seed_words = (seed & 0xFFFFFFFF, seed >> 32)
         self.greedy = p.temperature == 0
