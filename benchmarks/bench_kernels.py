@@ -235,10 +235,6 @@ def main():
             if be.graphs_supported:
                 add(f"cublas {name}", shape, lambda x=x, w=w, y=y: be.linear(x, w, y), tfn, stream=be.stream)
 
-    logits, am = rng.standard_normal((1, V), dtype=cp.float32), cp.zeros(1, cp.int32)
-    tl = torch.randn(1, V, device="cuda") if has_torch else None
-    add("argmax", f"R=1 V={V}", lambda: k.argmax(logits, am), lambda: torch.argmax(tl, -1))
-
     print(f"\n{'op':22s} {'shape':34s} {'graph us':>9s} {'eager us':>9s} {'host us':>8s} {'torch us':>9s} "
           f"{'torch/ours':>10s} {'TFLOP/s':>8s}   [{dt}]")
     for op, shape, g, e, h, t, flops in rows:

@@ -26,7 +26,6 @@
 // Workspaces (ws, counters, rowmax) hold one entry per row, start at zero, and the kernels leave them zeroed
 // (the last block of a row resets them), so any launch can be captured in a CUDA graph and replayed.
 #include "dtype.cuh"
-#include "pick.cuh"
 
 constexpr int SAMPLE_CHUNK = 4096;   // tokens per gumbel_sample block: 256 threads x 4 groups of 4
 constexpr int SAMPLE_THREADS = 256;
@@ -38,6 +37,23 @@ constexpr int CAND_CAP = 2048;       // top-k candidates sorted in shared memory
 #define G_MAX 17.0f                  // above any computed Gumbel noise
 
 // ---- shared helpers -------------------------------------------------------------------------------------------
+// Choosing the best (value, index) candidate: NaN beats every number (a NaN logit must surface as an error,
+// never hide behind a real token), and among equal values the lowest index wins (torch.argmax's and NumPy's
+// rule). `pack` turns a candidate into a 64-bit key whose unsigned order is `better`'s order, so blocks can
+// merge with one atomicMax; it is never 0, so 0 means "nothing yet" in a zeroed workspace.
+__device__ __forceinline__ bool better(float v, int i, float bv, int bi) {
+    const bool vn = isnan(v), bn = isnan(bv);
+    if (vn || bn) return vn && (!bn || i < bi);
+    return v > bv || (v == bv && i < bi);
+}
+
+// High word: the value's bits mapped to an unsigned order (NaN above +inf); low word: ~index.
+__device__ __forceinline__ unsigned long long pack(float v, int i) {
+    unsigned u = __float_as_uint(v);
+    u = isnan(v) ? 0xffffffffu : (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+    return ((unsigned long long)u << 32) | (unsigned)(~i);
+}
+
 __device__ __forceinline__ uint4 philox4x32_10(uint4 c, unsigned k0, unsigned k1) {
 #pragma unroll
     for (int i = 0; i < 10; i++) {
@@ -126,7 +142,7 @@ __device__ __forceinline__ A block_excl_scan(A v, A* tmp, A& total) {
 // ---- 1. gumbel_sample ---------------------------------------------------------------------------------------
 // out[r] = argmax_v(T == 0 ? x_v : x_v / T + g(seed, pos, v)); -1 for a row holding a NaN. Flat grid of
 // R * bpr blocks of 256 threads, bpr = ceil(ceil(V / SAMPLE_CHUNK) / tiles): each block covers `tiles` (1 or
-// MAX_TILES) chunks of SAMPLE_CHUNK tokens, held in registers. Blocks merge through ws/counters as in argmax.cu
+// MAX_TILES) chunks of SAMPLE_CHUNK tokens, held in registers. Blocks merge through ws/counters
 // (packed 64-bit atomicMax, last block writes out[r]).
 template <typename T>
 __device__ __forceinline__ void load_tile(const T* row, int V, bool vec, int g0, bool div, float t,

@@ -15,7 +15,6 @@ from hypothesis import given, settings, strategies as st
 
 import kernels.prefill_attention as prefill_mod
 from kernels.activation import silu_mul
-from kernels.argmax import argmax
 from kernels.decode_attention import decode_attention
 from kernels.embedding import embedding
 from kernels.prefill_attention import prefill_attention
@@ -312,17 +311,6 @@ def test_whole_prefill_equals_chunked_equals_decode(rng):
             else:
                 assert (out[b] == 0.0).all()
     assert_close(np.concatenate(got[0] + got[1]), want)
-
-
-def test_argmax(rng):
-    logits = randn(rng, 1000)
-    logits[[417, 800]] = 50.0  # a tie: the lowest index wins, as on the GPU
-    assert argmax(logits) == 417
-    rows = np.stack([logits, -logits, np.zeros_like(logits)])
-    np.testing.assert_array_equal(argmax(rows), [417, int(np.argmin(logits)), 0])  # ties: lowest index
-    assert argmax(rows).dtype == np.int32
-    rows[1, 5] = np.nan
-    np.testing.assert_array_equal(argmax(rows), [417, -1, 0])  # a NaN logit marks its row as -1
 
 
 def test_wrappers_reject_bad_inputs(rng):

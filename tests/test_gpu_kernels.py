@@ -17,7 +17,6 @@ import pytest
 from paged_cache import paged_cache
 
 from kernels.activation import silu_mul
-from kernels.argmax import argmax
 from kernels.decode_attention import decode_attention
 from kernels.embedding import embedding
 from kernels.prefill_attention import prefill_attention
@@ -308,30 +307,6 @@ def test_prefill_attention(dtype, tc, name):
     assert (got[outside] == SENTINEL).all(), "rows outside query_start_loc[0]..query_start_loc[B] were written"
     check(f"prefill_attention({'tensor cores' if tc else 'generic'}, {name}: B={len(seq_lens)}, D={hd}, "
           f"max q_len {max_q}, max len {seq_lens.max()})", got, ref, dtype)
-
-
-def test_argmax():
-    rng = np.random.default_rng(3)
-    rows = rng.standard_normal((6, VOCAB)).astype(np.float32)
-    rows[1, [150000, 7, 5000]] = 50.0          # ties: lowest index wins
-    rows[2] = 1.0                                # all equal -> 0
-    rows[3, [1234, 99]] = np.nan                 # a NaN row: -1
-    rows[4] = -np.inf                            # all -inf -> 0
-    rows[5, VOCAB - 1] = 100.0                   # the very last entry
-    out = cp.zeros(6, cp.int32)
-    want = argmax(rows).tolist()
-    assert want[3] == -1
-    for attempt in range(2):  # the second call checks that the kernel left its workspace clean
-        K("float32").argmax(cp.asarray(rows), out)
-        got = cp.asnumpy(out).tolist()
-        print(f"argmax (call {attempt + 1}): got {got}, want {want}")
-        assert got == want
-    one = cp.zeros(1, cp.int32)  # the decode path: the last row of the logits, as a [1, V] view
-    K("float32").argmax(cp.asarray(rows)[-1:], one)
-    assert int(one[0]) == VOCAB - 1
-    odd = rng.standard_normal(1001).astype(np.float32)  # V not a multiple of 4: the scalar path
-    K("float32").argmax(cp.asarray(odd), one)
-    assert int(one[0]) == int(argmax(odd))
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])

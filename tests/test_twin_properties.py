@@ -8,7 +8,6 @@ from hypothesis import given, settings, strategies as st
 from test_cpu_kernels import EPS, assert_close, ref_rmsnorm, ref_rope, rope_tables
 
 from kernels.activation import silu_mul
-from kernels.argmax import argmax
 from kernels.embedding import embedding
 from kernels.gemv import gemv
 from kernels.rmsnorm import add_rmsnorm
@@ -54,22 +53,6 @@ def test_embedding(seed, T, V, H):
     out = np.empty((T, H), np.float32)
     embedding(ids, table, out)
     np.testing.assert_array_equal(out, table[ids])
-
-
-@FAST
-@given(seed=SEED, R=st.integers(1, 5), V=st.integers(1, 3000), ties=st.booleans(), nan_row=st.booleans())
-def test_argmax(seed, R, V, ties, nan_row):
-    rng = np.random.default_rng(seed)
-    logits = rand(rng, (R, V))
-    if ties:  # the maximum repeated: the lowest index must win
-        logits[:, rng.integers(0, V, 3)] = 100.0
-    if nan_row:
-        logits[0, rng.integers(0, V)] = np.nan
-    got = argmax(logits)
-    for r in range(R):
-        row = logits[r]
-        want = -1 if np.isnan(row).any() else int(np.flatnonzero(row == row.max())[0])
-        assert got[r] == want
 
 
 @FAST

@@ -1,4 +1,5 @@
-"""The app on the real engine, on the CPU, with the tiny qwen2 fixture (it has a chat template)."""
+"""The app on the real engine, on the CPU (and on the GPU where there is one), with the tiny qwen2 fixture
+(it has a chat template)."""
 from pathlib import Path
 
 import pytest
@@ -13,13 +14,18 @@ from tui.session import ChatSession
 QWEN2 = Path(__file__).resolve().parents[1] / "fixtures" / "qwen2"
 
 
-async def test_chat_on_the_cpu_engine():
+def greedy_app(device: str, max_tokens: int, kv_cache_tokens: int) -> ChatApp:
+    """The app loading the qwen2 fixture on `device`, greedy replies of max_tokens."""
     def load():
-        session = ChatSession.open(QWEN2, device="cpu", max_context=256, kv_cache_tokens=2048)
-        session.configure(params=SamplingParams(max_tokens=4, temperature=0.0))
+        session = ChatSession.open(QWEN2, device=device, max_context=256, kv_cache_tokens=kv_cache_tokens)
+        session.configure(params=SamplingParams(max_tokens=max_tokens, temperature=0.0))
         return session
 
-    app = ChatApp(load)
+    return ChatApp(load)
+
+
+async def test_chat_on_the_cpu_engine():
+    app = greedy_app("cpu", max_tokens=4, kv_cache_tokens=2048)
     async with app.run_test(size=(150, 45)) as pilot:
         await wait_until(pilot, lambda: app.session is not None and app.panel is not None, timeout=60)
         await pilot.pause()
@@ -44,12 +50,7 @@ async def test_chat_on_the_gpu_engine_with_toggles():
     from tui.app import TOGGLE_KEYS
     from tui.timings_panel import TimingsPanel
 
-    def load():
-        session = ChatSession.open(QWEN2, device="cuda", max_context=256, kv_cache_tokens=4096)
-        session.configure(params=SamplingParams(max_tokens=8, temperature=0.0))
-        return session
-
-    app = ChatApp(load)
+    app = greedy_app("cuda", max_tokens=8, kv_cache_tokens=4096)
     async with app.run_test(size=(150, 45)) as pilot:
         await wait_until(pilot, lambda: app.session is not None and app.panel is not None, timeout=120)
         await pilot.pause()

@@ -17,7 +17,6 @@ import numpy as np
 from kernels.activation import silu_mul
 from kernels import sparse_attention_tc as _satc
 from kernels import sparse_prefill as _sp
-from kernels.argmax import argmax
 from kernels.combine import combine_topk_swa_indices
 from kernels.decode_attention import decode_attention
 from kernels.embedding import embedding
@@ -86,9 +85,6 @@ class CpuBackend:
     def prefill_attention(self, q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, block_size,
                           scale, out, max_query_len=None, tensor_cores=False):
         prefill_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, block_size, scale, out)
-
-    def argmax(self, logits, out):
-        out[:] = argmax(logits)
 
     # -- sparse prefill ops (kernels/sparse_prefill.cu, kernels/sparse_prefill.py) ------------------------
     # (and kernels/combine.cu, kernels/combine.py); the driver is toolkit/sparse.py.

@@ -245,9 +245,6 @@ class CudaBackend:
         self.kernels.prefill_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, block_size,
                                        scale, out, max_query_len, tensor_cores=tensor_cores)
 
-    def argmax(self, logits, out):
-        self.kernels.argmax(logits, out)
-
     # -- sparse prefill ops (kernels/sparse_prefill.cu, kernels/sparse_prefill.py) ------------------------
     # (and kernels/combine.cu, kernels/combine.py); launchers in cuda_sparse.py, driver in toolkit/sparse.py.
     @property

@@ -32,7 +32,6 @@ DECODE_HEAD_DIMS = (8, 16, 32, 64, 128, 256)   # decode_attention_partial<T, D> 
 TC_HEAD_DIMS = (64, 128)            # prefill_attention_tc<T, D> instantiations (16-bit T only)
 GEMV_MAX_ROWS = 4                   # gemv<T, TO, M> instantiations: M = 1..4
 MAX_SPLITS = 1024                   # decode_attention.cu: MAX_SPLITS
-ARGMAX_CHUNK = 4096                 # logits per argmax block: 256 threads x 4 float4 loads
 LOG2E = 1.4426950408889634          # kernels work in log2 units: exp(x) = exp2(x * log2(e))
 _SMEM_DEFAULT = 48 * 1024           # above this a kernel must opt in to more dynamic shared memory
 
@@ -46,8 +45,6 @@ def kernel_names(op: str, ctype: str) -> list:
     if op == "prefill_attention":
         tc = [] if ctype == "float" else [f"prefill_attention_tc<{ctype}, {d}>" for d in TC_HEAD_DIMS]
         return [f"prefill_attention<{ctype}>"] + tc
-    if op == "argmax":
-        return []  # extern "C", fp32 only
     if op == "combine":
         return []  # extern "C", int32 only (combine_flat_warp, combine_flat_block, combine_persistent, ...)
     if op == "sparse_prefill":  # (sparse_topk is extern "C": fp32 scores)
@@ -77,7 +74,7 @@ def kernel_source(op: str) -> str:
 
 
 def _module(op: str, ctype: str):
-    key = (op, ctype if op not in ("argmax", "combine") else "")
+    key = (op, ctype if op != "combine" else "")
     mod = _MODULES.get(key)
     if mod is None:
         import cupy
@@ -160,7 +157,6 @@ class CudaKernels:
         self._decode_plans = {} # (B, Hq, Hkv, D, max_seq_len) -> kernels, grid, splits, workspace
         self._n_sm = None
         self._smem_optin = {}   # name -> dynamic shared memory opted in
-        self._argmax_ws = None  # (packed best key, finished-block counter) per row
         self._names = {op: kernel_names(op, ct) for op in ("embedding", "rmsnorm", "rope", "activation")}
 
     # -- plumbing ---------------------------------------------------------------------------------------
@@ -339,21 +335,3 @@ class CudaKernels:
         partial = self._fn("decode_attention", f"decode_attention_partial<{self.ctype}, {D}>")
         combine = self._fn("decode_attention", f"decode_attention_combine<{self.ctype}, {D}>")
         return partial, (Hkv * -(-group // 8), n, B), combine, _i32(n), ws_ml, ws_acc
-
-    def argmax(self, logits, out):
-        """out[r] = argmax(logits[r]) (lowest index on ties, first NaN wins); logits float32[R, V] (or [V]),
-        out int32[R]. Blocks of ARGMAX_CHUNK logits merge through a small zero-initialised workspace that the
-        kernel leaves zeroed again (allocated once, grown if R grows; use one stream per CudaKernels)."""
-        self._check("argmax", F32, logits)
-        self._check("argmax", I32, out)
-        V = logits.shape[-1]
-        R = logits.size // V if V else 0
-        if out.size != R:
-            raise ValueError(f"argmax: out has {out.size} entries for {R} rows")
-        if not R:
-            return
-        if self._argmax_ws is None or self._argmax_ws[0].size < R:
-            self._argmax_ws = (self.cp.zeros(R, self.cp.uint64), self.cp.zeros(R, self.cp.uint32))
-        ws, counters = self._argmax_ws
-        self._fn("argmax", "argmax")((-(-V // ARGMAX_CHUNK), R), (256,),
-                                     (logits, _i32(V), _i32(ARGMAX_CHUNK), ws, counters, out))

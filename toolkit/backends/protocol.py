@@ -35,7 +35,6 @@ class Backend(Protocol):
     def prefill_attention(self, q, k_cache, v_cache, block_tables, query_start_loc, seq_lens,
                           block_size: int, scale: float, out, max_query_len: int,
                           tensor_cores: bool) -> None: ...
-    def argmax(self, logits, out) -> None: ...  # out int32[R] = row-wise argmax of fp32 logits[R, V]
 
     # -- sparse prefill ops (kernels/sparse_prefill.cu, kernels/sparse_prefill.py) ------------------------
     # (and kernels/combine.{cu,py}); rows are the prefill requests' rows, local row t = row - qsl[0].
