@@ -15,8 +15,6 @@ from collections import deque
 from toolkit.options import EngineOptions
 
 WINDOW = 64  # decode steps on the sparkline; steps in the phase means
-# The bytes the sampler materialised per step (StepTiming.sampler_bytes; "-" where a step does not say).
-SAMPLER_BYTES_FIELD = "sampler_bytes"
 HOST, DETOKENIZE = "host", "detokenize"
 
 
@@ -27,7 +25,7 @@ def step_ms(step) -> float:
 
 def sampler_bytes(step):
     """FP32 bytes the sampler materialised, or None for a step that does not say (no sampler path recorded)."""
-    return getattr(step, SAMPLER_BYTES_FIELD, None) if getattr(step, "sampler_path", "") else None
+    return step.sampler_bytes if step.sampler_path else None
 
 
 def is_eager(step) -> bool:
