@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Everything that needs the GPU, in one go (the H200 is lent by the minute). Run from the repo root on the
-# GPU machine: `bash benchmarks/run_h200.sh [tests|speed|peer|sampler|sparse|final|all]`; logs go to $OUT.
-# `final` is what one session's closing run fits in: every GPU test, the sampler and sparse benchmarks, and
-# the decode comparison with the PyTorch peer.
+# GPU machine: `bash benchmarks/run_h200.sh MODE`; logs go to $OUT. MODE: tests | speed | peer | sampler | sparse |
+# profile (Nsight Compute: the sampler kernel and one decode step's kernels) | sampler_ncu | sampler_check | dev (a quick round
+# of the kernel/sampler/engine GPU tests and speed) | final | close | all. `final` and `close` are what one
+# session's closing run fits in: every GPU test, then the sampler (and sparse, for `final`) benchmarks and the
+# decode comparison with the PyTorch peer; `close` adds the throughput run and a decode-step kernel profile.
 # The GPU image lacks nvmath-python (the capturable cuBLAS binding): its wheel travels in .whl/ (see README).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -36,6 +38,41 @@ fi
 if [[ $what == sparse || $what == all || $what == final ]]; then
   python3 -m toolkit bench sparse --device cuda --tests combine,layer 2>&1 | tee "$OUT/bench_sparse.log"
   python3 benchmarks/sparse_sections.py 2>&1 | tee "$OUT/sparse_sections.log"
+fi
+if [[ $what == sampler_check ]]; then  # the sampler kernel alone: its GPU tests, then its timings
+  python3 -m pytest -q -m gpu tests/test_gpu_sampler.py -p no:cacheprovider 2>&1 | tail -2
+  python3 benchmarks/profile_sampler.py 2>&1 | tee "$OUT/profile_sampler.log"
+fi
+if [[ $what == close ]]; then  # this session's closing run: every GPU test, then the numbers the notes quote
+  python3 -m pytest -q -s -m gpu tests/ -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" | grep -E "passed|failed|error|bf16 default|FAILED" | tail -20
+  python3 benchmarks/profile_sampler.py 2>&1 | tee "$OUT/profile_sampler.log" | grep -v "variant NL\|ILP"
+  python3 -m toolkit bench sampler --device cuda 2>&1 | tee "$OUT/bench_sampler.log" | grep "^| 128"
+  $B --shape qwen2.5-0.5b --batch 1,32,128 --depth 0 --prefill 512 --sampler-fast-path on,off -r 3 2>&1 | tee -a "$OUT/bench_sampler.log" | grep "^| tg"
+  $B --shape qwen2.5-0.5b --batch 1,32 --depth 0 --prefill 4096 --peer torch 2>&1 | tee "$OUT/bench_peer.log" | grep "^| "
+  python3 -m toolkit bench throughput --device cuda --shape qwen2.5-0.5b --scheduler mixed 2>&1 | tee "$OUT/throughput.log" | tail -2
+  ncu --clock-control none --profile-from-start off --metrics gpu__time_duration.sum --csv python3 benchmarks/profile_decode.py --batch 1 > "$OUT/ncu_decode_b1.csv" 2>&1
+  python3 benchmarks/profile_decode.py --summarise "$OUT/ncu_decode_b1.csv" | tee "$OUT/decode_kernels_b1.txt"
+fi
+if [[ $what == dev ]]; then  # a quick round while developing: kernel, sampler and engine GPU tests, then speed
+  python3 -m pytest -q -m gpu tests/test_gpu_kernels.py tests/test_gpu_sampler.py tests/test_gpu_engine.py -x -p no:cacheprovider 2>&1 | tail -4
+  python3 benchmarks/profile_sampler.py 2>&1 | tee "$OUT/profile_sampler.log" | grep -v "variant NL\|ILP"
+  $B --shape qwen2.5-0.5b --batch 1,32 --depth 0 --peer torch 2>&1 | tee "$OUT/bench_peer.log" | grep "^| tg"
+fi
+if [[ $what == sampler_ncu ]]; then
+  python3 benchmarks/profile_sampler.py 2>&1 | tee "$OUT/profile_sampler.log"
+  ncu --clock-control none -k regex:gumbel --set full python3 benchmarks/profile_sampler.py --once > "$OUT/ncu_sampler.txt" 2>&1
+  grep -E "Duration|Issue Slots|Registers Per|Achieved Occupancy|Warp Cycles Per Issued|No Eligible|Active Warps Per|Eligible Warps|Executed Ipc|stall|Stall" "$OUT/ncu_sampler.txt" | cut -c1-400 | head -60
+fi
+if [[ $what == profile ]]; then
+  # Where the time goes, with Nsight Compute's counters (Firecracker machines; see the device notes).
+  NCU="ncu --clock-control none"
+  python3 benchmarks/profile_sampler.py 2>&1 | tee "$OUT/profile_sampler.log"
+  $NCU -k regex:gumbel --set full python3 benchmarks/profile_sampler.py --once > "$OUT/ncu_sampler.txt" 2>&1
+  grep -E "gumbel_sample|Duration|Throughput|Issue Slots|Registers|Achieved Occupancy|Theoretical Occupancy|Stall|Block Limit|Warp Cycles" "$OUT/ncu_sampler.txt" | head -80
+  for b in 1 32; do
+    $NCU --profile-from-start off --metrics gpu__time_duration.sum --csv python3 benchmarks/profile_decode.py --batch $b > "$OUT/ncu_decode_b$b.csv" 2>&1
+    python3 benchmarks/profile_decode.py --summarise "$OUT/ncu_decode_b$b.csv" | tee "$OUT/decode_kernels_b$b.txt" | head -30
+  done
 fi
 if [[ $what == final ]]; then
   $B --shape qwen2.5-0.5b --batch 1,32 --depth 0 --prefill 4096 --peer torch 2>&1 | tee "$OUT/bench_peer.log"

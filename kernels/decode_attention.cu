@@ -7,14 +7,15 @@
 // cache, so a bad input gives wrong numbers but never a read out of bounds.
 //
 // Layout: q T[B, Hq, D]; k_cache, v_cache T[num_slots, Hkv, D]; block_tables int[B, M]; out T[B, Hq, D].
-// Workspace (fp32, preallocated per plan by the wrapper): ws_ml[B, Hq, n_splits, 2] = (running max in log2
-// units, sum of exps), ws_acc[B, Hq, n_splits, D] = unnormalised partial output.
+// Workspace (preallocated per plan by the wrapper): ws_ml f32[B, Hq, n_splits, 2] = (running max in log2
+// units, sum of exps), ws_acc f32[B, Hq, n_splits, D] = unnormalised partial output; counters u32[B, grid.x],
+// zeroed once (the kernel leaves them zeroed, so launches can be captured in a CUDA graph and replayed).
 //
-// Kernel 1 (decode_attention_partial<T, D>): grid (Hkv * ceil(G / 8), n_splits, B), block 128 (4 warps).
+// One kernel (decode_attention<T, D>): grid (Hkv * ceil(G / 8), n_splits, B), block 128 (4 warps).
 //   A block owns up to 8 q heads of one GQA group of one sequence, so every K/V byte is read once for the whole
 //   group. The sequence's keys are divided evenly over the splits (chunk = ceil(len / n_splits), rounded up to a
-//   tile), so the work spreads over the GPU at any length; splits past the end exit at once (the combine kernel
-//   computes the same chunk and reads only the non-empty ones). A block sweeps its chunk in tiles of KT keys:
+//   tile), so the work spreads over the GPU at any length; splits past the end exit at once. A block sweeps its
+//   chunk in tiles of KT keys:
 //     - LPK lanes share one key row, each reading a 16-byte chunk (D=64 bf16: 8 lanes/key, 4 keys per warp);
 //       key group kg = warp * KPW + lane / LPK reads keys tile + j * KPG + kg, j < 4 (each a 16-byte-aligned
 //       row of D elements in its slot). K and V of the tile are loaded together so both DRAM round trips
@@ -24,13 +25,14 @@
 //       so the tile loop has no barrier: p = 2^(s - m_new), acc = acc * 2^(m_old - m_new) + sum p * v.
 //   At the end the lanes' partial sums are added (shuffles), and the 4 warps merged through smem, each
 //   rescaled from its own max to the block's.
-// Kernel 2 (decode_attention_combine<T, D>): grid (Hq, B), block 256: merges the non-empty splits' partials
-//   with weights 2^(m_s - m_max) / sum_s(l_s 2^(m_s - m_max)) and writes out[b, h] in T.
+//   - one non-empty split (a short sequence: the common decode case): that block normalises into out directly;
+//   - several: each writes its partial to the workspace and counts itself done; the last one merges them all
+//     (weights 2^(m_s - m_max) / sum_s(l_s 2^(m_s - m_max))) into out. No second kernel, so no second launch
+//     per layer (it used to cost ~2-3 us a layer in a batch-1 decode step).
 #include "dtype.cuh"
 
 constexpr int MAXG = 8;        // q heads per block; a larger GQA group is spread over several blocks
 constexpr int KPT = 4;         // keys per thread per tile
-constexpr int MAX_SPLITS = 1024;
 
 template <typename T, int D>
 struct Shape {
@@ -65,10 +67,10 @@ __device__ __forceinline__ int key_slot(const int* table, int key, int block_siz
 // (128, 3): caps registers at 170 so 3 blocks fit per SM; with the plain bound ptxas picked a small spill for fp32.
 template <typename T, int D>
 __global__ void __launch_bounds__(128, 3)
-decode_attention_partial(const T* __restrict__ q, const T* __restrict__ k_cache, const T* __restrict__ v_cache,
-                         const int* __restrict__ block_tables, const int* __restrict__ seq_lens, int block_size,
-                         int M, int num_blocks, float scale_log2, int Hq, int Hkv, int n_splits,
-                         float* __restrict__ ws_ml, float* __restrict__ ws_acc) {
+decode_attention(const T* __restrict__ q, const T* __restrict__ k_cache, const T* __restrict__ v_cache,
+                 const int* __restrict__ block_tables, const int* __restrict__ seq_lens, int block_size, int M,
+                 int num_blocks, float scale_log2, int Hq, int Hkv, int n_splits, float* __restrict__ ws_ml,
+                 float* __restrict__ ws_acc, unsigned* __restrict__ counters, T* __restrict__ out) {
     using Sh = Shape<T, D>;
     constexpr int VEC = Sh::VEC, LPK = Sh::LPK, NV = Sh::NV, KPW = Sh::KPW, KPG = Sh::KPG, KT = Sh::KT;
     constexpr int X = NV * VEC;                        // output dims per lane
@@ -85,9 +87,15 @@ decode_attention_partial(const T* __restrict__ q, const T* __restrict__ k_cache,
     __shared__ float s_m[4][MAXG], s_l[4][MAXG];       // per-warp running max / sum, merged at the end
     __shared__ float s_red[4][MAXG][D];                // per-warp accumulators, merged at the end
     const int length = seq_length(seq_lens, b, M * block_size);
+    if (length == 0) {  // a padding row: zeros, not 0/0 (written by split 0)
+        if (split == 0)
+            for (int i = tid; i < Gb * D; i += blockDim.x) out[((size_t)b * Hq + h0) * D + i] = from_f32<T>(0.0f);
+        return;
+    }
     const int chunk = split_chunk(length, n_splits, KT);
+    const int n_active = (length + chunk - 1) / chunk;  // the non-empty splits
     const int k_begin = split * chunk, k_end = min(k_begin + chunk, length);
-    if (k_begin >= k_end) return;  // nothing here (the combine kernel only reads non-empty splits)
+    if (k_begin >= k_end) return;  // nothing here (the merge reads only the non-empty splits)
     const int* table = block_tables + (size_t)b * M;
     // Slots of this lane's keys in the first tile; inside the loop the next tile's are fetched one tile ahead.
     int slot[KPT];
@@ -195,6 +203,8 @@ decode_attention_partial(const T* __restrict__ q, const T* __restrict__ k_cache,
         if (lane == 0) { s_m[warp][g] = m[g]; s_l[warp][g] = l[g]; }
     }
     __syncthreads();
+    // This split's result per (head, dim): the 4 warps merged, each rescaled from its own max to the block's.
+    // One split (short sequences): it is the answer, normalised straight into out.
     for (int i = tid; i < Gb * D; i += blockDim.x) {
         const int g = i / D, d = i % D;
         const float Mx = fmaxf(fmaxf(s_m[0][g], s_m[1][g]), fmaxf(s_m[2][g], s_m[3][g]));  // finite: chunk non-empty
@@ -205,85 +215,56 @@ decode_attention_partial(const T* __restrict__ q, const T* __restrict__ k_cache,
             o += f * s_red[w][g][d];
             L += f * s_l[w][g];
         }
-        const size_t row = ((size_t)b * Hq + h0 + g) * n_splits + split;
-        ws_acc[row * D + d] = o;
-        if (d == 0) { ws_ml[2 * row] = Mx; ws_ml[2 * row + 1] = L; }
+        if (n_active == 1) {
+            out[((size_t)b * Hq + h0 + g) * D + d] = from_f32<T>(o / L);
+        } else {
+            const size_t row = ((size_t)b * Hq + h0 + g) * n_splits + split;
+            ws_acc[row * D + d] = o;
+            if (d == 0) { ws_ml[2 * row] = Mx; ws_ml[2 * row + 1] = L; }
+        }
     }
-}
+    if (n_active == 1) return;
 
-// Reduce over the block (blockDim a multiple of 32); every thread gets the result. `scratch` holds 32 floats.
-template <bool MAX>
-__device__ float block_reduce(float v, float* scratch) {
-    for (int o = 16; o > 0; o >>= 1) {
-        const float w = __shfl_xor_sync(0xffffffffu, v, o);
-        v = MAX ? fmaxf(v, w) : v + w;
-    }
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    if (lane == 0) scratch[warp] = v;
+    // Several splits: the last of them to finish merges all (the others' writes are visible to it: each block
+    // fences before it counts itself, and the merge reads through L2). It resets the counter for the next launch.
+    __shared__ bool s_last;
+    __threadfence();
     __syncthreads();
-    v = lane < (int)(blockDim.x >> 5) ? scratch[lane] : (MAX ? NEG_INF : 0.0f);
-    for (int o = 16; o > 0; o >>= 1) {
-        const float w = __shfl_xor_sync(0xffffffffu, v, o);
-        v = MAX ? fmaxf(v, w) : v + w;
+    if (tid == 0) {
+        unsigned* cnt = counters + (size_t)b * gridDim.x + blockIdx.x;
+        s_last = atomicAdd(cnt, 1u) == (unsigned)n_active - 1u;
+        if (s_last) *cnt = 0u;
     }
-    return v;
-}
-
-// Block 256 = (D/4 float4 columns) x (256 / (D/4) split slices): thread (slice, col) sums splits slice,
-// slice + NSL, ... of its 4 output dims, so the partial rows are read with many loads in flight at once;
-// the slices are then added through shared memory.
-template <typename T, int D>
-__global__ void __launch_bounds__(256)
-decode_attention_combine(const float* __restrict__ ws_ml, const float* __restrict__ ws_acc,
-                         const int* __restrict__ seq_lens, int max_len, int Hq, int n_splits, T* __restrict__ out) {
-    constexpr int DC = D / 4, NSL = 256 / DC, KT = Shape<T, D>::KT;
-    __shared__ float s_m[MAX_SPLITS];
-    __shared__ float4 s_red[NSL][DC];
-    __shared__ float s_scratch[2][32];
-    const int bh = blockIdx.y * Hq + blockIdx.x, tid = threadIdx.x;  // (sequence, head) row
-    const int length = seq_length(seq_lens, blockIdx.y, max_len);
-    if (length == 0) {  // padding row: zeros, not 0/0 (uniform over the block, before any barrier)
-        for (int d = tid; d < D; d += blockDim.x) out[(size_t)bh * D + d] = from_f32<T>(0.0f);
-        return;
-    }
-    const int chunk = split_chunk(length, n_splits, KT);
-    const int n_active = (length + chunk - 1) / chunk;
-    const float* ml = ws_ml + (size_t)bh * n_splits * 2;
-
-    float mx = NEG_INF;
-    for (int s = tid; s < n_active; s += blockDim.x) { s_m[s] = ml[2 * s]; mx = fmaxf(mx, s_m[s]); }
-    mx = block_reduce<true>(mx, s_scratch[0]);
-    float l = 0.0f;
-    for (int s = tid; s < n_active; s += blockDim.x) l += ml[2 * s + 1] * exp2f(s_m[s] - mx);
-    const float inv = 1.0f / block_reduce<false>(l, s_scratch[1]);  // its barrier also publishes s_m
-
-    const int col = tid % DC, sl = tid / DC;
-    const float4* acc = reinterpret_cast<const float4*>(ws_acc + (size_t)bh * n_splits * D) + col;
-    float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll 4
-    for (int s = sl; s < n_active; s += NSL) {
-        const float w = exp2f(s_m[s] - mx);
-        const float4 v = acc[(size_t)s * DC];
-        a.x += w * v.x; a.y += w * v.y; a.z += w * v.z; a.w += w * v.w;
-    }
-    s_red[sl][col] = a;
     __syncthreads();
-    for (int d = tid; d < D; d += blockDim.x) {
+    if (!s_last) return;
+    __threadfence();
+    // Per head: the max over splits and the total weight (a warp per head), then every (head, dim) output.
+    for (int g = warp; g < Gb; g += 4) {
+        const float* ml = ws_ml + ((size_t)b * Hq + h0 + g) * n_splits * 2;
+        float mx = NEG_INF;
+        for (int sp = lane; sp < n_active; sp += 32) mx = fmaxf(mx, __ldcg(ml + 2 * sp));
+        for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+        float L = 0.0f;
+        for (int sp = lane; sp < n_active; sp += 32) L += __ldcg(ml + 2 * sp + 1) * exp2f(__ldcg(ml + 2 * sp) - mx);
+        for (int o = 16; o > 0; o >>= 1) L += __shfl_xor_sync(0xffffffffu, L, o);
+        if (lane == 0) { s_m[0][g] = mx; s_l[0][g] = 1.0f / L; }
+    }
+    __syncthreads();
+    for (int i = tid; i < Gb * D; i += blockDim.x) {
+        const int g = i / D, d = i % D;
+        const size_t row0 = ((size_t)b * Hq + h0 + g) * n_splits;
+        const float mx = s_m[0][g];
         float o = 0.0f;
-#pragma unroll 8
-        for (int i = 0; i < NSL; i++) o += reinterpret_cast<const float*>(&s_red[i][d / 4])[d % 4];
-        out[(size_t)bh * D + d] = from_f32<T>(o * inv);
+#pragma unroll 4
+        for (int sp = 0; sp < n_active; sp++)
+            o += exp2f(__ldcg(ws_ml + 2 * (row0 + sp)) - mx) * __ldcg(ws_acc + (row0 + sp) * D + d);
+        out[((size_t)b * Hq + h0 + g) * D + d] = from_f32<T>(o * s_l[0][g]);
     }
 }
 
-#define DECODE_INSTANCE(T, D)                                                                                 \
-    template __global__ void decode_attention_partial<T, D>(const T*, const T*, const T*, const int*,          \
-                                                            const int*, int, int, int, float, int, int, int,  \
-                                                            float*, float*);
-#define COMBINE_INSTANCE(T, D)                                                                                \
-    template __global__ void decode_attention_combine<T, D>(const float*, const float*, const int*, int, int, \
-                                                            int, T*);
-#define BOTH(T, D) DECODE_INSTANCE(T, D) COMBINE_INSTANCE(T, D)
+#define BOTH(T, D)                                                                                            \
+    template __global__ void decode_attention<T, D>(const T*, const T*, const T*, const int*, const int*, int, int, \
+                                                    int, float, int, int, int, float*, float*, unsigned*, T*);
 // Small head dims (8-32) are for tiny test models (tests/fixtures, stories260K); 64-256 for real ones.
 #define ALL_D(T) BOTH(T, 8) BOTH(T, 16) BOTH(T, 32) BOTH(T, 64) BOTH(T, 128) BOTH(T, 256)
 ALL_D(float) ALL_D(__half) ALL_D(__nv_bfloat16)

@@ -11,9 +11,11 @@
 // (v >> 2, position, 0, 0); token v uses output word v & 3, so one call serves 4 consecutive tokens.
 // u = ((word >> 9) + 0.5) * 2^-23, exact in fp32 and inside [2^-24, 1 - 2^-24] (a 24-bit version, (w>>8)+0.5,
 // needs 25 significant bits: it rounds, and its top value rounds to u = 1, g = -inf); g = -log(-log1p(-u)).
-// So g lies in [-2.82, 16.64], and g <= -log(u): once a real key L is known (each thread first computes the key
-// of its own largest x/T), a token with x/T + G_MAX < L needs no Philox call, and one with u > exp(x/T - L + d)
-// no logarithms (d covers every rounding, so the skip is exact). On real logits that skips almost the whole row.
+// So g lies in [-2.82, 16.64], and g <= -log(u): once a real key L is known (each block first computes the key
+// of its largest x/T), a token with x/T + G_MAX < L needs no Philox call, and one with u > exp(x/T - L + d)
+// no logarithms (d covers every rounding, so the skip is exact). On a trained model's logits that skips most
+// Philox calls; on flat logits (N(0, 3)) every token needs one, and Philox is then ~1/3 of the kernel's time
+// (benchmarks/profile_sampler.py prices it against a cheap hash).
 //
 // top_k_top_p semantics: top-k keeps every value >= the k-th largest (ties at the k-th value kept); top-p then
 // runs over the survivors, p = softmax(survivors): token v is kept iff the mass of the survivors strictly greater
@@ -27,9 +29,7 @@
 // (the last block of a row resets them), so any launch can be captured in a CUDA graph and replayed.
 #include "dtype.cuh"
 
-constexpr int SAMPLE_CHUNK = 4096;   // tokens per gumbel_sample block: 256 threads x 4 groups of 4
-constexpr int SAMPLE_THREADS = 256;
-constexpr int MAX_TILES = 2;         // chunks one gumbel_sample block holds in registers (32 values a thread)
+constexpr int SAMPLE_THREADS = 256;  // gumbel_sample block
 constexpr int ROW_CHUNK = 4096;      // fp32 values per block of the temperature / min_p kernels
 constexpr int SEL_THREADS = 1024;    // top_k_top_p and logprobs: one block per row
 constexpr int NBINS = 4096;          // 12-bit radix digits
@@ -141,145 +141,185 @@ __device__ __forceinline__ A block_excl_scan(A v, A* tmp, A& total) {
 
 // ---- 1. gumbel_sample ---------------------------------------------------------------------------------------
 // out[r] = argmax_v(T == 0 ? x_v : x_v / T + g(seed, pos, v)); -1 for a row holding a NaN. Flat grid of
-// R * bpr blocks of 256 threads, bpr = ceil(ceil(V / SAMPLE_CHUNK) / tiles): each block covers `tiles` (1 or
-// MAX_TILES) chunks of SAMPLE_CHUNK tokens, held in registers. Blocks merge through ws/counters
-// (packed 64-bit atomicMax, last block writes out[r]).
-template <typename T>
-__device__ __forceinline__ void load_tile(const T* row, int V, bool vec, int g0, bool div, float t,
-                                          float (&a)[SAMPLE_CHUNK / 4 / SAMPLE_THREADS][4]) {
-#pragma unroll
-    for (int j = 0; j < SAMPLE_CHUNK / 4 / SAMPLE_THREADS; j++) load4(row, g0 + j * SAMPLE_THREADS, V, vec, a[j]);
-    if (div)
-#pragma unroll
-        for (int j = 0; j < SAMPLE_CHUNK / 4 / SAMPLE_THREADS; j++)
-#pragma unroll
-            for (int k = 0; k < 4; k++) a[j][k] = a[j][k] / t;  // division, so T = 1 and T = 0.5 are exact
+// R * bpr blocks of SAMPLE_THREADS threads; block b of a row covers SPAN = SAMPLE_THREADS * NL * VE consecutive
+// tokens (VE = 16 / sizeof(T) tokens per 16-byte load, NL loads per thread, all issued before any is used), so
+// the row crosses the memory bus once, into registers. Per token the common work is one instruction (a NaN-
+// propagating max) plus, for random rows, a quarter of a Philox call and a bound test; everything else is per
+// block or per candidate. Steps:
+//   1. M = the block's largest x (NaN-propagating) and its lowest index i_M: the greedy answer;
+//   2. random rows: L = M + g(i_M), the exact key of a real token, so the winner's key is >= L;
+//   3. random rows: a group of 4 tokens gets its Philox call only if one of them could reach L (x + G_MAX >= L),
+//      and a token gets the exact logf/log1pf noise only if u <= exp(x - L + d) (g <= -log(u); see the top),
+//      tested first for the whole group against one bound on the Philox words (one exp per group of 4);
+//   4. the block's best (value, index) merges into ws[r] by a packed 64-bit atomicMax; the last block writes out.
+// Tokens of a thread ascend in (j, e), so a strict `>` keeps the lowest index among equal values in a thread.
+__device__ __forceinline__ float max_nan(float a, float b) {  // max that propagates NaN (sm_80+)
+    float d;
+    asm("max.NaN.f32 %0, %1, %2;" : "=f"(d) : "f"(a), "f"(b));
+    return d;
 }
 
-template <typename T>
-__global__ void __launch_bounds__(SAMPLE_THREADS)
-gumbel_sample(const T* __restrict__ logits, int V, int tiles, const float* __restrict__ temperature,
+// Tuning knobs, timed against each other by benchmarks/profile_sampler.py (defaults = the fastest measured):
+// GS_NOINLINE: the exact key of a candidate (rare) is called, not inlined 32 times (a smaller loop body);
+// GS_ILP: groups whose Philox calls share one skip test (independent chains the scheduler can interleave);
+// GS_GROUPTEST: one exp() bound per group of 4 instead of one per token (see step 3).
+#ifndef GS_NOINLINE
+#define GS_NOINLINE 1
+#endif
+#ifndef GS_ILP
+#define GS_ILP 2
+#endif
+#ifndef GS_GROUPTEST
+#define GS_GROUPTEST 1
+#endif
+#if GS_NOINLINE
+__device__ __noinline__
+#else
+__device__ __forceinline__
+#endif
+float exact_key(float v, float u) { return v + gumbel_u(u); }
+
+template <typename T, int NL>
+__global__ void __launch_bounds__(SAMPLE_THREADS, 4)
+gumbel_sample(const T* __restrict__ logits, int V, const float* __restrict__ temperature,
               const unsigned* __restrict__ seeds, const int* __restrict__ positions,
               unsigned long long* __restrict__ ws, unsigned* __restrict__ counters, int* __restrict__ out) {
-    constexpr int GPT = SAMPLE_CHUNK / 4 / SAMPLE_THREADS;  // groups of 4 per thread per tile
-    __shared__ float s_red[32];
-    __shared__ int s_i[32];
-    // Per warp, the groups of 4 tokens that need noise (pass 2 below): token group index and the 4 values.
-    __shared__ int s_cg[SAMPLE_THREADS / 32][32 * GPT * MAX_TILES];
-    __shared__ float4 s_cv[SAMPLE_THREADS / 32][32 * GPT * MAX_TILES];
-    const int nchunks = (V + SAMPLE_CHUNK - 1) / SAMPLE_CHUNK, bpr = (nchunks + tiles - 1) / tiles;
-    const int r = blockIdx.x / bpr, c0 = (blockIdx.x % bpr) * tiles, c1 = min(c0 + tiles, nchunks);
+    constexpr int VE = 16 / sizeof(T), SPAN = SAMPLE_THREADS * NL * VE, NW = SAMPLE_THREADS / 32;
+    __shared__ float s_m[NW];
+    __shared__ int s_i[NW];
+    __shared__ int s_idx;
+    __shared__ float s_L;
+    const int bpr = (V + SPAN - 1) / SPAN, r = blockIdx.x / bpr, base = (blockIdx.x % bpr) * SPAN;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const T* row = logits + (size_t)r * V;
     const float t = temperature[r];
     const bool greedy = !(t > 0.f), div = !greedy && t != 1.f;
-    const bool vec = V % 4 == 0 && reinterpret_cast<size_t>(row) % (4 * sizeof(T)) == 0;
+    const bool vec = ((size_t)V * sizeof(T)) % 16 == 0 && reinterpret_cast<size_t>(logits) % 16 == 0;
+    auto token = [&](int j, int e) { return base + (j * SAMPLE_THREADS + (int)threadIdx.x) * VE + e; };
 
-    // Every tile of the block is loaded up front into registers (more loads in flight), and the noise pass
-    // reads them again from there: the row crosses the memory bus once, greedy or not.
-    float a[MAX_TILES][GPT][4];
-    const int nt = c1 - c0;
+    float x[NL][VE];
 #pragma unroll
-    for (int ti = 0; ti < MAX_TILES; ti++)
-        if (ti < nt) load_tile(row, V, vec, (c0 + ti) * (SAMPLE_CHUNK / 4) + threadIdx.x, div, t, a[ti]);
-    float best = NEG_INF;
-    int best_i = 0x7fffffff;
-    auto take = [&](float v, int i) { if (better(v, i, best, best_i)) { best = v; best_i = i; } };
-    if (greedy) {
+    for (int j = 0; j < NL; j++) {
+        const int i0 = token(j, 0);
+        if (vec && i0 < V) {
+            Chunk<T> c;
+            c.u = *reinterpret_cast<const uint4*>(row + i0);
 #pragma unroll
-        for (int ti = 0; ti < MAX_TILES; ti++) {
-            if (ti >= nt) break;
-            const int g0 = (c0 + ti) * (SAMPLE_CHUNK / 4) + threadIdx.x;
+            for (int e = 0; e < VE; e++) x[j][e] = to_f32(c.e[e]);
+        } else {
 #pragma unroll
-            for (int j = 0; j < GPT; j++)
-#pragma unroll
-                for (int k = 0; k < 4; k++) take(a[ti][j][k], 4 * (g0 + j * SAMPLE_THREADS) + k);
+            for (int e = 0; e < VE; e++) x[j][e] = i0 + e < V ? to_f32(row[i0 + e]) : NEG_INF;
         }
-    } else {
-        // Pass 1: the exact key of this thread's largest x/T; their block max L is the key of a real token, so
-        // the winner's key is >= L and a token whose key is surely < L can be skipped (exactly: see below).
-        const unsigned k0 = seeds[2 * r], k1 = seeds[2 * r + 1], pos = (unsigned)positions[r];
-        float ta = NEG_INF;
-        int tg = c0 * (SAMPLE_CHUNK / 4) + threadIdx.x, tq = 0;
+    }
+    if (div)
 #pragma unroll
-        for (int ti = 0; ti < MAX_TILES; ti++) {
-            if (ti >= nt) break;
-            const int g0 = (c0 + ti) * (SAMPLE_CHUNK / 4) + threadIdx.x;
+        for (int j = 0; j < NL; j++)
 #pragma unroll
-            for (int j = 0; j < GPT; j++)
+            for (int e = 0; e < VE; e++) x[j][e] = x[j][e] / t;  // division, so T = 1 and T = 0.5 are exact
+
+    // 1. M and i_M: a max per thread, per warp by shuffles, per block through shared memory; then the threads
+    // holding M look up their first index of it and the block keeps the lowest.
+    float m = NEG_INF;
 #pragma unroll
-                for (int q = 0; q < 4; q++)
-                    if (a[ti][j][q] > ta) { ta = a[ti][j][q]; tg = g0 + j * SAMPLE_THREADS; tq = q; }
+    for (int j = 0; j < NL; j++)
+#pragma unroll
+        for (int e = 0; e < VE; e++) m = max_nan(m, x[j][e]);
+    float wm = m;
+    for (int o = 16; o > 0; o >>= 1) wm = max_nan(wm, __shfl_xor_sync(0xffffffffu, wm, o));
+    if (threadIdx.x == 0) s_idx = 0x7fffffff;
+    const unsigned k0 = seeds[2 * r], k1 = seeds[2 * r + 1], pos = (unsigned)positions[r];
+    if (lane == 0) s_m[warp] = wm;
+    __syncthreads();
+    float M = s_m[0];
+#pragma unroll
+    for (int w = 1; w < NW; w++) M = max_nan(M, s_m[w]);
+    const bool nan_row = isnan(M);
+    if ((m == M || (nan_row && isnan(m))) && M != NEG_INF) {
+        int first = 0x7fffffff;
+#pragma unroll
+        for (int j = NL - 1; j >= 0; j--)
+#pragma unroll
+            for (int e = VE - 1; e >= 0; e--)
+                if (x[j][e] == M || (nan_row && isnan(x[j][e]))) first = token(j, e);
+        atomicMin(&s_idx, first);
+    }
+    __syncthreads();
+    float best = M;
+    int best_i = s_idx;  // 0x7fffffff: the block holds only -inf (or padding)
+
+    if (!greedy && !nan_row && best_i < V) {
+        // 2. L, computed by warp 0 (one Philox call for the block) and shared.
+        if (warp == 0) {
+            const uint4 w = philox4x32_10(make_uint4((unsigned)(best_i >> 2), pos, 0u, 0u), k0, k1);
+            const int q = best_i & 3;
+            if (lane == 0) s_L = M + gumbel(q == 0 ? w.x : q == 1 ? w.y : q == 2 ? w.z : w.w);
         }
-        const uint4 tw = philox4x32_10(make_uint4((unsigned)tg, pos, 0u, 0u), k0, k1);
-        const float lk = ta + gumbel(tq == 0 ? tw.x : tq == 1 ? tw.y : tq == 2 ? tw.z : tw.w);
-        if (4 * tg + tq < V) take(lk, 4 * tg + tq);
-        const float L = block_reduce(lk, s_red, [](float x, float y) { return fmaxf(x, y); });
-        // Pass 2 (from registers). A token can reach L only if x/T + G_MAX >= L (else no Philox call at all),
-        // and only if u <= exp(x/T - L + d): g = -log(-log1p(-u)) <= -log(u), and d (with the 1.0001 factor)
-        // covers the rounding of g, of the fast __expf and of the sums. Tokens that pass get the exact
-        // logf/log1pf noise. The groups of 4 that need a Philox call are first compacted per warp (ballot +
-        // popc into shared memory): a warp runs Philox for its candidates only, all 32 lanes busy, instead of
-        // for every group in which any one lane has a candidate (on a language model's logits, most groups of a
-        // warp have none, but nearly every group slot has one in *some* lane).
-        const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-        const unsigned below = (1u << lane) - 1u;
-        int n = 0;
+        __syncthreads();
+        const float L = s_L;
+        best = L;
+        // 3. D covers the rounding of g, of the fast __expf and of the sums (1e-4 is a factor 1.0001), for every
+        // token that can win (x >= L - G_MAX, so |x| <= |M| + |L| + G_MAX): a skipped token surely has key < L,
+        // and the skip is exact. u = ((w >> 9) + 0.5) * 2^-23, built from the bits ((w >> 9) | 1.0f) - (1 - 2^-24)
+        // (exact: Sterbenz), with no int -> float conversion.
+        const float c = 1e-4f + 1e-3f + 1e-5f * (fabsf(M) + 2.f * fabsf(L) + G_MAX) - L;
+        // Groups of 4 tokens per thread; ILP of them share one skip test, so their Philox chains interleave.
+        constexpr int NG = NL * VE / 4, ILP = NG < GS_ILP ? NG : GS_ILP;
+        static_assert(NG % ILP == 0, "GS_ILP must divide the groups");
 #pragma unroll
-        for (int ti = 0; ti < MAX_TILES; ti++) {
-            if (ti >= nt) break;
-            const int g0 = (c0 + ti) * (SAMPLE_CHUNK / 4) + threadIdx.x;
+        for (int p = 0; p < NG; p += ILP) {
+            float gm[ILP], gmax = NEG_INF;
 #pragma unroll
-            for (int j = 0; j < GPT; j++) {
-                bool any = false;
+            for (int g = 0; g < ILP; g++) {
+                const int j = (4 * (p + g)) / VE, e0 = (4 * (p + g)) % VE;
+                gm[g] = fmaxf(fmaxf(x[j][e0], x[j][e0 + 1]), fmaxf(x[j][e0 + 2], x[j][e0 + 3]));
+                gmax = fmaxf(gmax, gm[g]);
+            }
+            if (gmax + G_MAX < L) continue;  // no token of these groups can reach L: no Philox call
+            uint4 w[ILP];
 #pragma unroll
-                for (int q = 0; q < 4; q++) any |= !(a[ti][j][q] + G_MAX < L);  // NaN counts as a candidate
-                const unsigned m = __ballot_sync(0xffffffffu, any);
-                if (any) {
-                    const int slot = n + __popc(m & below);
-                    s_cg[warp][slot] = g0 + j * SAMPLE_THREADS;
-                    s_cv[warp][slot] = make_float4(a[ti][j][0], a[ti][j][1], a[ti][j][2], a[ti][j][3]);
+            for (int g = 0; g < ILP; g++) {
+                const unsigned group = (unsigned)token((4 * (p + g)) / VE, (4 * (p + g)) % VE) >> 2;
+                w[g] = philox4x32_10(make_uint4(group, pos, 0u, 0u), k0, k1);
+            }
+#pragma unroll
+            for (int g = 0; g < ILP; g++) {
+                const int j = (4 * (p + g)) / VE, e0 = (4 * (p + g)) % VE, i0 = token(j, e0);
+                const unsigned w4[4] = {w[g].x, w[g].y, w[g].z, w[g].w};
+#if GS_GROUPTEST
+                // One bound for the group: u <= exp(x + c) <= exp(gm + c) = thr implies w <= W, where
+                // W = (floor-ish(thr * 2^23) << 9) | 511 comes from the bits of thr + 1 (rounded to nearest, so
+                // its mantissa is >= thr * 2^23 - 1/2 >= the k = w >> 9 of any u = (k + 1/2) 2^-23 <= thr).
+                const float t1 = fminf(__expf(gm[g] + c), 0.99999988f) + 1.0f;  // < 2; NaN (L = inf) -> every word
+                const unsigned W = ((__float_as_uint(t1) & 0x7fffffu) << 9) | 511u;
+                if (w4[0] > W && w4[1] > W && w4[2] > W && w4[3] > W) continue;  // the common case
+#endif
+#pragma unroll
+                for (int q = 0; q < 4; q++) {
+                    const float v = x[j][e0 + q];
+                    const float u = __uint_as_float((w4[q] >> 9) | 0x3f800000u) - 0.99999994f;
+                    if (u > __expf(v + c)) continue;  // false for NaN (L = inf): then computed
+                    const float k = exact_key(v, u);
+                    if (better(k, i0 + q, best, best_i)) { best = k; best_i = i0 + q; }
                 }
-                n += __popc(m);
-            }
-        }
-        __syncwarp();
-        for (int c = lane; c < n; c += 32) {
-            const int g = s_cg[warp][c];
-            const float4 v4 = s_cv[warp][c];
-            const float vs[4] = {v4.x, v4.y, v4.z, v4.w};
-            const uint4 w = philox4x32_10(make_uint4((unsigned)g, pos, 0u, 0u), k0, k1);
-            const unsigned w4[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-            for (int q = 0; q < 4; q++) {
-                const float v = vs[q];
-                if (v + G_MAX < L) continue;
-                const float u = ((float)(w4[q] >> 9) + 0.5f) * 1.1920928955078125e-07f;
-                const float d = 1e-3f + 1e-5f * (fabsf(v) + fabsf(L));
-                if (u > __expf(v - L + d) * 1.0001f) continue;  // (false for NaN and inf: then computed)
-                take(v + gumbel_u(u), 4 * g + q);
             }
         }
     }
 
-    // Block reduction of (best, best_i): warp shuffles, then warp winners through shared memory.
-    for (int o = 16; o > 0; o >>= 1) {
-        const float v = __shfl_xor_sync(0xffffffffu, best, o);
-        const int i = __shfl_xor_sync(0xffffffffu, best_i, o);
-        take(v, i);
+    // 4. Random rows: block reduction of (best, best_i); greedy rows already hold the block's answer.
+    if (!greedy && !nan_row) {
+        for (int o = 16; o > 0; o >>= 1) {
+            const float v = __shfl_xor_sync(0xffffffffu, best, o);
+            const int i = __shfl_xor_sync(0xffffffffu, best_i, o);
+            if (better(v, i, best, best_i)) { best = v; best_i = i; }
+        }
+        __syncthreads();
+        if (lane == 0) { s_m[warp] = best; s_i[warp] = best_i; }
+        __syncthreads();
+        if (threadIdx.x == 0)
+            for (int w = 1; w < NW; w++)
+                if (better(s_m[w], s_i[w], best, best_i)) { best = s_m[w]; best_i = s_i[w]; }
     }
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    __syncthreads();
-    if (lane == 0) { s_red[warp] = best; s_i[warp] = best_i; }
-    __syncthreads();
-    if (warp != 0) return;
-    best = lane < SAMPLE_THREADS / 32 ? s_red[lane] : NEG_INF;
-    best_i = lane < SAMPLE_THREADS / 32 ? s_i[lane] : 0x7fffffff;
-    for (int o = 16; o > 0; o >>= 1) {
-        const float v = __shfl_xor_sync(0xffffffffu, best, o);
-        const int i = __shfl_xor_sync(0xffffffffu, best_i, o);
-        take(v, i);
-    }
-    if (lane != 0) return;
+    if (threadIdx.x != 0) return;
     if (best_i < V) atomicMax(ws + r, pack(best, best_i));
     __threadfence();
     if (atomicAdd(counters + r, 1u) == (unsigned)bpr - 1) {

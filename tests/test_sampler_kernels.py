@@ -5,6 +5,7 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from kernels import sampler as S
 
@@ -41,6 +42,28 @@ def test_uniform_is_exact_and_inside_the_open_interval():
     assert list(u.astype(np.float64)) == [0.5 * 2 ** -23, 0.5 * 2 ** -23, 1.5 * 2 ** -23, 1 - 2 ** -24]
     g = S.gumbel_from_uniform(u)
     assert np.all(np.isfinite(g)) and g.max() < S.G_MAX and g.min() > S.G_MIN
+
+
+def group_word_bound(thr) -> int:
+    """sampler.cu's bound on the Philox words of a group (step 3 of gumbel_sample), in NumPy: from
+    t1 = fminf(thr, 1 - 2^-23) + 1 (fp32, rounded to nearest), W = (mantissa(t1) << 9) | 511."""
+    f32 = np.float32
+    t1 = np.fmin(f32(thr), f32(0.99999988)) + f32(1.0)  # fmin: NaN -> the other operand, as CUDA's fminf
+    return ((int(np.array(t1, f32).view(np.uint32)) & 0x7FFFFF) << 9) | 511
+
+
+@settings(max_examples=300, deadline=None)
+@given(thr=st.floats(0, 4, width=32) | st.just(float("nan")),
+       words=st.lists(st.integers(0, 2 ** 32 - 1), min_size=1, max_size=16))
+def test_group_word_bound_never_drops_a_candidate(thr, words):
+    """A Philox word whose uniform u is <= thr (the kernel's per-token candidate test) is <= the group bound W,
+    so testing the 4 words of a group against W first can only skip groups with no candidate (exactness)."""
+    W = group_word_bound(thr)
+    k = int(min(thr, 1.0) * 2 ** 23) if thr == thr else 2 ** 23 - 1  # the words around u = thr as well
+    near = [min(max(k + d, 0), 2 ** 23 - 1) << 9 | low for d in (-1, 0, 1) for low in (0, 511)]
+    w = np.array(words + near, np.uint32)
+    cand = (S.uniform_from_word(w) <= np.float32(thr)) | (thr != thr)  # NaN threshold (L = inf): every word
+    assert (w[cand] <= W).all()
 
 
 # ---- gumbel_sample ------------------------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ This module imports without CuPy (cupy is imported when a CudaKernels is made), 
 the compile-check test can import `kernel_names`.
 """
 import math
+import os
 import re
 from pathlib import Path
 
@@ -28,10 +29,14 @@ CTYPES = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16"}
 STORAGE = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}
 # No --use_fast_math: expf/exp2f/rsqrtf keep their IEEE-ish accuracy so the GPU agrees with the CPU twins.
 OPTIONS = ("-std=c++17",)
-DECODE_HEAD_DIMS = (8, 16, 32, 64, 128, 256)   # decode_attention_partial<T, D> instantiations
+# Extra NVRTC options from the environment, e.g. TOOLKIT_NVRTC_DEFINES="-DGS_WARP_L=0" to run (and test) a
+# kernel's tuning knob (see the GS_* macros in kernels/sampler.cu) without editing the source.
+EXTRA_OPTIONS = tuple(os.environ.get("TOOLKIT_NVRTC_DEFINES", "").split())
+DECODE_HEAD_DIMS = (8, 16, 32, 64, 128, 256)   # decode_attention<T, D> instantiations
 TC_HEAD_DIMS = (64, 128)            # prefill_attention_tc<T, D> instantiations (16-bit T only)
 GEMV_MAX_ROWS = 4                   # gemv<T, TO, M> instantiations: M = 1..4
-MAX_SPLITS = 1024                   # decode_attention.cu: MAX_SPLITS
+SAMPLE_LOADS = (1, 4)                # gumbel_sample<T, NL> instantiations: 16-byte loads per thread
+MAX_SPLITS = 1024                   # cap on decode-attention splits (the last split merges them all)
 LOG2E = 1.4426950408889634          # kernels work in log2 units: exp(x) = exp2(x * log2(e))
 _SMEM_DEFAULT = 48 * 1024           # above this a kernel must opt in to more dynamic shared memory
 
@@ -41,7 +46,7 @@ _MODULES = {}  # (op, ctype) -> cupy.RawModule, shared by every CudaKernels of t
 def kernel_names(op: str, ctype: str) -> list:
     """The name expressions (template instantiations) the wrapper uses from kernels/<op>.cu for one ctype."""
     if op == "decode_attention":
-        return [f"decode_attention_{k}<{ctype}, {d}>" for d in DECODE_HEAD_DIMS for k in ("partial", "combine")]
+        return [f"decode_attention<{ctype}, {d}>" for d in DECODE_HEAD_DIMS]
     if op == "prefill_attention":
         tc = [] if ctype == "float" else [f"prefill_attention_tc<{ctype}, {d}>" for d in TC_HEAD_DIMS]
         return [f"prefill_attention<{ctype}>"] + tc
@@ -54,7 +59,8 @@ def kernel_names(op: str, ctype: str) -> list:
         return [] if ctype == "float" else [f"sparse_attention_tc<{ctype}, {d}>" for d in TC_HEAD_DIMS]
     if op == "sampler":  # templated on the logits type; the processing kernels exist for float only
         f32 = ["add_entries", "apply_penalties", "temperature_max", "min_p_mask", "top_k_top_p"]
-        return [f"{k}<{ctype}>" for k in ["gumbel_sample", "to_fp32", "logprobs"] + (f32 if ctype == "float" else [])]
+        sample = [f"gumbel_sample<{ctype}, {nl}>" for nl in SAMPLE_LOADS]
+        return sample + [f"{k}<{ctype}>" for k in ["to_fp32", "logprobs"] + (f32 if ctype == "float" else [])]
     if op == "gemv":
         outs = [ctype] if ctype == "float" else [ctype, "float"]
         return [f"gemv<{ctype}, {o}, {m}>" for o in outs for m in range(1, GEMV_MAX_ROWS + 1)]
@@ -80,7 +86,8 @@ def _module(op: str, ctype: str):
         import cupy
 
         src = kernel_source(op)
-        mod = cupy.RawModule(code=src, options=OPTIONS, name_expressions=kernel_names(op, ctype) or None)
+        mod = cupy.RawModule(code=src, options=OPTIONS + EXTRA_OPTIONS,
+                             name_expressions=kernel_names(op, ctype) or None)
         _MODULES[key] = mod
     return mod
 
@@ -317,10 +324,9 @@ class CudaKernels:
         plan = self._decode_plans.get(key)
         if plan is None:
             plan = self._decode_plans[key] = self._decode_plan(*key)
-        partial, grid, combine, n, ws_ml, ws_acc = plan
-        partial(grid, (128,), (q, k_cache, v_cache, block_tables, seq_lens, _i32(block_size), _i32(M),
-                               _i32(n_blocks), _f32(scale * LOG2E), _i32(Hq), _i32(Hkv), n, ws_ml, ws_acc))
-        combine((Hq, B), (256,), (ws_ml, ws_acc, seq_lens, _i32(M * block_size), _i32(Hq), n, out))
+        fn, grid, n, ws_ml, ws_acc, counters = plan
+        fn(grid, (128,), (q, k_cache, v_cache, block_tables, seq_lens, _i32(block_size), _i32(M), _i32(n_blocks),
+                          _f32(scale * LOG2E), _i32(Hq), _i32(Hkv), n, ws_ml, ws_acc, counters, out))
 
     def _decode_plan(self, B, Hq, Hkv, D, max_seq_len):
         """Kernels, grid, split count and workspace for one plan: made once, so decode steps allocate nothing."""
@@ -332,6 +338,7 @@ class CudaKernels:
         n = decode_splits(B, Hkv, group, D, self.itemsize, self._n_sm, max(1, max_seq_len))
         ws_ml = self.cp.empty((B, Hq, n, 2), self.cp.float32)
         ws_acc = self.cp.empty((B, Hq, n, D), self.cp.float32)
-        partial = self._fn("decode_attention", f"decode_attention_partial<{self.ctype}, {D}>")
-        combine = self._fn("decode_attention", f"decode_attention_combine<{self.ctype}, {D}>")
-        return partial, (Hkv * -(-group // 8), n, B), combine, _i32(n), ws_ml, ws_acc
+        grid = (Hkv * -(-group // 8), n, B)
+        counters = self.cp.zeros((B, grid[0]), self.cp.uint32)  # the kernel leaves them zeroed
+        fn = self._fn("decode_attention", f"decode_attention<{self.ctype}, {D}>")
+        return fn, grid, _i32(n), ws_ml, ws_acc, counters

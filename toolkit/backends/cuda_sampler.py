@@ -13,10 +13,9 @@ One workspace per CudaSamplerKernels: use one stream per object.
 """
 import numpy as np
 
-from .cuda_kernels import _module, _i32, CTYPES
+from .cuda_kernels import _module, _i32, CTYPES, SAMPLE_LOADS
 
-SAMPLE_CHUNK = 4096  # sampler.cu: SAMPLE_CHUNK (tokens per gumbel_sample chunk)
-MAX_TILES = 2  # sampler.cu: MAX_TILES (chunks a gumbel_sample block holds in registers)
+SAMPLE_THREADS = 256  # sampler.cu: SAMPLE_THREADS (a gumbel_sample block)
 ROW_CHUNK = 4096     # sampler.cu: ROW_CHUNK (values per temperature / min_p block)
 SEL_THREADS = 1024   # sampler.cu: SEL_THREADS (top_k_top_p and logprobs: one block per row)
 MAX_LOGPROBS = 20
@@ -39,11 +38,12 @@ class CudaSamplerKernels:
         self._ws = self._counters = self._rowmax = None
         self._n_sm = None
 
-    def _fn(self, name: str, ctype: str = "float"):
-        f = self._fns.get((name, ctype))
+    def _fn(self, name: str, ctype: str = "float", *more):
+        key = (name, ctype) + more
+        f = self._fns.get(key)
         if f is None:
-            f = _module("sampler", ctype).get_function(f"{name}<{ctype}>")
-            self._fns[(name, ctype)] = f
+            f = _module("sampler", ctype).get_function(f"{name}<{', '.join((ctype,) + tuple(map(str, more)))}>")
+            self._fns[key] = f
         return f
 
     def _sms(self) -> int:
@@ -90,14 +90,15 @@ class CudaSamplerKernels:
         if not R or not V:
             return
         self.reserve(R)
-        # Each block holds `tiles` chunks of SAMPLE_CHUNK tokens in registers (the random rows' second pass
-        # reads them there, not from memory again): 2 once the grid fills the GPU (8 blocks of 256 threads per
-        # SM), else 1 for more blocks at small batch. At B = 128, V = 151,936: 19 blocks a row, 2,432 in all.
-        nchunks = -(-V // SAMPLE_CHUNK)
-        tiles = MAX_TILES if nchunks * R > 8 * self._sms() else 1
-        bpr = -(-nchunks // tiles)
-        self._fn("gumbel_sample", ct)((bpr * R,), (256,), (logits, _i32(V), _i32(tiles), temperature, seeds,
-                                                           positions, self._ws, self._counters, out))
+        # A thread holds NL 16-byte loads of the row in registers: 4 (32 bf16 tokens, 8,192 a block) once the
+        # grid fills the GPU (4 blocks of 256 threads per SM), else 1 for more, shorter blocks at small batch.
+        # At B = 128, V = 151,936 (bf16): 19 blocks a row, 2,432 in all; at B = 1: 75 blocks.
+        per_load = 16 // logits.dtype.itemsize
+        nl = SAMPLE_LOADS[-1] if R * -(-V // (SAMPLE_THREADS * SAMPLE_LOADS[-1] * per_load)) >= 4 * self._sms() \
+            else SAMPLE_LOADS[0]
+        bpr = -(-V // (SAMPLE_THREADS * nl * per_load))
+        self._fn("gumbel_sample", ct, nl)((bpr * R,), (SAMPLE_THREADS,), (
+            logits, _i32(V), temperature, seeds, positions, self._ws, self._counters, out))
 
     def to_fp32(self, logits, out):
         ct, shape = self._logits("to_fp32", logits)

@@ -1,0 +1,128 @@
+"""The Gumbel sampling kernel alone at B = 128, V = 151,936 (bf16, the `bench sampler` logits), against two
+floors measured in the same process: a read of the logits (cupy max over rows) and the arithmetic of
+Philox4x32-10 + two fast logarithms per token with no memory traffic. Run it under
+`ncu --clock-control none -k regex:gumbel` for the counters; alone it prints event-timed medians.
+"""
+import argparse
+import statistics
+import sys
+
+import numpy as np
+
+FLOOR_SRC = r"""
+extern "C" __global__ void philox_floor(unsigned groups, unsigned k0, unsigned k1, float* out) {
+    float best = -1e30f;
+    for (unsigned g = blockIdx.x * blockDim.x + threadIdx.x; g < groups; g += gridDim.x * blockDim.x) {
+        unsigned c0 = g, c1 = 7u, c2 = 0u, c3 = 0u, a = k0, b = k1;
+#pragma unroll
+        for (int i = 0; i < 10; i++) {
+            const unsigned hi0 = __umulhi(0xD2511F53u, c0), lo0 = 0xD2511F53u * c0;
+            const unsigned hi1 = __umulhi(0xCD9E8D57u, c2), lo1 = 0xCD9E8D57u * c2;
+            const unsigned n0 = hi1 ^ c1 ^ a, n2 = hi0 ^ c3 ^ b;
+            c0 = n0; c1 = lo1; c2 = n2; c3 = lo0;
+            a += 0x9E3779B9u; b += 0xBB67AE85u;
+        }
+        const unsigned w[4] = {c0, c1, c2, c3};
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            const float u = ((float)(w[q] >> 9) + 0.5f) * 1.1920928955078125e-07f;
+            best = fmaxf(best, -__logf(-__logf(u)) + (float)q);
+        }
+    }
+    if (best == 123.f) out[0] = best;  // keeps the work alive
+}
+"""
+
+
+def timed(cp, fn, reps=50, outer=7):
+    a, b = cp.cuda.Event(), cp.cuda.Event()
+    res = []
+    for _ in range(outer):
+        fn()
+        a.record()
+        for _ in range(reps):
+            fn()
+        b.record()
+        b.synchronize()
+        res.append(cp.cuda.get_elapsed_time(a, b) * 1e3 / reps)
+    return statistics.median(res)
+
+
+CHEAP = r"""
+__device__ __forceinline__ uint4 cheap4(uint4 c, unsigned a, unsigned b) {  // profiling only: prices Philox
+    const unsigned h = (c.x * 0x9E3779B9u) ^ c.y ^ a ^ b;
+    return make_uint4(h, h * 3u, h * 5u, h * 7u);
+}
+"""
+
+
+def variants():
+    """Source-level variants of gumbel_sample, to price its parts: name -> (source, extra options, NL)."""
+    from toolkit.backends.cuda_kernels import kernel_source
+    src = kernel_source("sampler")
+    anchor = "// Tuning knobs"
+    cheap = src.replace(anchor, CHEAP + anchor).replace("w[g] = philox4x32_10(", "w[g] = cheap4(")
+    skeleton = src.replace("if (gmax + G_MAX < L) continue;", "continue;")
+    return {"as built": (src, (), 4), "NL 2": (src, (), 2), "NL 1": (src, (), 1),
+            "per-token test": (src, ("-DGS_GROUPTEST=0",), 4), "inlined exact key": (src, ("-DGS_NOINLINE=0",), 4),
+            "ILP 1": (src, ("-DGS_ILP=1",), 4), "ILP 4": (src, ("-DGS_ILP=4",), 4),
+            "cheap hash for Philox": (cheap, (), 4), "no noise loop": (skeleton, (), 4)}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--batch", type=int, default=128)
+    ap.add_argument("--once", action="store_true", help="one launch per case (under ncu)")
+    a = ap.parse_args()
+    import cupy as cp
+    from toolkit.backends.cuda_sampler import CudaSamplerKernels
+    from toolkit.bench.sampler import make_logits
+
+    B, V = a.batch, 151936
+    rng = np.random.default_rng(0)
+    x = make_logits(rng, B, V, "llm")
+    # bf16 bits of x, rounded to nearest even
+    u = x.view(np.uint32).astype(np.uint64)
+    bits = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    sets = [cp.asarray(np.roll(bits, k, axis=1)) for k in range(3)]  # rotate inputs: 3 x 38.9 MB > L2
+    k = CudaSamplerKernels("bfloat16")
+    seeds = cp.asarray(rng.integers(0, 2**32, (B, 2), dtype=np.uint32))
+    pos = cp.arange(B, dtype=cp.int32)
+    out = cp.zeros(B, cp.int32)
+    floor = cp.RawKernel(FLOOR_SRC, "philox_floor")
+    fout = cp.zeros(1, cp.float32)
+    groups = B * V // 4
+    cases = {}
+    for t in (0.0, 1.0):
+        temp = cp.full(B, t, cp.float32)
+        it = iter(range(10**9))
+        cases[f"gumbel_sample T={t:g}"] = (lambda temp=temp, it=it:
+                                          k.gumbel_sample(sets[next(it) % 3], temp, seeds, pos, out))
+    it2 = iter(range(10**9))
+    cases["read floor: cupy max(axis=1) bf16 bits"] = lambda: cp.max(sets[next(it2) % 3], axis=1)
+    cases["philox+2 logs floor (no memory)"] = lambda: floor((264 * 8,), (256,), (np.uint32(groups), np.uint32(1),
+                                                                                  np.uint32(2), fout))
+    if not a.once:
+        from toolkit.backends.cuda_kernels import OPTIONS
+        for vname, (src, opts, nl) in variants().items():
+            bpr = -(-V // (2048 * nl))
+            fname = f"gumbel_sample<__nv_bfloat16, {nl}>"
+            mod = cp.RawModule(code=src, options=OPTIONS + opts, name_expressions=[fname])
+            f = mod.get_function(fname)
+            k.reserve(B)
+            for t in (0.0, 1.0):
+                temp = cp.full(B, t, cp.float32)
+                it = iter(range(10**9))
+                cases[f"variant {vname}, T={t:g}"] = (
+                    lambda f=f, temp=temp, it=it, bpr=bpr: f((bpr * B,), (256,), (
+                        sets[next(it) % 3], np.int32(V), temp, seeds, pos, k._ws, k._counters, out)))
+    for name, fn in cases.items():
+        if a.once:
+            fn()
+            cp.cuda.Device().synchronize()
+        else:
+            print(f"{name:45s} {timed(cp, fn):8.1f} us  (B={B})", flush=True)
+
+
+if __name__ == "__main__":
+    main()
