@@ -1,28 +1,31 @@
-"""The Gumbel sampling kernel alone at B = 128, V = 151,936 (bf16, the `bench sampler` logits), against two
-floors measured in the same process: a read of the logits (cupy max over rows) and the arithmetic of
-Philox4x32-10 + two fast logarithms per token with no memory traffic. Run it under
+"""The Gumbel sampling kernel alone at B = 128, V = 151,936 (bf16, the `bench sampler` logits), against three
+floors measured in the same process: a read of the logits (cupy max over rows), Philox4x32-10 alone for every
+group of 4 tokens, and Philox + two fast logarithms per token, the last two with no memory traffic. Run it under
 `ncu --clock-control none -k regex:gumbel` for the counters; alone it prints event-timed medians.
 """
 import argparse
 import statistics
-import sys
 
 import numpy as np
 
 FLOOR_SRC = r"""
+__device__ __forceinline__ uint4 philox(unsigned g, unsigned a, unsigned b) {  // Philox4x32-10 of (g, 7, 0, 0)
+    unsigned c0 = g, c1 = 7u, c2 = 0u, c3 = 0u;
+#pragma unroll
+    for (int i = 0; i < 10; i++) {
+        const unsigned hi0 = __umulhi(0xD2511F53u, c0), lo0 = 0xD2511F53u * c0;
+        const unsigned hi1 = __umulhi(0xCD9E8D57u, c2), lo1 = 0xCD9E8D57u * c2;
+        const unsigned n0 = hi1 ^ c1 ^ a, n2 = hi0 ^ c3 ^ b;
+        c0 = n0; c1 = lo1; c2 = n2; c3 = lo0;
+        a += 0x9E3779B9u; b += 0xBB67AE85u;
+    }
+    return make_uint4(c0, c1, c2, c3);
+}
 extern "C" __global__ void philox_floor(unsigned groups, unsigned k0, unsigned k1, float* out) {
     float best = -1e30f;
     for (unsigned g = blockIdx.x * blockDim.x + threadIdx.x; g < groups; g += gridDim.x * blockDim.x) {
-        unsigned c0 = g, c1 = 7u, c2 = 0u, c3 = 0u, a = k0, b = k1;
-#pragma unroll
-        for (int i = 0; i < 10; i++) {
-            const unsigned hi0 = __umulhi(0xD2511F53u, c0), lo0 = 0xD2511F53u * c0;
-            const unsigned hi1 = __umulhi(0xCD9E8D57u, c2), lo1 = 0xCD9E8D57u * c2;
-            const unsigned n0 = hi1 ^ c1 ^ a, n2 = hi0 ^ c3 ^ b;
-            c0 = n0; c1 = lo1; c2 = n2; c3 = lo0;
-            a += 0x9E3779B9u; b += 0xBB67AE85u;
-        }
-        const unsigned w[4] = {c0, c1, c2, c3};
+        const uint4 v = philox(g, k0, k1);
+        const unsigned w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
         for (int q = 0; q < 4; q++) {
             const float u = ((float)(w[q] >> 9) + 0.5f) * 1.1920928955078125e-07f;
@@ -30,6 +33,14 @@ extern "C" __global__ void philox_floor(unsigned groups, unsigned k0, unsigned k
         }
     }
     if (best == 123.f) out[0] = best;  // keeps the work alive
+}
+extern "C" __global__ void philox_only(unsigned groups, unsigned k0, unsigned k1, unsigned* out) {
+    unsigned m = 0xffffffffu;  // the smallest word: Philox4x32-10 for every group, nothing else
+    for (unsigned g = blockIdx.x * blockDim.x + threadIdx.x; g < groups; g += gridDim.x * blockDim.x) {
+        const uint4 v = philox(g, k0, k1);
+        m = min(m, min(min(v.x, v.y), min(v.z, v.w)));
+    }
+    if (m == 123u) out[0] = m;  // keeps the work alive
 }
 """
 
@@ -61,9 +72,15 @@ def variants():
     from toolkit.backends.cuda_kernels import kernel_source
     src = kernel_source("sampler")
     anchor = "// Tuning knobs"
-    cheap = src.replace(anchor, CHEAP + anchor).replace("w[g] = philox4x32_10(", "w[g] = cheap4(")
-    skeleton = src.replace("if (gmax + G_MAX < L) continue;", "continue;")
-    return {"as built": (src, (), 4), "NL 2": (src, (), 2), "NL 1": (src, (), 1),
+
+    def edit(text, *pairs):  # each pair must match: a stale edit would time the kernel as built
+        for old, new in pairs:
+            assert old in text, f"profile_sampler: {old!r} is no longer in sampler.cu"
+            text = text.replace(old, new)
+        return text
+    cheap = edit(src, (anchor, CHEAP + anchor), ("w[g] = philox4x32_10(", "w[g] = cheap4("))
+    skeleton = edit(src, ("if (gmax + G_MAX < L) continue;", "continue;"))
+    return {"as built": (src, (), 4), "NL 2": (src, (), 2),
             "per-token test": (src, ("-DGS_GROUPTEST=0",), 4), "inlined exact key": (src, ("-DGS_NOINLINE=0",), 4),
             "ILP 1": (src, ("-DGS_ILP=1",), 4), "ILP 4": (src, ("-DGS_ILP=4",), 4),
             "cheap hash for Philox": (cheap, (), 4), "no noise loop": (skeleton, (), 4)}
@@ -90,6 +107,8 @@ def main():
     pos = cp.arange(B, dtype=cp.int32)
     out = cp.zeros(B, cp.int32)
     floor = cp.RawKernel(FLOOR_SRC, "philox_floor")
+    philox_only = cp.RawKernel(FLOOR_SRC, "philox_only")
+    uout = cp.zeros(1, cp.uint32)
     fout = cp.zeros(1, cp.float32)
     groups = B * V // 4
     cases = {}
@@ -102,6 +121,8 @@ def main():
     cases["read floor: cupy max(axis=1) bf16 bits"] = lambda: cp.max(sets[next(it2) % 3], axis=1)
     cases["philox+2 logs floor (no memory)"] = lambda: floor((264 * 8,), (256,), (np.uint32(groups), np.uint32(1),
                                                                                   np.uint32(2), fout))
+    cases["Philox4x32-10 alone, one call per 4 tokens"] = lambda: philox_only((264 * 8,), (256,), (
+        np.uint32(groups), np.uint32(1), np.uint32(2), uout))
     if not a.once:
         from toolkit.backends.cuda_kernels import OPTIONS
         for vname, (src, opts, nl) in variants().items():

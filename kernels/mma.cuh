@@ -1,5 +1,7 @@
 // mma.cuh -- tensor-core building blocks for sm_80+ kernels: ldmatrix, mma.sync m16n8k16 (fp32 accumulate),
-// fp32 pair packing and cp.async, shared by kernels/prefill_attention.cu and kernels/sparse_attention_tc.cu.
+// fp32 pair packing, cp.async, and the steps of one warp's FlashAttention-2 tile (S = QK^T, online softmax,
+// O += PV, store), shared by kernels/prefill_attention.cu and kernels/sparse_attention_tc.cu. Include it after
+// dtype.cuh (NEG_INF, the element types).
 // Fragment layouts of mma.m16n8k16 (g = lane / 4, c = lane % 4):
 //    A (16x16, row-major)  a0: (row g, cols 2c, 2c+1)  a1: (row g+8, cols 2c, 2c+1)  a2/a3: the same, cols +8
 //    B (16x8, "col")       b0: (k 2c, 2c+1; col n = g)   b1: (k 2c+8, 2c+9; col n = g)
@@ -72,5 +74,111 @@ __device__ __forceinline__ void load_slot_rows(T* dst, const T* base, const int*
     for (int i = 0; i < ROWS * CPR / 128; i++) {
         const int c = threadIdx.x + i * 128, r = c / CPR, col = (c % CPR) * 8, slot = slots[r];
         cp_async16(dst + r * LD + col, base + (slot >= 0 ? (size_t)slot * stride : 0) + col, slot >= 0);
+    }
+}
+
+// ---- One warp's 16 query rows of a FlashAttention-2 tile (rows g and g + 8 in each thread) ----------------------
+// Shared by prefill_attention_tc and sparse_attention_tc: they differ in where the keys come from and in the
+// mask, not in this arithmetic. Qs, Kt and Vt are smem tiles with rows of LD elements (TK key rows for Kt, Vt).
+
+// S = Q K^T: 16 rows x TK keys = TK/8 n-tiles. K rows are keys, i.e. K^T stored "col": the B fragments come
+// straight from ldmatrix (non-trans): matrices = keys 0-7|8-15 (lane >> 4) x dims 0-7|8-15. The Q A-fragment
+// is re-read from smem per tile (4% of the tile's ldmatrix) rather than held in 16 registers.
+template <typename T, int D, int TK, int LD>
+__device__ __forceinline__ void qk_tile(float (&s)[TK / 8][4], const T* Qs, const T* Kt, int warp, int lane) {
+    const T* tag = nullptr;
+    // Matrix i of an ldmatrix.x4 gets its row addresses from lanes 8i..8i+7: row lane & 7, and
+    // (lane >> 3) & 1 / lane >> 4 select which 8-row / 8-column half the matrix covers.
+    const int lr = (lane & 7) + ((lane >> 3) & 1) * 8, lc = (lane >> 4) * 8;
+#pragma unroll
+    for (int n = 0; n < TK / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++) {
+        unsigned qf[4];  // a0..a3 = rows 0-7|8-15 x cols 0-7|8-15 of the 16x16 block
+        ldmatrix_x4(qf, Qs + (warp * 16 + lr) * LD + kk * 16 + lc);
+#pragma unroll
+        for (int p = 0; p < TK / 16; p++) {
+            unsigned b[4];  // b[0], b[1]: keys 16p..16p+7;  b[2], b[3]: keys 16p+8..16p+15
+            ldmatrix_x4(b, Kt + (p * 16 + (lane & 7) + (lane >> 4) * 8) * LD + kk * 16 + ((lane >> 3) & 1) * 8);
+            mma(s[2 * p], qf, b[0], b[1], tag);
+            mma(s[2 * p + 1], qf, b[2], b[3], tag);
+        }
+    }
+}
+
+// The online softmax of one tile. s: log2-scaled scores, -inf where masked; mx0, mx1: this thread's maxima of
+// its two rows. A row lives in the 4 lanes of a quad, so the maxima are reduced over it; then s becomes
+// P = exp2(s - m_new), and m, l (this thread's partial row sums: alpha is the same across the quad, so they
+// are reduced once at the end) and o are rescaled. EMPTY: a row may have seen no key yet and keep m = -inf;
+// 0 is then subtracted instead, so exp2(-inf) = 0 and never NaN (false where every row sees a key of tile 0).
+template <int D, int TK, bool EMPTY>
+__device__ __forceinline__ void softmax_tile(float (&s)[TK / 8][4], float mx0, float mx1, float& m0, float& m1,
+                                             float& l0, float& l1, float (&o)[D / 8][4]) {
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+    const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+    const float b0 = EMPTY && mn0 == NEG_INF ? 0.0f : mn0, b1 = EMPTY && mn1 == NEG_INF ? 0.0f : mn1;
+    const float a0 = exp2f(m0 - b0), a1 = exp2f(m1 - b1);  // exp2(-inf) = 0 on a row's first keys
+    m0 = mn0;
+    m1 = mn1;
+    float sum0 = 0.0f, sum1 = 0.0f;
+#pragma unroll
+    for (int n = 0; n < TK / 8; n++) {
+        s[n][0] = exp2f(s[n][0] - b0); s[n][1] = exp2f(s[n][1] - b0);
+        s[n][2] = exp2f(s[n][2] - b1); s[n][3] = exp2f(s[n][3] - b1);
+        sum0 += s[n][0] + s[n][1];
+        sum1 += s[n][2] + s[n][3];
+    }
+    l0 = l0 * a0 + sum0;
+    l1 = l1 * a1 + sum1;
+#pragma unroll
+    for (int n = 0; n < D / 8; n++) { o[n][0] *= a0; o[n][1] *= a0; o[n][2] *= a1; o[n][3] *= a1; }
+}
+
+// O += P V. The S accumulators of n-tiles 2kk and 2kk+1 (keys 16kk..16kk+15) are exactly the A fragment of P
+// for k-step kk: a0 = (row g, keys 2c..) = s[2kk][0,1], a1 = (row g+8) = s[2kk][2,3], a2 = (row g, keys
+// 8+2c..) = s[2kk+1][0,1], a3 = s[2kk+1][2,3]. V[key][d] is row-major, so the B fragments (k = key, n = d) come
+// from ldmatrix.trans: matrices = keys 0-7|8-15 x dims 0-7|8-15.
+template <typename T, int D, int TK, int LD>
+__device__ __forceinline__ void pv_tile(float (&o)[D / 8][4], const float (&s)[TK / 8][4], const T* Vt, int lane) {
+    const T* tag = nullptr;
+    const int lr = (lane & 7) + ((lane >> 3) & 1) * 8, lc = (lane >> 4) * 8;
+#pragma unroll
+    for (int kk = 0; kk < TK / 16; kk++) {
+        unsigned a[4];
+        a[0] = pack2(s[2 * kk][0], s[2 * kk][1], tag);
+        a[1] = pack2(s[2 * kk][2], s[2 * kk][3], tag);
+        a[2] = pack2(s[2 * kk + 1][0], s[2 * kk + 1][1], tag);
+        a[3] = pack2(s[2 * kk + 1][2], s[2 * kk + 1][3], tag);
+#pragma unroll
+        for (int dp = 0; dp < D / 16; dp++) {
+            unsigned b[4];  // b[0], b[1]: dims 16dp..16dp+7;  b[2], b[3]: dims 16dp+8..16dp+15
+            ldmatrix_x4_trans(b, Vt + (kk * 16 + lr) * LD + dp * 16 + lc);
+            mma(o[2 * dp], a, b[0], b[1], tag);
+            mma(o[2 * dp + 1], a, b[2], b[3], tag);
+        }
+    }
+}
+
+// Finish the row sums across the quad, normalise and store, two values per 32-bit store: output row t0 (row
+// pointer out0) gets c0, c1 of each n-tile (dims 8n + 2c, +1), row t1 gets c2, c3; rows >= n_rows are not
+// stored, and a row that saw no key (l = 0; only bad input) is stored as zeros.
+template <typename T, int D>
+__device__ __forceinline__ void store_tile_rows(T* out0, T* out1, int t0, int t1, int n_rows, const float (&o)[D / 8][4],
+                                                float l0, float l1, int lane) {
+    const T* tag = nullptr;
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    const float inv0 = l0 > 0.0f ? 1.0f / l0 : 0.0f, inv1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;
+    unsigned* p0 = reinterpret_cast<unsigned*>(out0 + 2 * (lane & 3));
+    unsigned* p1 = reinterpret_cast<unsigned*>(out1 + 2 * (lane & 3));
+#pragma unroll
+    for (int n = 0; n < D / 8; n++) {
+        if (t0 < n_rows) p0[n * 4] = pack2(o[n][0] * inv0, o[n][1] * inv0, tag);
+        if (t1 < n_rows) p1[n * 4] = pack2(o[n][2] * inv1, o[n][3] * inv1, tag);
     }
 }

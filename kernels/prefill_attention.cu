@@ -192,7 +192,6 @@ prefill_attention_tc(const T* __restrict__ q, const T* __restrict__ k_cache, con
     T* Ks = Qs + TILE;                       // [2][64][LD]
     T* Vs = Ks + 2 * TILE;                   // [2][64][LD]
     __shared__ int s_slot[2][TC_BK];         // cache slots of the keys of the next tiles (-1: none)
-    const T* tag = nullptr;
 
     const int h = blockIdx.x, b = blockIdx.y, kvh = h / (Hq / Hkv), tid = threadIdx.x;
     const int q0 = (gridDim.z - 1 - blockIdx.z) * TC_BQ;  // heaviest query tiles are scheduled first
@@ -242,29 +241,8 @@ prefill_attention_tc(const T* __restrict__ q, const T* __restrict__ k_cache, con
         __syncthreads();
         const T* Kt = Ks + buf * TILE;
         const T* Vt = Vs + buf * TILE;
-        // Matrix i of an ldmatrix.x4 gets its row addresses from lanes 8i..8i+7: row lane & 7, and
-        // (lane >> 3) & 1 / lane >> 4 select which 8-row / 8-column half the matrix covers.
-        const int lr = (lane & 7) + ((lane >> 3) & 1) * 8, lc = (lane >> 4) * 8;
-
-        // S = Q K^T: 16 rows x 64 keys per warp = 8 n-tiles. K rows are keys, i.e. K^T stored "col": B frags
-        // come straight from ldmatrix (non-trans): matrices = keys 0-7|8-15 (lane >> 4) x dims 0-7|8-15.
-        float s[TC_BK / 8][4];
-#pragma unroll
-        for (int n = 0; n < TC_BK / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-#pragma unroll
-        for (int kk = 0; kk < D / 16; kk++) {
-            // Q A-fragment, re-read from smem per tile (4% of the tile's ldmatrix) rather than held in 16
-            // registers: a0..a3 = rows 0-7|8-15 x cols 0-7|8-15 of the 16x16 block.
-            unsigned qf[4];
-            ldmatrix_x4(qf, Qs + (warp * 16 + lr) * LD + kk * 16 + lc);
-#pragma unroll
-            for (int p = 0; p < TC_BK / 16; p++) {
-                unsigned b[4];  // b[0], b[1]: keys 16p..16p+7;  b[2], b[3]: keys 16p+8..16p+15
-                ldmatrix_x4(b, Kt + (p * 16 + (lane & 7) + (lane >> 4) * 8) * LD + kk * 16 + ((lane >> 3) & 1) * 8);
-                mma(s[2 * p], qf, b[0], b[1], tag);
-                mma(s[2 * p + 1], qf, b[2], b[3], tag);
-            }
-        }
+        float s[TC_BK / 8][4];  // S = Q K^T: 16 rows x 64 keys per warp = 8 n-tiles
+        qk_tile<T, D, TC_BK, LD>(s, Qs, Kt, warp, lane);
 
         // Scale to log2 units; mask keys above the diagonal (only tiles that reach past the first query).
         const bool diag = k0 + TC_BK - 1 > sp + q0;
@@ -278,66 +256,16 @@ prefill_attention_tc(const T* __restrict__ q, const T* __restrict__ k_cache, con
                 s[n][e] = v;
                 if (e < 2) mx0 = fmaxf(mx0, v); else mx1 = fmaxf(mx1, v);
             }
-        // A row lives in the 4 lanes of a quad: reduce the max over them.
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
         // Tile 0 holds key 0, visible to every row, so the running max is finite from the first tile on.
-        const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
-        const float a0 = exp2f(m0 - mn0), a1 = exp2f(m1 - mn1);  // exp2(-inf) = 0 on the first tile
-        m0 = mn0; m1 = mn1;
-        float sum0 = 0.0f, sum1 = 0.0f;
-#pragma unroll
-        for (int n = 0; n < TC_BK / 8; n++) {
-            s[n][0] = exp2f(s[n][0] - mn0); s[n][1] = exp2f(s[n][1] - mn0);
-            s[n][2] = exp2f(s[n][2] - mn1); s[n][3] = exp2f(s[n][3] - mn1);
-            sum0 += s[n][0] + s[n][1];
-            sum1 += s[n][2] + s[n][3];
-        }
-        l0 = l0 * a0 + sum0;  // quad-partial sums: alpha is the same across the quad, so reduce at the end
-        l1 = l1 * a1 + sum1;
-#pragma unroll
-        for (int n = 0; n < D / 8; n++) { o[n][0] *= a0; o[n][1] *= a0; o[n][2] *= a1; o[n][3] *= a1; }
-
-        // O += P V. The S accumulators of n-tiles 2kk and 2kk+1 (keys 16kk..16kk+15) are exactly the A
-        // fragment of P for k-step kk: a0 = (row g, keys 2c..) = s[2kk][0,1], a1 = (row g+8) = s[2kk][2,3],
-        // a2 = (row g, keys 8+2c..) = s[2kk+1][0,1], a3 = s[2kk+1][2,3]. V[key][d] is row-major, so the
-        // B fragments (k = key, n = d) come from ldmatrix.trans: matrices = keys 0-7|8-15 x dims 0-7|8-15.
-#pragma unroll
-        for (int kk = 0; kk < TC_BK / 16; kk++) {
-            unsigned a[4];
-            a[0] = pack2(s[2 * kk][0], s[2 * kk][1], tag);
-            a[1] = pack2(s[2 * kk][2], s[2 * kk][3], tag);
-            a[2] = pack2(s[2 * kk + 1][0], s[2 * kk + 1][1], tag);
-            a[3] = pack2(s[2 * kk + 1][2], s[2 * kk + 1][3], tag);
-#pragma unroll
-            for (int dp = 0; dp < D / 16; dp++) {
-                unsigned b[4];  // b[0], b[1]: dims 16dp..16dp+7;  b[2], b[3]: dims 16dp+8..16dp+15
-                ldmatrix_x4_trans(b, Vt + (kk * 16 + lr) * LD + dp * 16 + lc);
-                mma(o[2 * dp], a, b[0], b[1], tag);
-                mma(o[2 * dp + 1], a, b[2], b[3], tag);
-            }
-        }
+        softmax_tile<D, TC_BK, false>(s, mx0, mx1, m0, m1, l0, l1, o);
+        pv_tile<T, D, TC_BK, LD>(o, s, Vt, lane);
         if (tid < TC_BK) s_slot[buf][tid] = next_slot;
         __syncthreads();  // everyone is done with this buffer before the next iteration refills it
     }
 
-    // Finish the row sums across the quad, normalise, store: row r0 gets c0,c1; row r1 gets c2,c3.
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-    const float inv0 = 1.0f / l0, inv1 = 1.0f / l1;
     const int t0 = q0 + warp * 16 + g, t1 = t0 + 8;
-    T* ob = out + ((size_t)sq.qs * Hq + h) * D + 2 * c;
-    unsigned* out0 = reinterpret_cast<unsigned*>(ob + (size_t)t0 * Hq * D);  // 2 values per store
-    unsigned* out1 = reinterpret_cast<unsigned*>(ob + (size_t)t1 * Hq * D);
-#pragma unroll
-    for (int n = 0; n < D / 8; n++) {
-        if (t0 < n_tokens) out0[n * 4] = pack2(o[n][0] * inv0, o[n][1] * inv0, tag);  // n-tile n: dims 8n + 2c, +1
-        if (t1 < n_tokens) out1[n * 4] = pack2(o[n][2] * inv1, o[n][3] * inv1, tag);
-    }
+    T* ob = out + ((size_t)sq.qs * Hq + h) * D;
+    store_tile_rows<T, D>(ob + (size_t)t0 * Hq * D, ob + (size_t)t1 * Hq * D, t0, t1, n_tokens, o, l0, l1, lane);
 }
 
 #define GENERIC_INSTANCE(T)                                                                                   \

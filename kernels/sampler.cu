@@ -14,8 +14,10 @@
 // So g lies in [-2.82, 16.64], and g <= -log(u): once a real key L is known (each block first computes the key
 // of its largest x/T), a token with x/T + G_MAX < L needs no Philox call, and one with u > exp(x/T - L + d)
 // no logarithms (d covers every rounding, so the skip is exact). On a trained model's logits that skips most
-// Philox calls; on flat logits (N(0, 3)) every token needs one, and Philox is then ~1/3 of the kernel's time
-// (benchmarks/profile_sampler.py prices it against a cheap hash).
+// Philox calls; on flat logits (N(0, 3)) every token needs one, and Philox is then ~1/4 of the kernel's time
+// (benchmarks/profile_sampler.py prices it against a cheap hash). At [128, 151936] on the H200, Philox alone
+// for every token takes 14.4 us and reading the logits 17.0 us; this kernel takes ~41 us at T = 1, because the
+// two do not overlap (what was tried to overlap them, and measured slower, is listed in the README).
 //
 // top_k_top_p semantics: top-k keeps every value >= the k-th largest (ties at the k-th value kept); top-p then
 // runs over the survivors, p = softmax(survivors): token v is kept iff the mass of the survivors strictly greater
@@ -197,20 +199,20 @@ gumbel_sample(const T* __restrict__ logits, int V, const float* __restrict__ tem
     const bool vec = ((size_t)V * sizeof(T)) % 16 == 0 && reinterpret_cast<size_t>(logits) % 16 == 0;
     auto token = [&](int j, int e) { return base + (j * SAMPLE_THREADS + (int)threadIdx.x) * VE + e; };
 
+    // A block whose span lies inside the row issues its NL 16-byte loads back to back, and nothing reads them
+    // before the last is issued: a conversion right after each load would wait for it, one memory latency per
+    // load (the first version of this kernel did, in its SASS: 14.6 -> 12.4 us for greedy at B = 128).
+    const bool full = vec && base + SPAN <= V;
+    Chunk<T> c[NL];
+    if (full)
+#pragma unroll
+        for (int j = 0; j < NL; j++) c[j].u = *reinterpret_cast<const uint4*>(row + token(j, 0));
     float x[NL][VE];
 #pragma unroll
-    for (int j = 0; j < NL; j++) {
-        const int i0 = token(j, 0);
-        if (vec && i0 < V) {
-            Chunk<T> c;
-            c.u = *reinterpret_cast<const uint4*>(row + i0);
+    for (int j = 0; j < NL; j++)
 #pragma unroll
-            for (int e = 0; e < VE; e++) x[j][e] = to_f32(c.e[e]);
-        } else {
-#pragma unroll
-            for (int e = 0; e < VE; e++) x[j][e] = i0 + e < V ? to_f32(row[i0 + e]) : NEG_INF;
-        }
-    }
+        for (int e = 0; e < VE; e++)  // the row's last block, partly past the end, loads what exists
+            x[j][e] = full ? to_f32(c[j].e[e]) : token(j, e) < V ? to_f32(row[token(j, e)]) : NEG_INF;
     if (div)
 #pragma unroll
         for (int j = 0; j < NL; j++)

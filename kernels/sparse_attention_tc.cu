@@ -122,7 +122,6 @@ sparse_attention_tc(const T* __restrict__ q, const T* __restrict__ k_cache, cons
     __shared__ int s_slot[2][TK];                 // cache slots of the next chunks' keys (-1: none)
     __shared__ int s_key[3][TK];                  // chunk j's keys and masks in [j % 3]: written two chunks
     __shared__ unsigned long long s_mask[3][TK];  // ahead, while chunk j - 1's (the third buffer) are done
-    const T* tag = nullptr;
 
     const int h = blockIdx.x, b = blockIdx.y, kvh = h / (Hq / Hkv), tid = threadIdx.x;
     const int tile = gridDim.z - 1 - blockIdx.z, q0 = tile * TQ;
@@ -191,23 +190,8 @@ sparse_attention_tc(const T* __restrict__ q, const T* __restrict__ k_cache, cons
         __syncthreads();
         const T* Kt = Ks + buf * TILE;
         const T* Vt = Vs + buf * TILE;
-        const int lr = (lane & 7) + ((lane >> 3) & 1) * 8, lc = (lane >> 4) * 8;
-
         float s[TK / 8][4];
-#pragma unroll
-        for (int nn = 0; nn < TK / 8; nn++) s[nn][0] = s[nn][1] = s[nn][2] = s[nn][3] = 0.0f;
-#pragma unroll
-        for (int kk = 0; kk < D / 16; kk++) {
-            unsigned qf[4];
-            ldmatrix_x4(qf, Qs + (warp * 16 + lr) * LD + kk * 16 + lc);
-#pragma unroll
-            for (int p = 0; p < TK / 16; p++) {
-                unsigned bf[4];
-                ldmatrix_x4(bf, Kt + (p * 16 + (lane & 7) + (lane >> 4) * 8) * LD + kk * 16 + ((lane >> 3) & 1) * 8);
-                mma(s[2 * p], qf, bf[0], bf[1], tag);
-                mma(s[2 * p + 1], qf, bf[2], bf[3], tag);
-            }
-        }
+        qk_tile<T, D, TK, LD>(s, Qs, Kt, warp, lane);
 
         // Mask: a union chunk lets row r see key k iff r selected k's block and k < lo(r); a window chunk iff
         // lo(r) <= k <= pos(r). Key -1 (none) is never seen.
@@ -229,45 +213,8 @@ sparse_attention_tc(const T* __restrict__ q, const T* __restrict__ k_cache, cons
                     if (e < 2) mx0 = fmaxf(mx0, v); else mx1 = fmaxf(mx1, v);
                 }
             }
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-        const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
-        // A row that has seen no key yet keeps m = -inf: subtract 0 instead, so exp2(-inf) = 0 and never NaN.
-        const float b0 = mn0 == NEG_INF ? 0.0f : mn0, b1 = mn1 == NEG_INF ? 0.0f : mn1;
-        const float a0 = exp2f(m0 - b0), a1 = exp2f(m1 - b1);
-        m0 = mn0;
-        m1 = mn1;
-        float sum0 = 0.0f, sum1 = 0.0f;
-#pragma unroll
-        for (int nn = 0; nn < TK / 8; nn++) {
-            s[nn][0] = exp2f(s[nn][0] - b0); s[nn][1] = exp2f(s[nn][1] - b0);
-            s[nn][2] = exp2f(s[nn][2] - b1); s[nn][3] = exp2f(s[nn][3] - b1);
-            sum0 += s[nn][0] + s[nn][1];
-            sum1 += s[nn][2] + s[nn][3];
-        }
-        l0 = l0 * a0 + sum0;
-        l1 = l1 * a1 + sum1;
-#pragma unroll
-        for (int nn = 0; nn < D / 8; nn++) { o[nn][0] *= a0; o[nn][1] *= a0; o[nn][2] *= a1; o[nn][3] *= a1; }
-
-        // O += P V (the S accumulators of n-tiles 2kk, 2kk+1 are P's A fragment for k-step kk).
-#pragma unroll
-        for (int kk = 0; kk < TK / 16; kk++) {
-            unsigned a[4];
-            a[0] = pack2(s[2 * kk][0], s[2 * kk][1], tag);
-            a[1] = pack2(s[2 * kk][2], s[2 * kk][3], tag);
-            a[2] = pack2(s[2 * kk + 1][0], s[2 * kk + 1][1], tag);
-            a[3] = pack2(s[2 * kk + 1][2], s[2 * kk + 1][3], tag);
-#pragma unroll
-            for (int dp = 0; dp < D / 16; dp++) {
-                unsigned bf[4];
-                ldmatrix_x4_trans(bf, Vt + (kk * 16 + lr) * LD + dp * 16 + lc);
-                mma(o[2 * dp], a, bf[0], bf[1], tag);
-                mma(o[2 * dp + 1], a, bf[2], bf[3], tag);
-            }
-        }
+        softmax_tile<D, TK, true>(s, mx0, mx1, m0, m1, l0, l1, o);
+        pv_tile<T, D, TK, LD>(o, s, Vt, lane);
         if (tid < TK) {  // [(j + 2) % 3] held chunk j - 1's keys, done before the previous barrier
             const int nb3 = kb3 == 0 ? 2 : kb3 - 1;
             s_key[nb3][tid] = nk;
@@ -277,20 +224,9 @@ sparse_attention_tc(const T* __restrict__ q, const T* __restrict__ k_cache, cons
         __syncthreads();  // everyone is done with this K/V buffer before the next iteration refills it
     }
 
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-    const float inv0 = l0 > 0.0f ? 1.0f / l0 : 0.0f, inv1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;
     const int t0 = q0 + r0, t1 = q0 + r1;
-    T* ob = out + ((size_t)qs * Hq + h) * D + 2 * c;
-    unsigned* out0 = reinterpret_cast<unsigned*>(ob + (size_t)t0 * Hq * D);
-    unsigned* out1 = reinterpret_cast<unsigned*>(ob + (size_t)t1 * Hq * D);
-#pragma unroll
-    for (int nn = 0; nn < D / 8; nn++) {
-        if (t0 < n) out0[nn * 4] = pack2(o[nn][0] * inv0, o[nn][1] * inv0, tag);
-        if (t1 < n) out1[nn * 4] = pack2(o[nn][2] * inv1, o[nn][3] * inv1, tag);
-    }
+    T* ob = out + ((size_t)qs * Hq + h) * D;
+    store_tile_rows<T, D>(ob + (size_t)t0 * Hq * D, ob + (size_t)t1 * Hq * D, t0, t1, n, o, l0, l1, lane);
 }
 
 #define SATC_INSTANCE(T, D)                                                                                      \

@@ -78,11 +78,13 @@ MISMATCH = {"rows": 0, "ties": 0}
 def test_gumbel_sample_matches_twin(dtype, B, V, kind):
     rng = np.random.default_rng(B * 7 + V)
     x = llm_like(rng, B, V) if kind == "llm" else rng.standard_normal((B, V)).astype(np.float32)
-    if B >= 32:  # edge rows: a NaN row, all -inf but one, all -inf
-        x[3, V // 2] = np.nan
+    if B >= 32:  # edge rows: a NaN row, all -inf but one, all -inf; all equal and one +inf (every group of 4
+        x[3, V // 2] = np.nan  # passes the bound: each warp's queue of candidates fills up)
         x[4] = NEG_INF
         x[4, V - 1] = 1.0
         x[5] = NEG_INF
+        x[6] = 0.0
+        x[7, V // 3] = np.inf
     xr = rounded(x, dtype)
     temps, seeds, pos = params(rng, B)
     got = gpu_sample(dev(x, dtype), temps, seeds, pos, dtype)
@@ -99,7 +101,7 @@ def test_gumbel_sample_matches_twin(dtype, B, V, kind):
     MISMATCH["ties"] += bad.size
     assert MISMATCH["ties"] <= max(1, MISMATCH["rows"] // 1000), MISMATCH
     if B >= 32:
-        assert got[3] == -1 and got[4] == V - 1 and 0 <= got[5] < V
+        assert got[3] == -1 and got[4] == V - 1 and 0 <= got[5] < V and got[7] == V // 3
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
