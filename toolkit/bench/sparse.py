@@ -105,7 +105,7 @@ def bench_layer(be, tokens, K=512, W=128, R=4, with_torch=True):
     scale = D ** -0.5
     rows = ["| T | dense (ours) ms | indexer ms | top-k ms | combine + union ms | sparse attn ms | sparse total ms | "
             "sparse total, wall ms | per-query kernel ms | union blocks/tile | SDPA ms | sparse / SDPA | "
-            "dense / SDPA |", "|---:|" + "---:|" * 12]
+            "dense / SDPA | gathered workspace: K+V rows, GB | gather ms |", "|---:|" + "---:|" * 14]
     for T in tokens:
         rng = np.random.default_rng(T)
         with be.stream:
@@ -179,16 +179,40 @@ def bench_layer(be, tokens, K=512, W=128, R=4, with_torch=True):
             counts = ws[:-(-T // 64)].get()
             counts = counts[counts > 0]  # covered tiles (the first K*R positions) have none: they run causal
             union = f"{counts.mean():.0f} of N={T // R}" if len(counts) else "covered"
+        gathered, gather = _gather_ms(cp, be.stream, sparse._ws, -(-T // 64), table, bs, R, kc, vc) \
+            if ws is not None else ("-", None)
+        be.bind_thread()
         per_query = run_laps(False, reps=1)[0].get("sparse_attention")
         sdpa = _sdpa_ms(q, kf, vf, Hq, Hkv) if with_torch else None
         f = lambda x: "-" if x is None else f"{x:.3f}"
         ratio = lambda a, b: "-" if b is None else f"{a / b:.2f}"
         rows.append(f"| {T} | {dense:.3f} | {f(laps.get('indexer', 0.0))} | {f(laps.get('topk'))} | "
                     f"{f(laps.get('combine'))} | {f(laps.get('sparse_attention'))} | {total:.3f} | {wall:.3f} | "
-                    f"{f(per_query)} | {union} | {f(sdpa)} | {ratio(total, sdpa)} | {ratio(dense, sdpa)} |")
+                    f"{f(per_query)} | {union} | {f(sdpa)} | {ratio(total, sdpa)} | {ratio(dense, sdpa)} | "
+                    f"{gathered} | {f(gather)} |")
         del q, kf, vf, qb, kb, vb, kc, vc, out, sparse
         cp.get_default_memory_pool().free_all_blocks()
     return rows
+
+
+def _gather_ms(cp, stream, ws, tiles, table, bs, R, kc, vc):
+    """The alternative to reading keys in place through the block table: copy each tile's keys (its union of
+    selected blocks; the window adds ~2% more) into a contiguous workspace, K and V, as a gather kernel would
+    before the attention. Returns ("rows, GB", ms) for that copy alone, timed on `stream` (cupy.take)."""
+    counts = ws["ucount"][:tiles]
+    cap, rest = divmod(ws["ublk"].size, ws["ucount"].size)  # one request: ublk is [tiles, cap], ucount [tiles]
+    assert not rest and ws["ucount"].size == tiles, "bench sparse: unexpected union workspace shape"
+    blocks = ws["ublk"][:tiles * cap].reshape(tiles, cap)[cp.arange(cap)[None, :] < counts[:, None]]
+    tokens = (blocks[:, None] * R + cp.arange(R, dtype=cp.int32)[None, :]).ravel()
+    slots = table[0, tokens // bs] * bs + tokens % bs
+    wk = cp.empty((slots.size,) + kc.shape[1:], kc.dtype)
+    wv = cp.empty_like(wk)
+
+    def fn():
+        cp.take(kc, slots, axis=0, out=wk)
+        cp.take(vc, slots, axis=0, out=wv)
+    ms = _timed_ms(cp, stream, fn)  # the current stream is `stream` (bench_layer bound it)
+    return f"{slots.size / 1e6:.1f} M, {2 * wk.nbytes / 1e9:.2f}", ms
 
 
 def _sdpa_ms(q, k, v, Hq, Hkv):
