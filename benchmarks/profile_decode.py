@@ -15,14 +15,14 @@ import sys
 import numpy as np
 
 
-def run(batch: int, shape: str, steps: int):
+def run(batch: int, shape: str, steps: int, fused_gemv: bool = False):
     import cupy as cp
     from toolkit.assembly import build_engine
     from toolkit.options import EngineOptions
     from toolkit.sampler.params import SamplingParams
 
     engine = build_engine(shape=shape, device="cuda", max_context=1024,
-                          options=EngineOptions(cuda_graphs=False))
+                          options=EngineOptions(cuda_graphs=False, fused_gemv=fused_gemv))
     rng = np.random.default_rng(0)
     for _ in range(batch):
         engine.add_request(rng.integers(0, engine.cfg.vocab_size, 16), SamplingParams(max_tokens=200, ignore_eos=True))
@@ -63,8 +63,9 @@ if __name__ == "__main__":
     ap.add_argument("--shape", default="qwen2.5-0.5b")
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--summarise")
+    ap.add_argument("--fused-gemv", action="store_true", help="the batch-1 step with gemv_fused (EngineOptions)")
     a = ap.parse_args()
     if a.summarise:
         summarise(a.summarise)
     else:
-        run(a.batch, a.shape, a.steps)
+        run(a.batch, a.shape, a.steps, a.fused_gemv)

@@ -10,16 +10,13 @@
 // x rows (tiny, L1/L2-resident), accumulates in fp32, then the warp sums its lanes with xor shuffles.
 #include "dtype.cuh"
 
-template <typename T, typename TO, int M>
-__global__ void __launch_bounds__(256, 1)
-gemv(const T* __restrict__ x, const T* __restrict__ w, TO* __restrict__ y, int N, int K) {
+// One warp's dot products of weight row wr with the M rows of x: lane l takes 16-byte chunks l, l + 32, ...;
+// x_chunk(m, c) gives chunk c of x row m (global memory for gemv, shared memory for gemv_fused's prologue).
+// Returns, in every lane, the full sums (fp32, reduced over the warp by xor shuffles).
+template <typename T, int M, typename XChunk>
+__device__ __forceinline__ void warp_dots(const uint4* __restrict__ wr, int KC, int lane, XChunk x_chunk,
+                                          float (&acc)[M]) {
     constexpr int VEC = 16 / sizeof(T);
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int n = blockIdx.x * 8 + warp;
-    if (n >= N) return;  // whole warp: no barrier below, only shuffles
-    const uint4* wr = reinterpret_cast<const uint4*>(w + (size_t)n * K);
-    const int KC = K / VEC;
-    float acc[M];
 #pragma unroll
     for (int m = 0; m < M; m++) acc[m] = 0.0f;
     // Unrolled so each lane has several independent 16-byte weight loads in flight (latency hiding).
@@ -30,16 +27,122 @@ gemv(const T* __restrict__ x, const T* __restrict__ w, TO* __restrict__ y, int N
 #pragma unroll
         for (int m = 0; m < M; m++) {
             Chunk<T> xc;
-            xc.u = __ldg(reinterpret_cast<const uint4*>(x + (size_t)m * K) + c);
+            xc.u = x_chunk(m, c);
 #pragma unroll
             for (int e = 0; e < VEC; e++) acc[m] += to_f32(wc.e[e]) * to_f32(xc.e[e]);
         }
     }
 #pragma unroll
+    for (int m = 0; m < M; m++)
+        for (int o = 16; o > 0; o >>= 1) acc[m] += __shfl_xor_sync(0xffffffffu, acc[m], o);
+}
+
+template <typename T, typename TO, int M>
+__global__ void __launch_bounds__(256, 1)
+gemv(const T* __restrict__ x, const T* __restrict__ w, TO* __restrict__ y, int N, int K) {
+    constexpr int VEC = 16 / sizeof(T);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int n = blockIdx.x * 8 + warp;
+    if (n >= N) return;  // whole warp: no barrier below, only shuffles
+    float acc[M];
+    warp_dots<T, M>(reinterpret_cast<const uint4*>(w + (size_t)n * K), K / VEC, lane,
+                    [&](int m, int c) { return __ldg(reinterpret_cast<const uint4*>(x + (size_t)m * K) + c); }, acc);
+#pragma unroll
+    for (int m = 0; m < M; m++)
+        if (lane == 0) y[(size_t)m * N + n] = from_f32<TO>(acc[m]);
+}
+
+// ---- gemv_fused: the same weight stream with the work around it folded in -------------------------------------
+// A decode step at batch 1 is launch-bound: each small kernel between two GEMVs costs a launch and a drain
+// for a few KB of data. gemv_fused moves that work into the GEMV that consumes or produces it:
+//   PRO = GF_NORM:   x = RMSNorm(h) * norm_w (h T[M, K], read-only here): the qkv and gate_up projections
+//   PRO = GF_SWIGLU: x = silu(gate) * up (gate_up T[M, 2K]):              the down projection
+//   PRO = GF_NONE:   x as given:                                          the o projection
+//   ADD:  y[m, n] = T(y[m, n] + T(acc)) in place, i.e. y is the residual h: o and down add into it
+// Every block computes the whole prologue into shared memory (K values a row; the inputs are a few KB in L2),
+// then streams its 8 weight rows as gemv does. The roundings are those of the unfused kernels (rmsnorm.cu,
+// activation.cu, then a T result added in T), so only the order of the sum of squares differs.
+// ADD is race-free: element (m, n) is read and written by lane 0 of warp n only, and no prologue reads y.
+constexpr int GF_NONE = 0, GF_NORM = 1, GF_SWIGLU = 2;
+
+template <typename T>
+__device__ __forceinline__ T gf_swiglu(T g, T u) {  // activation.cu's swiglu, rounding for rounding
+    const float gf = to_f32(g);
+    const T s = from_f32<T>(gf / (1.0f + expf(-gf)));
+    return from_f32<T>(to_f32(s) * to_f32(u));
+}
+
+template <typename T, int M, int PRO, bool ADD>
+__global__ void __launch_bounds__(256, 1)
+gemv_fused(const T* __restrict__ x, const T* __restrict__ norm_w, float eps, const T* __restrict__ w, T* y,
+           int N, int K) {
+    constexpr int VEC = 16 / sizeof(T);
+    extern __shared__ __align__(16) unsigned char gf_smem[];
+    T* xs = reinterpret_cast<T*>(gf_smem);  // [M][K]: the prologue's output (PRO != GF_NONE)
+    __shared__ float s_ss[8][M];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, KC = K / VEC;
+    if (PRO == GF_SWIGLU) {
+        for (int c = threadIdx.x; c < M * KC; c += blockDim.x) {
+            const int m = c / KC, k = (c % KC) * VEC;
+            Chunk<T> g, u, o;
+            g.u = __ldg(reinterpret_cast<const uint4*>(x + (size_t)m * 2 * K + k));
+            u.u = __ldg(reinterpret_cast<const uint4*>(x + (size_t)m * 2 * K + K + k));
+#pragma unroll
+            for (int e = 0; e < VEC; e++) o.e[e] = gf_swiglu(g.e[e], u.e[e]);
+            *reinterpret_cast<uint4*>(xs + m * K + k) = o.u;
+        }
+        __syncthreads();
+    } else if (PRO == GF_NORM) {
+        // Pass 1: each row's sum of squares (per thread, per warp by shuffles, per block through s_ss).
+        float ss[M];
+#pragma unroll
+        for (int m = 0; m < M; m++) ss[m] = 0.0f;
+        for (int c = threadIdx.x; c < M * KC; c += blockDim.x) {
+            const int m = c / KC;
+            Chunk<T> h;
+            h.u = __ldg(reinterpret_cast<const uint4*>(x + (size_t)m * K) + c % KC);
+            float a = 0.0f;
+#pragma unroll
+            for (int e = 0; e < VEC; e++) a += to_f32(h.e[e]) * to_f32(h.e[e]);
+#pragma unroll
+            for (int r = 0; r < M; r++) if (r == m) ss[r] += a;  // unrolled: ss stays in registers
+        }
+#pragma unroll
+        for (int m = 0; m < M; m++) {
+            for (int o = 16; o > 0; o >>= 1) ss[m] += __shfl_xor_sync(0xffffffffu, ss[m], o);
+            if (lane == 0) s_ss[warp][m] = ss[m];
+        }
+        __syncthreads();
+        // Pass 2: normalise, round to T, scale by the weight, round again (rmsnorm.cu's order).
+        for (int c = threadIdx.x; c < M * KC; c += blockDim.x) {
+            const int m = c / KC, k = (c % KC) * VEC;
+            float tot = 0.0f;
+#pragma unroll
+            for (int i = 0; i < 8; i++) tot += s_ss[i][m];
+            const float inv = rsqrtf(tot / (float)K + eps);
+            Chunk<T> h, nw, o;
+            h.u = __ldg(reinterpret_cast<const uint4*>(x + (size_t)m * K + k));
+            nw.u = __ldg(reinterpret_cast<const uint4*>(norm_w + k));
+#pragma unroll
+            for (int e = 0; e < VEC; e++)
+                o.e[e] = from_f32<T>(to_f32(nw.e[e]) * to_f32(from_f32<T>(to_f32(h.e[e]) * inv)));
+            *reinterpret_cast<uint4*>(xs + m * K + k) = o.u;
+        }
+        __syncthreads();
+    }
+    const int n = blockIdx.x * 8 + warp;
+    if (n >= N) return;  // whole warp, after the block's only barriers
+    float acc[M];
+    warp_dots<T, M>(reinterpret_cast<const uint4*>(w + (size_t)n * K), KC, lane, [&](int m, int c) {
+        return PRO == GF_NONE ? __ldg(reinterpret_cast<const uint4*>(x + (size_t)m * K) + c)
+                              : *reinterpret_cast<const uint4*>(xs + m * K + c * VEC);
+    }, acc);
+#pragma unroll
     for (int m = 0; m < M; m++) {
-        float v = acc[m];
-        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-        if (lane == 0) y[(size_t)m * N + n] = from_f32<TO>(v);
+        if (lane == 0) {
+            T* yp = y + (size_t)m * N + n;
+            *yp = ADD ? from_f32<T>(to_f32(*yp) + to_f32(from_f32<T>(acc[m]))) : from_f32<T>(acc[m]);
+        }
     }
 }
 
@@ -50,3 +153,9 @@ gemv(const T* __restrict__ x, const T* __restrict__ w, TO* __restrict__ y, int N
     template __global__ void gemv<T, TO, 4>(const T*, const T*, TO*, int, int);
 GEMV_M(float, float) GEMV_M(__half, __half) GEMV_M(__half, float)
 GEMV_M(__nv_bfloat16, __nv_bfloat16) GEMV_M(__nv_bfloat16, float)
+#define GEMV_FUSED_M(T, M)                                                                                 \
+    template __global__ void gemv_fused<T, M, GF_NORM, false>(const T*, const T*, float, const T*, T*, int, int);  \
+    template __global__ void gemv_fused<T, M, GF_NONE, true>(const T*, const T*, float, const T*, T*, int, int);   \
+    template __global__ void gemv_fused<T, M, GF_SWIGLU, true>(const T*, const T*, float, const T*, T*, int, int);
+#define GEMV_FUSED(T) GEMV_FUSED_M(T, 1) GEMV_FUSED_M(T, 2) GEMV_FUSED_M(T, 3) GEMV_FUSED_M(T, 4)
+GEMV_FUSED(float) GEMV_FUSED(__half) GEMV_FUSED(__nv_bfloat16)

@@ -166,8 +166,8 @@ __device__ __forceinline__ void pv_tile(float (&o)[D / 8][4], const float (&s)[T
 // pointer out0) gets c0, c1 of each n-tile (dims 8n + 2c, +1), row t1 gets c2, c3; rows >= n_rows are not
 // stored, and a row that saw no key (l = 0; only bad input) is stored as zeros.
 template <typename T, int D>
-__device__ __forceinline__ void store_tile_rows(T* out0, T* out1, int t0, int t1, int n_rows, const float (&o)[D / 8][4],
-                                                float l0, float l1, int lane) {
+__device__ __forceinline__ void store_tile_rows(T* out0, T* out1, int t0, int t1, int n_rows,
+                                                const float (&o)[D / 8][4], float l0, float l1, int lane) {
     const T* tag = nullptr;
     l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
     l0 += __shfl_xor_sync(0xffffffffu, l0, 2);

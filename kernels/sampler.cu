@@ -16,7 +16,7 @@
 // no logarithms (d covers every rounding, so the skip is exact). On a trained model's logits that skips most
 // Philox calls; on flat logits (N(0, 3)) every token needs one, and Philox is then ~1/4 of the kernel's time
 // (benchmarks/profile_sampler.py prices it against a cheap hash). At [128, 151936] on the H200, Philox alone
-// for every token takes 14.4 us and reading the logits 17.0 us; this kernel takes ~41 us at T = 1, because the
+// for every token takes 14.5 us and reading the logits 17.2 us; this kernel takes ~41 us at T = 1, because the
 // two do not overlap (what was tried to overlap them, and measured slower, is listed in the README).
 //
 // top_k_top_p semantics: top-k keeps every value >= the k-th largest (ties at the k-th value kept); top-p then
@@ -201,7 +201,7 @@ gumbel_sample(const T* __restrict__ logits, int V, const float* __restrict__ tem
 
     // A block whose span lies inside the row issues its NL 16-byte loads back to back, and nothing reads them
     // before the last is issued: a conversion right after each load would wait for it, one memory latency per
-    // load (the first version of this kernel did, in its SASS: 14.6 -> 12.4 us for greedy at B = 128).
+    // load (an earlier version did, in its SASS; greedy at B = 128 went from 14.6 to 12.5 us in `bench sampler`).
     const bool full = vec && base + SPAN <= V;
     Chunk<T> c[NL];
     if (full)

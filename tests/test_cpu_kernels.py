@@ -390,3 +390,29 @@ def test_gemv_twin(rng):
     np.testing.assert_allclose(out, x.astype(np.float64) @ w.T.astype(np.float64), rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="gemv"):
         gemv(randn(rng, 5, 40), w, np.empty((5, 24), np.float32))  # more rows than gemv.cu handles
+
+
+@pytest.mark.parametrize("M", [1, 4])
+def test_gemv_fused_twin(rng, M):
+    """Each kind against its spelled-out NumPy definition (the unfused model's order of operations)."""
+    from kernels.gemv import gemv_fused
+
+    K, N = 40, 24
+    w, nw = randn(rng, N, K), randn(rng, K)
+    h = randn(rng, M, K)
+    y = np.empty((M, N), np.float32)
+    gemv_fused(h, w, y, "norm", nw, EPS)
+    np.testing.assert_allclose(y, ref_rmsnorm(h, nw) @ w.T, rtol=1e-5, atol=1e-5)
+    x, h0 = randn(rng, M, K), randn(rng, M, N)
+    h1 = h0.copy()
+    gemv_fused(x, w, h1, "add")
+    np.testing.assert_allclose(h1, h0 + x @ w.T, rtol=1e-5, atol=1e-5)
+    gu = randn(rng, M, 2 * K)
+    h2 = h0.copy()
+    gemv_fused(gu, w, h2, "swiglu_add")
+    g, u = gu[:, :K].astype(np.float64), gu[:, K:]
+    np.testing.assert_allclose(h2, h0 + (g / (1 + np.exp(-g)) * u) @ w.T, rtol=1e-5, atol=1e-5)
+    for args, what in [((h, w, y, "norm"), "no norm weight"), ((gu, w, h2, "add"), "x is gate_up"),
+                       ((h, w, y, "relu"), "unknown kind"), ((randn(rng, 5, K), w, np.empty((5, N)), "add"), "5 rows")]:
+        with pytest.raises(ValueError, match="gemv_fused"):
+            gemv_fused(*args)

@@ -310,6 +310,50 @@ def test_prefill_attention(dtype, tc, name):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("M", [1, 2, 4])
+@pytest.mark.parametrize("kind, N, Kw", [("norm", 1152, 896), ("norm", 9728, 896), ("add", 896, 896),
+                                         ("swiglu_add", 896, 4864)])
+def test_gemv_fused(dtype, M, kind, N, Kw):
+    """gemv_fused at the Qwen2.5-0.5B projections (qkv, gate_up, o, down) against its twin, and against the
+    unfused kernels it replaces (add_rmsnorm / silu_mul, gemv, then the residual add in T): bit-identical for the
+    adds (same loop, same roundings); for the norm only the sum of squares' order differs."""
+    from kernels.gemv import gemv_fused
+
+    rng = np.random.default_rng(M * N + Kw)
+    xk = 2 * Kw if kind == "swiglu_add" else Kw
+    x = rounded(rng.standard_normal((M, xk)) * (4 if kind == "norm" else 1), dtype)
+    w = rounded(0.05 * rng.standard_normal((N, Kw)), dtype)
+    nw = rounded(1 + 0.1 * rng.standard_normal(Kw), dtype) if kind == "norm" else None
+    h0 = rounded(rng.standard_normal((M, N)), dtype)
+    ref = np.zeros((M, N), np.float32) if kind == "norm" else h0.copy()
+    gemv_fused(x.copy(), w, ref, kind, nw, 1e-6)
+    k = K(dtype)
+    y = dev(np.zeros((M, N)) if kind == "norm" else h0, dtype)
+    k.gemv_fused(dev(x, dtype), dev(w, dtype), y, kind, None if nw is None else dev(nw, dtype), 1e-6)
+    got = host(y, dtype)
+    check(f"gemv_fused({kind}, M={M})", got, ref, dtype)
+    # The unfused kernels, as Model.forward runs them when gemv_fused is not used.
+    xd = dev(x, dtype)
+    if kind == "norm":
+        xn, unfused = dev(np.zeros((M, Kw)), dtype), dev(np.zeros((M, N)), dtype)
+        k.add_rmsnorm(None, xd, dev(nw, dtype), 1e-6, xn)
+        k.gemv(xn, dev(w, dtype), unfused)
+    else:
+        if kind == "swiglu_add":
+            act = dev(np.zeros((M, Kw)), dtype)
+            k.silu_mul(xd, act)
+            xd = act
+        part, unfused = dev(np.zeros((M, N)), dtype), dev(h0, dtype)
+        k.gemv(xd, dev(w, dtype), part)
+        k.add_rmsnorm(part, unfused, dev(np.ones(N), dtype), 1e-6, dev(np.zeros((M, N)), dtype))  # h += part, in T
+    want = host(unfused, dtype)
+    if kind == "norm":
+        check(f"gemv_fused({kind}, M={M}) vs unfused", got, want, dtype)
+    else:
+        np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
 @pytest.mark.parametrize("M, N, Kin, logits", [(1, 1152, 896, False), (4, 896, 4864, False), (3, 9728, 896, False),
                                                (1, VOCAB, 896, True), (2, 40, 24, True)])
 def test_gemv(dtype, M, N, Kin, logits):

@@ -216,6 +216,20 @@ def test_no_fast_path_alias():
     assert speed_parser().parse_args(["--no-fast-path"]).sampler_fast_path == [False]
 
 
+def test_switch_flags_follow_their_defaults():
+    """A switch that is on by default gets --no-<switch>; one that is off (fused_gemv) gets --<switch>."""
+    from toolkit.cli.common import engine_kwargs
+    from toolkit.cli.generate import setup_arg_parser
+
+    p = setup_arg_parser()
+    plain = engine_kwargs(p.parse_args(["x"]))["options"]
+    assert plain.fused_gemv is False and plain.cuda_graphs is True
+    both = engine_kwargs(p.parse_args(["--fused-gemv", "--no-cuda-graphs", "x"]))["options"]
+    assert both.fused_gemv is True and both.cuda_graphs is False
+    with pytest.raises(SystemExit):
+        p.parse_args(["--no-fused-gemv", "x"])
+
+
 def test_unused_namespace_fields_are_ignored():
     from toolkit.cli.sampling_flags import flag_params
     assert flag_params(Namespace(temperature=0.5)) == {"temperature": 0.5}

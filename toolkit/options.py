@@ -13,8 +13,8 @@ what actually ran.
 from dataclasses import dataclass, field, fields, replace
 
 
-def _switch(help_text: str):
-    return field(default=True, metadata={"help": help_text})
+def _switch(help_text: str, default: bool = True):
+    return field(default=default, metadata={"help": help_text})
 
 
 def _param(default: int, help_text: str):
@@ -27,6 +27,9 @@ class EngineOptions:
     tensor_cores: bool = _switch("FlashAttention-2 prefill attention on tensor cores (GPU, 16-bit)")
     prefix_caching: bool = _switch("reuse the KV blocks of an earlier request's identical prefix")
     small_batch_gemv: bool = _switch("our GEMV kernel for the projections of a batch-1 step instead of cuBLAS (GPU)")
+    # Off by default: on the H200 it has not yet measured faster (README, "Folding the small kernels into the GEMV").
+    fused_gemv: bool = _switch("fold the RMSNorms, residual adds and SwiGLU of a batch-1 step into its GEMVs "
+                               "(with small_batch_gemv; GPU)", default=False)
     sampler_fast_path: bool = _switch("skip the FP32 logits copy when no request in the batch needs logits processing")
     sparse_prefill: bool = _switch("prefill attention over the sliding window + the indexer's top-k key blocks "
                                    "(exact when it covers every block)")
@@ -65,6 +68,7 @@ class EngineOptions:
         """The options as they can run on this backend (unsupported switches read as off; sparse prefill runs on
         both backends)."""
         on_gpu = backend_name == "cuda"
+        gemv = self.small_batch_gemv and on_gpu
         return replace(self, cuda_graphs=self.cuda_graphs and on_gpu,
                        tensor_cores=self.tensor_cores and on_gpu and dtype != "float32",
-                       small_batch_gemv=self.small_batch_gemv and on_gpu)
+                       small_batch_gemv=gemv, fused_gemv=self.fused_gemv and gemv)

@@ -5,8 +5,8 @@ posts batches of RequestOutputs to the app (`post_message` is thread-safe); ever
 UI thread, in the message handlers. The engine itself lives on the EngineWorker's thread.
 
 Every EngineOptions switch gets a ctrl+<letter> binding (footer and command palette), generated from the
-dataclass: a switch added later appears with no change here. `sampler_fast_path` and `sparse_prefill` take
-ctrl+f / ctrl+s when they exist.
+dataclass: a switch added later appears with no change here (a function key from F2 on, once the free letters
+run out). `sampler_fast_path` and `sparse_prefill` take ctrl+f / ctrl+s when they exist.
 """
 from __future__ import annotations
 
@@ -41,23 +41,21 @@ _TAKEN = set("acdeiuwkxvmhjqpzfs") | set(APP_KEYS.values())
 
 
 def toggle_keys(names) -> dict:
-    """switch name -> ctrl+<letter>: the reserved ones, then the first free initial, then any free letter."""
-    keys, used = {}, set(_TAKEN)
+    """switch name -> ctrl+<letter>: the reserved ones, then the first free initial, then any free letter; once
+    the letters run out, function keys from F2 on."""
+    letters, used = {n: RESERVED_KEYS[n] for n in names if n in RESERVED_KEYS}, set(_TAKEN)
     for name in names:
-        if name in RESERVED_KEYS:
-            keys[name] = RESERVED_KEYS[name]
-    for name in names:
-        if name in keys:
+        if name in letters:
             continue
         words = name.split("_")
         candidates = [w[0] for w in reversed(words) if w] + [c for c in name if c.isalpha()] + \
             list("bgnotlry")
         letter = next((c for c in candidates if c not in used), None)
-        if letter is None:
-            continue  # out of letters: the palette still has it
-        keys[name] = letter
-        used.add(letter)
-    return {n: f"ctrl+{k}" for n, k in keys.items()}
+        if letter is not None:
+            letters[name] = letter
+            used.add(letter)
+    spare = iter(f"f{i}" for i in range(2, 13))
+    return {**{n: f"ctrl+{k}" for n, k in letters.items()}, **{n: next(spare) for n in names if n not in letters}}
 
 
 TOGGLE_KEYS = toggle_keys(EngineOptions.names())

@@ -102,8 +102,10 @@ async def test_each_toggle_flips_and_the_ab_table_shows_both_states():
 def test_toggle_keys_are_ctrl_letters_clear_of_editing_keys():
     keys = toggle_keys(EngineOptions.names())
     assert len(set(keys.values())) == len(keys) == len(EngineOptions.names())
-    assert all(k.startswith("ctrl+") and k not in ("ctrl+p", "ctrl+q", "ctrl+c", "ctrl+a", "ctrl+e") for k in
-               keys.values())
+    assert all((k.startswith("ctrl+") or k in [f"f{i}" for i in range(2, 13)])
+               and k not in ("ctrl+p", "ctrl+q", "ctrl+c", "ctrl+a", "ctrl+e") for k in keys.values())
+    many = toggle_keys(tuple(EngineOptions.names()) + ("one_more", "and_another"))  # letters run out: F2, F3
+    assert len(set(many.values())) == len(many) and {"f2", "f3"} <= set(many.values())
     later = toggle_keys(("cuda_graphs", "sampler_fast_path", "sparse_prefill", "tensor_cores"))
     assert later["sampler_fast_path"] == "ctrl+f" and later["sparse_prefill"] == "ctrl+s"
 

@@ -20,6 +20,7 @@ from kernels import sparse_prefill as _sp
 from kernels.combine import combine_topk_swa_indices
 from kernels.decode_attention import decode_attention
 from kernels.embedding import embedding
+from kernels.gemv import gemv_fused
 from kernels.prefill_attention import prefill_attention
 from kernels.rmsnorm import add_rmsnorm
 from kernels.rope import rope_qkv
@@ -73,7 +74,11 @@ class CpuBackend:
         # HF layout: w is [out, in]; BLAS reads w.T without a copy. (BLAS is the GEMV twin too: kernels/gemv.py.)
         np.matmul(x, w.T, out=out)
 
+    def fused_gemv_ok(self, rows: int, cfg) -> bool:
+        return rows == 1  # as the CUDA backend decides (its GEMV path is for batch 1); the twins take any shape
+
     embedding = staticmethod(embedding)
+    gemv_fused = staticmethod(gemv_fused)
     add_rmsnorm = staticmethod(add_rmsnorm)
     silu_mul = staticmethod(silu_mul)
     rope_qkv = staticmethod(rope_qkv)

@@ -222,6 +222,16 @@ class CudaBackend:
         self._gemm(_OP_T, _OP_N, N, T, K, w.data.ptr, self._in_type, K, x.data.ptr, self._in_type, K,
                    out.data.ptr, out_type, N)
 
+    def fused_gemv_ok(self, rows: int, cfg) -> bool:
+        """Whether a step of `rows` tokens runs its projections as gemv_fused (the batch-1 GEMV path, with the
+        RMSNorms, residual adds and SwiGLU folded into the GEMVs; see Model.forward)."""
+        v = self.kernels.vec
+        return (rows <= _GEMV_ROWS and max(2 * cfg.intermediate_size, cfg.qkv_size) <= _GEMV_MAX_N
+                and not (cfg.hidden_size % v or cfg.intermediate_size % v or cfg.num_heads * cfg.head_dim % v))
+
+    def gemv_fused(self, x, w, y, kind, norm_weight=None, eps=0.0):
+        self.kernels.gemv_fused(x, w, y, kind, norm_weight, eps)
+
     def embedding(self, ids, table, out):
         self.kernels.embedding(ids, table, out)
 

@@ -35,6 +35,8 @@ EXTRA_OPTIONS = tuple(os.environ.get("TOOLKIT_NVRTC_DEFINES", "").split())
 DECODE_HEAD_DIMS = (8, 16, 32, 64, 128, 256)   # decode_attention<T, D> instantiations
 TC_HEAD_DIMS = (64, 128)            # prefill_attention_tc<T, D> instantiations (16-bit T only)
 GEMV_MAX_ROWS = 4                   # gemv<T, TO, M> instantiations: M = 1..4
+# gemv_fused<T, M, PRO, ADD> instantiations: prologue (gemv.cu's GF_NONE 0 / GF_NORM 1 / GF_SWIGLU 2), add into y
+GEMV_FUSED = {"norm": (1, "false"), "add": (0, "true"), "swiglu_add": (2, "true")}
 SAMPLE_LOADS = (1, 4)                # gumbel_sample<T, NL> instantiations: 16-byte loads per thread
 MAX_SPLITS = 1024                   # cap on decode-attention splits (the last split merges them all)
 LOG2E = 1.4426950408889634          # kernels work in log2 units: exp(x) = exp2(x * log2(e))
@@ -63,7 +65,9 @@ def kernel_names(op: str, ctype: str) -> list:
         return sample + [f"{k}<{ctype}>" for k in ["to_fp32", "logprobs"] + (f32 if ctype == "float" else [])]
     if op == "gemv":
         outs = [ctype] if ctype == "float" else [ctype, "float"]
-        return [f"gemv<{ctype}, {o}, {m}>" for o in outs for m in range(1, GEMV_MAX_ROWS + 1)]
+        rows = range(1, GEMV_MAX_ROWS + 1)
+        return [f"gemv<{ctype}, {o}, {m}>" for o in outs for m in rows] + \
+            [f"gemv_fused<{ctype}, {m}, {pro}, {add}>" for m in rows for pro, add in GEMV_FUSED.values()]
     return [{"embedding": "embedding", "rmsnorm": "add_rmsnorm", "rope": "rope_qkv",
              "activation": "silu_mul"}[op] + f"<{ctype}>"]
 
@@ -268,6 +272,27 @@ class CudaKernels:
         to = "float" if out.dtype == F32 else self.ctype
         self._check("gemv", F32 if to == "float" else self.storage, out)
         self._fn("gemv", f"gemv<{self.ctype}, {to}, {M}>")((-(-N // 8),), (256,), (x, w, out, _i32(N), _i32(K)))
+
+    def gemv_fused(self, x, w, y, kind: str, norm_weight=None, eps: float = 0.0):
+        """gemv with the work around it folded in (gemv.cu), for 1 <= M <= GEMV_MAX_ROWS rows, w [N, K]:
+        kind "norm": y = RMSNorm(x) * norm_weight @ w.T (x = the residual h [M, K]); "add": y += x @ w.T
+        (y = h [M, N]); "swiglu_add": y += (silu(gate) * up) @ w.T (x = gate_up [M, 2K])."""
+        if kind not in GEMV_FUSED:
+            raise ValueError(f"gemv_fused: kind {kind!r} is not one of {sorted(GEMV_FUSED)}")
+        self._check("gemv_fused", self.storage, x, w, y, norm_weight)
+        M, N, K = x.shape[0], w.shape[0], w.shape[1]
+        xk = 2 * K if kind == "swiglu_add" else K
+        has_norm = norm_weight is not None
+        if (not 1 <= M <= GEMV_MAX_ROWS or x.shape != (M, xk) or y.shape != (M, N) or K % self.vec
+                or (kind == "norm") != has_norm or (has_norm and norm_weight.shape != (K,))):
+            raise ValueError(f"gemv_fused({kind}): x {x.shape}, w {w.shape}, y {y.shape}, norm_weight "
+                             f"{None if norm_weight is None else norm_weight.shape} (1 <= M <= {GEMV_MAX_ROWS}, "
+                             f"K % {self.vec} == 0)")
+        pro, add = GEMV_FUSED[kind]
+        smem = 0 if kind == "add" else M * K * x.itemsize  # the prologue's output, [M][K]
+        f = self._fn("gemv", f"gemv_fused<{self.ctype}, {M}, {pro}, {add}>", smem)
+        f((-(-N // 8),), (256,), (x, x if norm_weight is None else norm_weight, np.float32(eps), w, y, _i32(N),
+                                  _i32(K)), shared_mem=smem)
 
     def _paged(self, op, q, k_cache, v_cache, block_tables, seq_lens, block_size, out):
         """Shared checks of the attention ops; returns (Hq, D, Hkv, M, num_blocks)."""

@@ -93,10 +93,17 @@ def add_engine_args(parser: argparse.ArgumentParser):
                    help="tokens fed per step; longer prompts are prefilled in chunks (default: 8192 GPU, 2048 CPU)")
     g.add_argument("--kv-cache-tokens", type=positive_int, default=None,
                    help="KV-cache size in tokens (default: half the free GPU memory; 16384 on the CPU)")
-    # One --no-<switch> flag per EngineOptions field: a switch added there appears here by itself.
+    # One flag per EngineOptions switch, --no-<switch> (or --<switch> for one that is off by default): a switch
+    # added there appears here by itself.
+    d = EngineOptions()
     for name in EngineOptions.names():
-        flags = [f"--no-{name.replace('_', '-')}"] + ALIASES.get(name, [])
-        g.add_argument(*flags, dest=f"no_{name}", action="store_true", help=f"turn off: {EngineOptions.help(name)}")
+        if getattr(d, name):
+            flags = [f"--no-{name.replace('_', '-')}"] + ALIASES.get(name, [])
+            g.add_argument(*flags, dest=f"no_{name}", action="store_true",
+                           help=f"turn off: {EngineOptions.help(name)}")
+        else:
+            g.add_argument(f"--{name.replace('_', '-')}", dest=f"on_{name}", action="store_true",
+                           help=f"turn on: {EngineOptions.help(name)}")
     add_sparse_args(g)
 
 
@@ -126,8 +133,15 @@ def engine_kwargs(args) -> dict:
     return dict(device=args.device, dtype=args.dtype, max_context=args.max_context,
                 kv_cache_tokens=args.kv_cache_tokens, max_num_seqs=args.max_num_seqs,
                 max_num_batched_tokens=args.max_num_batched_tokens,
-                options=sparse_options(args, EngineOptions(**{n: not getattr(args, f"no_{n}")
+                options=sparse_options(args, EngineOptions(**{n: _switch_value(args, n)
                                                               for n in EngineOptions.names()})))
+
+
+def _switch_value(args, name: str) -> bool:
+    """A switch as the flags set it: on unless --no-<switch>, or off unless --<switch> where off is the default."""
+    if getattr(EngineOptions(), name):
+        return not getattr(args, f"no_{name}")
+    return getattr(args, f"on_{name}")
 
 
 def check_max_tokens(max_tokens: int | None, max_context: int):
