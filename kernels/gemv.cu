@@ -63,6 +63,8 @@ gemv(const T* __restrict__ x, const T* __restrict__ w, TO* __restrict__ y, int N
 // then streams its 8 weight rows as gemv does. The roundings are those of the unfused kernels (rmsnorm.cu,
 // activation.cu, then a T result added in T), so only the order of the sum of squares differs.
 // ADD is race-free: element (m, n) is read and written by lane 0 of warp n only, and no prologue reads y.
+// Status: not faster yet on the H200 (EngineOptions.fused_gemv is off by default; README, "Folding the small
+// kernels into the GEMV"): every block finishes its prologue before its first weight load.
 constexpr int GF_NONE = 0, GF_NORM = 1, GF_SWIGLU = 2;
 
 template <typename T>
