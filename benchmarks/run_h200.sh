@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Everything that needs the GPU, in one go (the H200 is lent by the minute). Run from the repo root on the
 # GPU machine: `bash benchmarks/run_h200.sh MODE`; logs go to $OUT. MODE: tests | speed | peer | sampler | sparse |
-# fused (gemv_fused on/off at batch 1) |
+# fused (gemv_fused on/off at batch 1) | pdl (programmatic dependent launch on/off, at batch 1 with fused on/off) |
 # profile (Nsight Compute: the sampler kernel and one decode step's kernels) | sampler_ncu | sampler_check | dev (a quick round
 # of the kernel/sampler/engine GPU tests and speed) | final | close | all. `final` and `close` are what one
 # session's closing run fits in: every GPU test, then the sampler (and sparse, for `final`) benchmarks and the
@@ -79,6 +79,10 @@ if [[ $what == fused ]]; then  # what gemv_fused buys a batch-1 step: the switch
   $B --shape qwen2.5-0.5b --batch 1 --depth 0,4096 --prefill 512 --fused-gemv on,off -r 3 2>&1 | tee "$OUT/bench_fused.log" | grep "^|"
   ncu --clock-control none --profile-from-start off --metrics gpu__time_duration.sum --csv python3 benchmarks/profile_decode.py --batch 1 --fused-gemv > "$OUT/ncu_decode_b1_fused.csv" 2>&1
   python3 benchmarks/profile_decode.py --summarise "$OUT/ncu_decode_b1_fused.csv" | tee "$OUT/decode_kernels_b1_fused.txt"
+fi
+if [[ $what == pdl ]]; then  # what programmatic dependent launch buys a decode step (README, "Programmatic dependent launch")
+  { $B --shape qwen2.5-0.5b --batch 1 --depth 0,4096 --prefill 512 --pdl on,off --fused-gemv on,off -r 5
+    $B --shape qwen2.5-0.5b --batch 32 --depth 0 --prefill 512 --pdl on,off -r 5; } 2>&1 | tee "$OUT/bench_pdl.log" | grep "^| tg"
 fi
 if [[ $what == final ]]; then
   $B --shape qwen2.5-0.5b --batch 1,32 --depth 0 --prefill 4096 --peer torch 2>&1 | tee "$OUT/bench_peer.log"

@@ -6,6 +6,7 @@
 // Launch: 1-D grid-stride loop, block 256. Each thread handles one 16-byte chunk of the output (8 bf16 / 4 fp32
 // elements) when I and the pointers allow it, else single elements. Memory-bound: 3 * T * I * sizeof(T) bytes.
 #include "dtype.cuh"
+#include "pdl.cuh"
 
 template <typename T>
 __device__ __forceinline__ T swiglu(T g, T u) {
@@ -16,6 +17,7 @@ __device__ __forceinline__ T swiglu(T g, T u) {
 
 template <typename T>
 __global__ void silu_mul(const T* __restrict__ gate_up, T* __restrict__ out, int n_tokens, int I) {
+    pdl_enter();  // (pdl.cuh) a no-op unless launched with PDL
     constexpr int VEC = 16 / sizeof(T);
     const size_t stride = (size_t)gridDim.x * blockDim.x;
     const size_t first = (size_t)blockIdx.x * blockDim.x + threadIdx.x;

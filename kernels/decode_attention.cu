@@ -30,6 +30,7 @@
 //     (weights 2^(m_s - m_max) / sum_s(l_s 2^(m_s - m_max))) into out. No second kernel, so no second launch
 //     per layer (it used to cost ~2-3 us a layer in a batch-1 decode step).
 #include "dtype.cuh"
+#include "pdl.cuh"
 
 constexpr int MAXG = 8;        // q heads per block; a larger GQA group is spread over several blocks
 constexpr int KPT = 4;         // keys per thread per tile
@@ -71,6 +72,7 @@ decode_attention(const T* __restrict__ q, const T* __restrict__ k_cache, const T
                  const int* __restrict__ block_tables, const int* __restrict__ seq_lens, int block_size, int M,
                  int num_blocks, float scale_log2, int Hq, int Hkv, int n_splits, float* __restrict__ ws_ml,
                  float* __restrict__ ws_acc, unsigned* __restrict__ counters, T* __restrict__ out) {
+    pdl_enter();  // (pdl.cuh) a no-op unless launched with PDL
     using Sh = Shape<T, D>;
     constexpr int VEC = Sh::VEC, LPK = Sh::LPK, NV = Sh::NV, KPW = Sh::KPW, KPG = Sh::KPG, KT = Sh::KT;
     constexpr int X = NV * VEC;                        // output dims per lane

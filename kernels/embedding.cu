@@ -6,10 +6,12 @@
 // and both pointers allow it; otherwise it falls back to element copies. The kernel does no arithmetic,
 // which is why it is dtype-agnostic apart from the element size.
 #include "dtype.cuh"
+#include "pdl.cuh"
 
 template <typename T>
 __global__ void embedding(const int* __restrict__ ids, const T* __restrict__ table, T* __restrict__ out,
                           int V, int H) {
+    pdl_enter();  // (pdl.cuh) a no-op unless launched with PDL
     const int t = blockIdx.x;
     const int id = ids[t];
     T* dst = out + (size_t)t * H;

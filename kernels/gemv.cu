@@ -9,21 +9,37 @@
 // l, l + 32, ... of w[n] (coalesced: a warp reads 512 contiguous bytes per step) and the same chunks of the M
 // x rows (tiny, L1/L2-resident), accumulates in fp32, then the warp sums its lanes with xor shuffles.
 #include "dtype.cuh"
+#include "pdl.cuh"
 
-// One warp's dot products of weight row wr with the M rows of x: lane l takes 16-byte chunks l, l + 32, ...;
-// x_chunk(m, c) gives chunk c of x row m (global memory for gemv, shared memory for gemv_fused's prologue).
-// Returns, in every lane, the full sums (fp32, reduced over the warp by xor shuffles).
+// Weights are constants, so a kernel launched with PDL (pdl.cuh) loads the first GEMV_PF 16-byte chunks of each
+// lane's weight row before it waits for the previous kernel: with K = 896 that is the whole row (28 chunks a
+// lane would need 3.5), so the weight stream overlaps the previous kernel's tail. Launched normally it is the
+// same loads, issued first.
+#ifndef GEMV_PF
+#define GEMV_PF 4  // -DGEMV_PF=8 (TOOLKIT_NVRTC_DEFINES) measured slower: 1.373 vs 1.312 ms at depth 4096 (bench_pdl3.log)
+#endif
+
+__device__ __forceinline__ void w_prefetch(const uint4* __restrict__ wr, int KC, int lane, uint4 (&pre)[GEMV_PF]) {
+#pragma unroll
+    for (int p = 0; p < GEMV_PF; p++) {
+        const int c = lane + 32 * p;
+        pre[p] = c < KC ? __ldg(wr + c) : make_uint4(0u, 0u, 0u, 0u);
+    }
+}
+
+// One warp's dot products of weight row wr with the M rows of x: lane l takes 16-byte chunks l, l + 32, ...
+// (the first GEMV_PF of them already in pre); x_chunk(m, c) gives chunk c of x row m (global memory for gemv,
+// shared memory for gemv_fused's prologue). Returns, in every lane, the full sums (fp32, reduced over the warp
+// by xor shuffles).
 template <typename T, int M, typename XChunk>
-__device__ __forceinline__ void warp_dots(const uint4* __restrict__ wr, int KC, int lane, XChunk x_chunk,
-                                          float (&acc)[M]) {
+__device__ __forceinline__ void warp_dots(const uint4* __restrict__ wr, int KC, int lane,
+                                          const uint4 (&pre)[GEMV_PF], XChunk x_chunk, float (&acc)[M]) {
     constexpr int VEC = 16 / sizeof(T);
 #pragma unroll
     for (int m = 0; m < M; m++) acc[m] = 0.0f;
-    // Unrolled so each lane has several independent 16-byte weight loads in flight (latency hiding).
-#pragma unroll 4
-    for (int c = lane; c < KC; c += 32) {
+    auto dot_chunk = [&](uint4 w, int c) {
         Chunk<T> wc;
-        wc.u = __ldg(wr + c);
+        wc.u = w;
 #pragma unroll
         for (int m = 0; m < M; m++) {
             Chunk<T> xc;
@@ -31,7 +47,13 @@ __device__ __forceinline__ void warp_dots(const uint4* __restrict__ wr, int KC, 
 #pragma unroll
             for (int e = 0; e < VEC; e++) acc[m] += to_f32(wc.e[e]) * to_f32(xc.e[e]);
         }
-    }
+    };
+#pragma unroll
+    for (int p = 0; p < GEMV_PF; p++)
+        if (lane + 32 * p < KC) dot_chunk(pre[p], lane + 32 * p);
+    // Unrolled so each lane has several independent 16-byte weight loads in flight (latency hiding).
+#pragma unroll 4
+    for (int c = lane + 32 * GEMV_PF; c < KC; c += 32) dot_chunk(__ldg(wr + c), c);
 #pragma unroll
     for (int m = 0; m < M; m++)
         for (int o = 16; o > 0; o >>= 1) acc[m] += __shfl_xor_sync(0xffffffffu, acc[m], o);
@@ -44,8 +66,12 @@ gemv(const T* __restrict__ x, const T* __restrict__ w, TO* __restrict__ y, int N
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int n = blockIdx.x * 8 + warp;
     if (n >= N) return;  // whole warp: no barrier below, only shuffles
+    const uint4* wr = reinterpret_cast<const uint4*>(w + (size_t)n * K);
+    uint4 pre[GEMV_PF];
+    w_prefetch(wr, K / VEC, lane, pre);
+    pdl_enter();  // x comes from the previous kernel
     float acc[M];
-    warp_dots<T, M>(reinterpret_cast<const uint4*>(w + (size_t)n * K), K / VEC, lane,
+    warp_dots<T, M>(wr, K / VEC, lane, pre,
                     [&](int m, int c) { return __ldg(reinterpret_cast<const uint4*>(x + (size_t)m * K) + c); }, acc);
 #pragma unroll
     for (int m = 0; m < M; m++)
@@ -63,8 +89,7 @@ gemv(const T* __restrict__ x, const T* __restrict__ w, TO* __restrict__ y, int N
 // then streams its 8 weight rows as gemv does. The roundings are those of the unfused kernels (rmsnorm.cu,
 // activation.cu, then a T result added in T), so only the order of the sum of squares differs.
 // ADD is race-free: element (m, n) is read and written by lane 0 of warp n only, and no prologue reads y.
-// Status: not faster yet on the H200 (EngineOptions.fused_gemv is off by default; README, "Folding the small
-// kernels into the GEMV"): every block finishes its prologue before its first weight load.
+// Each warp issues its first weight loads (w_prefetch) before the prologue, so the prologue runs while they fly.
 constexpr int GF_NONE = 0, GF_NORM = 1, GF_SWIGLU = 2;
 
 template <typename T>
@@ -83,6 +108,11 @@ gemv_fused(const T* __restrict__ x, const T* __restrict__ norm_w, float eps, con
     T* xs = reinterpret_cast<T*>(gf_smem);  // [M][K]: the prologue's output (PRO != GF_NONE)
     __shared__ float s_ss[8][M];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, KC = K / VEC;
+    const int n = blockIdx.x * 8 + warp;
+    const uint4* wr = reinterpret_cast<const uint4*>(w + (size_t)min(n, N - 1) * K);
+    uint4 pre[GEMV_PF];
+    w_prefetch(wr, KC, lane, pre);  // before the prologue and the wait: the weights do not depend on them
+    pdl_enter();
     if (PRO == GF_SWIGLU) {
         for (int c = threadIdx.x; c < M * KC; c += blockDim.x) {
             const int m = c / KC, k = (c % KC) * VEC;
@@ -132,10 +162,9 @@ gemv_fused(const T* __restrict__ x, const T* __restrict__ norm_w, float eps, con
         }
         __syncthreads();
     }
-    const int n = blockIdx.x * 8 + warp;
     if (n >= N) return;  // whole warp, after the block's only barriers
     float acc[M];
-    warp_dots<T, M>(reinterpret_cast<const uint4*>(w + (size_t)n * K), KC, lane, [&](int m, int c) {
+    warp_dots<T, M>(wr, KC, lane, pre, [&](int m, int c) {
         return PRO == GF_NONE ? __ldg(reinterpret_cast<const uint4*>(x + (size_t)m * K) + c)
                               : *reinterpret_cast<const uint4*>(xs + m * K + c * VEC);
     }, acc);

@@ -10,6 +10,7 @@
 // squares, the second re-reads the residual it just wrote (same thread, same addresses, so no barrier is
 // needed) -- the row is a few KB and comes back from L1/L2, so holding it in registers would only cap H.
 #include "dtype.cuh"
+#include "pdl.cuh"
 
 template <typename T> __device__ __forceinline__ T round_to(float x) { return from_f32<T>(x); }
 
@@ -39,6 +40,7 @@ template <typename T>
 __global__ void add_rmsnorm(const T* x, T* residual, const T* __restrict__ weight, T* out, float eps, int H) {
     // No __restrict__ on x/residual/out: callers may alias out with x or residual (each element is read before
     // the same thread writes it, so aliasing is safe as long as the compiler is not told otherwise).
+    pdl_enter();  // (pdl.cuh) a no-op unless launched with PDL
     constexpr int VEC = 16 / sizeof(T);  // elements per 16-byte chunk
     const size_t row = (size_t)blockIdx.x * H;
     const T* xr = x ? x + row : nullptr;

@@ -19,6 +19,7 @@
 // Lane l owns the pairs (i, i + D/2) for i = l, l+32, ... (at most 4 for D <= 256), so the per-head norm is a
 // warp reduction and the rotation needs no data exchange. A decode step of one token is 18 warps in 5 blocks.
 #include "dtype.cuh"
+#include "pdl.cuh"
 
 // Round an fp32 value to T and back: the value HF would hold in a T tensor at this point.
 template <typename T> __device__ __forceinline__ float rnd(float x) { return to_f32(from_f32<T>(x)); }
@@ -31,6 +32,7 @@ rope_qkv(const T* __restrict__ qkv, const T* __restrict__ bias, const T* __restr
          const T* __restrict__ k_norm, float eps, const float* __restrict__ cos_t, const float* __restrict__ sin_t,
          const int* __restrict__ positions, const int* __restrict__ slot_mapping, int n_tokens, int Hq, int Hkv,
          int D, int n_pos, int num_slots, T* __restrict__ q_out, T* __restrict__ k_cache, T* __restrict__ v_cache) {
+    pdl_enter();  // (pdl.cuh) a no-op unless launched with PDL
     const int NH = Hq + 2 * Hkv;
     const int item = blockIdx.x * 4 + (threadIdx.x >> 5);
     const int lane = threadIdx.x & 31;

@@ -52,6 +52,21 @@ def test_graph_equals_eager_every_bucket(tiny_bf16, batch):
     assert with_graphs == eager
 
 
+@pytest.mark.parametrize("batch, fused", [(1, False), (1, True), (5, False)])
+def test_pdl_changes_no_token(tiny_bf16, batch, fused):
+    """Programmatic dependent launch, from graphs and eagerly, gives the tokens of plain launches."""
+    eng = tiny_bf16
+    reqs = prompts(np.random.default_rng(30 + batch), eng.cfg.vocab_size, batch)
+    runs = {}
+    for pdl in (False, True):
+        for graphs in (True, False):
+            eng.set_options(EngineOptions(pdl=pdl, cuda_graphs=graphs, fused_gemv=fused))
+            runs[pdl, graphs], steps = run_batch(eng, reqs, 8)
+            assert all(s.options.pdl == pdl for s in steps)
+    eng.set_options(EngineOptions())
+    assert all(r == runs[False, False] for r in runs.values())
+
+
 def test_toggling_graphs_mid_request_changes_no_token(tiny_bf16):
     eng = tiny_bf16
     reqs = prompts(np.random.default_rng(7), eng.cfg.vocab_size, 5)

@@ -92,8 +92,10 @@ class Model:
         (logits[:N]; tests, perplexity).
         """
         c, w = self.cfg, self.w
-        be = _Ops(self.be, options.small_batch_gemv)
         N, B, nd = step.num_tokens, step.num_seqs, step.num_decodes
+        # PDL only for pure-decode steps (the ones replayed from CUDA graphs): a prefill step's kernels are long
+        # enough that the overlap buys nothing, and launching through cuLaunchKernelEx costs more host time.
+        be = _Ops(self.be.launching(options.pdl and nd == N), options.small_batch_gemv)
         s = self.scratch.view(N)
         # A batch-1 decode step is launch-bound: with fused_gemv the residual adds, RMSNorms and SwiGLU ride
         # inside the GEMVs (gemv_fused), 6 kernels a layer instead of 9; same arithmetic, same roundings.
@@ -111,7 +113,7 @@ class Model:
                 be.linear(s.x, L.qkv, s.qkv)
             be.rope_qkv(s.qkv, L.qkv_bias, L.q_norm, L.k_norm, eps, self.cos, self.sin, step.positions,
                         step.slot_mapping, c.num_heads, c.num_kv_heads, s.q, kv.k[i], kv.v[i])
-            self._attention(step, kv, i, s, nd, B, options, timer)
+            self._attention(be, step, kv, i, s, nd, B, options, timer)
             if fused:  # h += W_o attn
                 be.gemv_fused(s.attn.reshape(N, -1), L.o_proj, s.h, "add")
             else:
@@ -139,8 +141,8 @@ class Model:
         timer.lap("lm_head")
         return logits
 
-    def _attention(self, step, kv: KVCache, layer: int, s: Scratch, nd: int, B: int, options, timer):
-        be, bs = self.be, kv.block_size
+    def _attention(self, be, step, kv: KVCache, layer: int, s: Scratch, nd: int, B: int, options, timer):
+        bs = kv.block_size
         k, v = kv.k[layer], kv.v[layer]
         if nd:
             be.decode_attention(s.q[:nd], k, v, step.block_tables[:nd], step.seq_lens[:nd], bs, self.scale,

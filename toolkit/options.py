@@ -30,6 +30,8 @@ class EngineOptions:
     # Off by default: on the H200 it has not yet measured faster (README, "Folding the small kernels into the GEMV").
     fused_gemv: bool = _switch("fold the RMSNorms, residual adds and SwiGLU of a batch-1 step into its GEMVs "
                                "(with small_batch_gemv; GPU)", default=False)
+    pdl: bool = _switch("programmatic dependent launch: in a decode step each kernel starts while the previous one "
+                        "runs, streaming its weights before it waits for its inputs (GPU, Hopper+)")
     sampler_fast_path: bool = _switch("skip the FP32 logits copy when no request in the batch needs logits processing")
     sparse_prefill: bool = _switch("prefill attention over the sliding window + the indexer's top-k key blocks "
                                    "(exact when it covers every block)")
@@ -71,4 +73,4 @@ class EngineOptions:
         gemv = self.small_batch_gemv and on_gpu
         return replace(self, cuda_graphs=self.cuda_graphs and on_gpu,
                        tensor_cores=self.tensor_cores and on_gpu and dtype != "float32",
-                       small_batch_gemv=gemv, fused_gemv=self.fused_gemv and gemv)
+                       small_batch_gemv=gemv, fused_gemv=self.fused_gemv and gemv, pdl=self.pdl and on_gpu)

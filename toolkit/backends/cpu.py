@@ -74,6 +74,9 @@ class CpuBackend:
         # HF layout: w is [out, in]; BLAS reads w.T without a copy. (BLAS is the GEMV twin too: kernels/gemv.py.)
         np.matmul(x, w.T, out=out)
 
+    def launching(self, pdl: bool) -> "CpuBackend":
+        return self  # no launches to overlap
+
     def fused_gemv_ok(self, rows: int, cfg) -> bool:
         return rows == 1  # as the CUDA backend decides (its GEMV path is for batch 1); the twins take any shape
 

@@ -11,6 +11,7 @@ graph, while CuPy's own cuBLAS wrapper refuses to run during stream capture.
 Without nvmath-python the backend falls back to CuPy's wrapper and reports
 `graphs_supported = False`, so the engine runs every step eagerly.
 """
+import copy
 import ctypes
 
 import numpy as np
@@ -126,6 +127,14 @@ class _CupyGemm:
                             btype, ldb, self._zero.ctypes.data, c, ctype, ldc, _COMPUTE_32F, _GEMM_DEFAULT)
 
 
+def _has_cuda_bindings() -> bool:
+    try:
+        from cuda.bindings import driver  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 class CudaBackend:
     name = "cuda"
 
@@ -146,8 +155,24 @@ class CudaBackend:
             self._gemm = _CupyGemm(cp, self.stream)
             self.gemm_note = "cuBLAS via CuPy (nvmath-python missing: no CUDA graphs)"
         self.graphs_supported = self._gemm.capturable
+        self._pdl_twin = None
+        # griddepcontrol (kernels/pdl.cuh) exists from Hopper (sm_90) on, and the launch needs cuda-bindings (the
+        # `cuda` extra); otherwise decode kernels launch plainly and the step records pdl as off.
+        self.pdl_supported = int(cp.cuda.Device().compute_capability) >= 90 and _has_cuda_bindings()
         self._storage = {"float32": cp.float32, "float16": cp.float16, "bfloat16": cp.uint16}[dtype]
         self._in_type = _CUDA_TYPE[dtype]
+
+    def launching(self, pdl: bool) -> "CudaBackend":
+        """This backend, or (pdl) its twin whose decode-step kernels launch with programmatic dependent launch
+        (cuda_launch.py): same stream, handles and weights' kernels, only the launch differs."""
+        if not (pdl and self.pdl_supported):
+            return self
+        if self._pdl_twin is None:
+            twin = copy.copy(self)
+            twin.kernels = CudaKernels(self.dtype, pdl=True)
+            twin._pdl_twin = twin
+            self._pdl_twin = twin
+        return self._pdl_twin
 
     def bind_thread(self):
         """Make our stream the calling thread's current CuPy stream (kernels launch on it)."""

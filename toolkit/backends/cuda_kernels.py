@@ -153,7 +153,7 @@ class CudaKernels:
     are identity tests (`dtype is`, CuPy's cached `_c_contiguous`) and the launch arguments are built
     directly; a CUDA graph of the step removes the host cost altogether."""
 
-    def __init__(self, dtype: str):
+    def __init__(self, dtype: str, pdl: bool = False):
         import cupy
 
         if dtype not in CTYPES:
@@ -169,6 +169,12 @@ class CudaKernels:
         self._n_sm = None
         self._smem_optin = {}   # name -> dynamic shared memory opted in
         self._names = {op: kernel_names(op, ct) for op in ("embedding", "rmsnorm", "rope", "activation")}
+        # pdl: the decode-step kernels (those that call pdl_wait, kernels/pdl.cuh) launch with programmatic
+        # dependent launch; every other kernel launches normally (cuda_launch.py).
+        self.pdl = pdl
+        if pdl:
+            from .cuda_launch import PdlLauncher
+            self._pdl = PdlLauncher()
 
     # -- plumbing ---------------------------------------------------------------------------------------
     def _fn(self, op: str, name: str, smem: int = 0):
@@ -180,6 +186,13 @@ class CudaKernels:
             f.max_dynamic_shared_size_bytes = smem  # opt in once (cudaFuncSetAttribute)
             self._smem_optin[name] = smem
         return f
+
+    def _go(self, f, grid, block, args, smem: int = 0):
+        """Launch one of the decode-step kernels (they all start with pdl_wait): with PDL when asked."""
+        if self.pdl:
+            self._pdl(f, grid, block, args, smem, self.cp.cuda.get_current_stream().ptr)
+        else:
+            f(grid, block, args, shared_mem=smem)
 
     @staticmethod
     def _check(op: str, dtype, *arrays):
@@ -199,8 +212,8 @@ class CudaKernels:
         if out.shape != (T, H):
             raise ValueError(f"embedding: out {out.shape} != ({T}, {H})")
         if T:
-            self._fn("embedding", self._names["embedding"][0])(
-                (T,), (128,), (ids, table, out, _i32(V), _i32(H)))
+            self._go(self._fn("embedding", self._names["embedding"][0]), (T,), (128,),
+                     (ids, table, out, _i32(V), _i32(H)))
 
     def add_rmsnorm(self, x, residual, weight, eps, out):
         """residual += x (if x is not None), out = rmsnorm(residual) * weight; rows of H = residual.shape[-1]."""
@@ -214,8 +227,8 @@ class CudaKernels:
         # One 16-byte chunk per thread covers the row in one pass (128 threads for H = 896 in bf16).
         threads = min(1024, max(32, 32 * -(-H // (32 * self.vec))))
         if rows:
-            self._fn("rmsnorm", self._names["rmsnorm"][0])(
-                (rows,), (threads,), (x, residual, weight, out, _f32(eps), _i32(H)))
+            self._go(self._fn("rmsnorm", self._names["rmsnorm"][0]), (rows,), (threads,),
+                     (x, residual, weight, out, _f32(eps), _i32(H)))
 
     def rope_qkv(self, qkv, bias, q_norm, k_norm, eps, cos, sin, positions, slot_mapping, n_heads, n_kv_heads,
                  q_out, k_cache, v_cache):
@@ -242,8 +255,8 @@ class CudaKernels:
                 or (k_norm is not None and k_norm.shape != (D,))):
             raise ValueError(f"rope_qkv: bias / q_norm / k_norm must be [{NH * D}] / [{D}] / [{D}]")
         if T:
-            self._fn("rope", self._names["rope"][0])(
-                (-(-T * NH // 4),), (128,),
+            self._go(
+                self._fn("rope", self._names["rope"][0]), (-(-T * NH // 4),), (128,),
                 (qkv, bias, q_norm, k_norm, _f32(eps), cos, sin, positions, slot_mapping, _i32(T),
                  _i32(n_heads), _i32(n_kv_heads), _i32(D), _i32(cshape[0]), _i32(num_slots), q_out, k_cache,
                  v_cache))
@@ -257,8 +270,8 @@ class CudaKernels:
         if T:
             # Grid-stride loop over 16-byte chunks: enough blocks to fill the GPU, never more than the work.
             blocks = max(1, min(-(-T * (I2 // 2) // (256 * self.vec)), 4096))
-            self._fn("activation", self._names["activation"][0])(
-                (blocks,), (256,), (gate_up, out, _i32(T), _i32(I2 // 2)))
+            self._go(self._fn("activation", self._names["activation"][0]), (blocks,), (256,),
+                     (gate_up, out, _i32(T), _i32(I2 // 2)))
 
     def gemv(self, x, w, out):
         """out[M, N] = x[M, K] @ w[N, K].T for 1 <= M <= GEMV_MAX_ROWS (decode projections); out is the storage
@@ -271,7 +284,8 @@ class CudaKernels:
                              f"K % {self.vec} == 0)")
         to = "float" if out.dtype == F32 else self.ctype
         self._check("gemv", F32 if to == "float" else self.storage, out)
-        self._fn("gemv", f"gemv<{self.ctype}, {to}, {M}>")((-(-N // 8),), (256,), (x, w, out, _i32(N), _i32(K)))
+        self._go(self._fn("gemv", f"gemv<{self.ctype}, {to}, {M}>"), (-(-N // 8),), (256,),
+                 (x, w, out, _i32(N), _i32(K)))
 
     def gemv_fused(self, x, w, y, kind: str, norm_weight=None, eps: float = 0.0):
         """gemv with the work around it folded in (gemv.cu), for 1 <= M <= GEMV_MAX_ROWS rows, w [N, K]:
@@ -291,8 +305,8 @@ class CudaKernels:
         pro, add = GEMV_FUSED[kind]
         smem = 0 if kind == "add" else M * K * x.itemsize  # the prologue's output, [M][K]
         f = self._fn("gemv", f"gemv_fused<{self.ctype}, {M}, {pro}, {add}>", smem)
-        f((-(-N // 8),), (256,), (x, x if norm_weight is None else norm_weight, np.float32(eps), w, y, _i32(N),
-                                  _i32(K)), shared_mem=smem)
+        self._go(f, (-(-N // 8),), (256,), (x, x if norm_weight is None else norm_weight, _f32(eps), w, y,
+                                            _i32(N), _i32(K)), smem)
 
     def _paged(self, op, q, k_cache, v_cache, block_tables, seq_lens, block_size, out):
         """Shared checks of the attention ops; returns (Hq, D, Hkv, M, num_blocks)."""
@@ -350,8 +364,9 @@ class CudaKernels:
         if plan is None:
             plan = self._decode_plans[key] = self._decode_plan(*key)
         fn, grid, n, ws_ml, ws_acc, counters = plan
-        fn(grid, (128,), (q, k_cache, v_cache, block_tables, seq_lens, _i32(block_size), _i32(M), _i32(n_blocks),
-                          _f32(scale * LOG2E), _i32(Hq), _i32(Hkv), n, ws_ml, ws_acc, counters, out))
+        self._go(fn, grid, (128,), (q, k_cache, v_cache, block_tables, seq_lens, _i32(block_size), _i32(M),
+                                    _i32(n_blocks), _f32(scale * LOG2E), _i32(Hq), _i32(Hkv), n, ws_ml, ws_acc,
+                                    counters, out))
 
     def _decode_plan(self, B, Hq, Hkv, D, max_seq_len):
         """Kernels, grid, split count and workspace for one plan: made once, so decode steps allocate nothing."""

@@ -82,6 +82,8 @@ class LLMEngine:
         opts = self._pending.effective(self.backend.name, self.backend.dtype)
         if not getattr(self.backend, "graphs_supported", False):
             opts = opts.with_(cuda_graphs=False)
+        if not getattr(self.backend, "pdl_supported", False):
+            opts = opts.with_(pdl=False)
         return opts
 
     # -- requests -------------------------------------------------------------------------------------

@@ -57,7 +57,7 @@ class ModelRunner:
         self.sampler = Sampler(backend, cfg.vocab_size, max_num_seqs, max_context)
         self.on_gpu = backend.name == "cuda"
         self.buckets = [b for b in GRAPH_BUCKETS if b <= max_num_seqs] if self.on_gpu else []
-        self.graphs = {}  # (bucket, small_batch_gemv, fused_gemv, sampler fast path) -> captured graph
+        self.graphs = {}  # _graph_key(...) -> captured graph
         self._timer = backend.section_timer()
         self._clock = backend.step_clock()
 
@@ -145,10 +145,15 @@ class ModelRunner:
         self.model.forward(step, self.kv, logits_out, options, NullTimer(), all_rows=True)
 
     # -- graphs ------------------------------------------------------------------------------------------
+    @staticmethod
+    def _graph_key(bucket: int, options, fast: bool) -> tuple:
+        # A graph bakes in its kernels: one per bucket and per option that changes a decode step's kernels or
+        # their launches (our GEMV or cuBLAS, fused or not, PDL or not; the sampler's fast path or its slow path
+        # with every processing stage).
+        return bucket, options.small_batch_gemv, options.fused_gemv, options.pdl, fast
+
     def _graph(self, bucket: int, step, sb, options):
-        # A graph bakes in its kernels: one per bucket and per option that changes a decode step's kernels
-        # (our GEMV or cuBLAS, fused or not; the sampler's fast path or its slow path with every processing stage).
-        key = (bucket, options.small_batch_gemv, options.fused_gemv, sb.fast)
+        key = self._graph_key(bucket, options, sb.fast)
         g = self.graphs.get(key)
         if g is None:
             def body():
@@ -165,7 +170,7 @@ class ModelRunner:
         """Capture every bucket now (at start-up), fast and slow sampler paths, so no request pays for it."""
         for b in self.buckets:
             for fast in (True, False):
-                if (b, options.small_batch_gemv, options.fused_gemv, fast) in self.graphs:
+                if self._graph_key(b, options, fast) in self.graphs:
                     continue
                 z = np.zeros(b, np.int32)
                 batch = StepBatch(z, z, np.full(b, -1, np.int32), np.arange(b + 1, dtype=np.int32), z,
