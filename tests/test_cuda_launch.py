@@ -73,6 +73,7 @@ def test_pdl_is_on_by_default_and_reads_as_off_on_the_cpu():
     assert EngineOptions().pdl is True
     assert EngineOptions().effective("cpu", "float32").pdl is False
     assert EngineOptions().effective("cuda", "bfloat16").pdl is True
+    assert EngineOptions(cuda_graphs=False).effective("cuda", "bfloat16").pdl is False  # eager: plain launches
     from toolkit.backends.cpu import CpuBackend
 
     be = CpuBackend()

@@ -93,9 +93,9 @@ class Model:
         """
         c, w = self.cfg, self.w
         N, B, nd = step.num_tokens, step.num_seqs, step.num_decodes
-        # PDL only for pure-decode steps (the ones replayed from CUDA graphs): a prefill step's kernels are long
-        # enough that the overlap buys nothing, and launching through cuLaunchKernelEx costs more host time.
-        be = _Ops(self.be.launching(options.pdl and nd == N), options.small_batch_gemv)
+        # pdl: the decode kernels launch with programmatic dependent launch (kernels/pdl.cuh). The runner turns it
+        # off for every step it does not replay from a CUDA graph, prefill steps included (host cost).
+        be = _Ops(self.be.launching(options.pdl), options.small_batch_gemv)
         s = self.scratch.view(N)
         # A batch-1 decode step is launch-bound: with fused_gemv the residual adds, RMSNorms and SwiGLU ride
         # inside the GEMVs (gemv_fused), 6 kernels a layer instead of 9; same arithmetic, same roundings.

@@ -27,11 +27,12 @@ class EngineOptions:
     tensor_cores: bool = _switch("FlashAttention-2 prefill attention on tensor cores (GPU, 16-bit)")
     prefix_caching: bool = _switch("reuse the KV blocks of an earlier request's identical prefix")
     small_batch_gemv: bool = _switch("our GEMV kernel for the projections of a batch-1 step instead of cuBLAS (GPU)")
-    # Off by default: on the H200 it has not yet measured faster (README, "Folding the small kernels into the GEMV").
+    # Off by default: with pdl on, the unfused step measured as fast or faster (README, "Folding the small kernels").
     fused_gemv: bool = _switch("fold the RMSNorms, residual adds and SwiGLU of a batch-1 step into its GEMVs "
                                "(with small_batch_gemv; GPU)", default=False)
-    pdl: bool = _switch("programmatic dependent launch: in a decode step each kernel starts while the previous one "
-                        "runs, streaming its weights before it waits for its inputs (GPU, Hopper+)")
+    pdl: bool = _switch("programmatic dependent launch: in a decode step replayed from a CUDA graph each kernel "
+                        "starts while the previous one runs, streaming its weights before it waits for its inputs "
+                        "(GPU, Hopper+)")
     sampler_fast_path: bool = _switch("skip the FP32 logits copy when no request in the batch needs logits processing")
     sparse_prefill: bool = _switch("prefill attention over the sliding window + the indexer's top-k key blocks "
                                    "(exact when it covers every block)")
@@ -71,6 +72,7 @@ class EngineOptions:
         both backends)."""
         on_gpu = backend_name == "cuda"
         gemv = self.small_batch_gemv and on_gpu
-        return replace(self, cuda_graphs=self.cuda_graphs and on_gpu,
-                       tensor_cores=self.tensor_cores and on_gpu and dtype != "float32",
-                       small_batch_gemv=gemv, fused_gemv=self.fused_gemv and gemv, pdl=self.pdl and on_gpu)
+        graphs = self.cuda_graphs and on_gpu
+        return replace(self, cuda_graphs=graphs, tensor_cores=self.tensor_cores and on_gpu and dtype != "float32",
+                       small_batch_gemv=gemv, fused_gemv=self.fused_gemv and gemv,
+                       pdl=self.pdl and graphs)  # PDL runs in graph-replayed steps only (runner.py says why)

@@ -14,7 +14,6 @@
                (W 32, R 4, K 16): greedy (argmax) agreement and mean KL(dense || sparse) over the positions.
 """
 import argparse
-import math
 import sys
 import time
 

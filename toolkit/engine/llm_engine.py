@@ -184,7 +184,7 @@ class LLMEngine:
             produced.append((seq, int(tok), text, finish, lp))
         wall = (time.perf_counter() - t0) * 1e3
         timing = StepTiming(self._step_index, batch.kind, batch.num_tokens, batch.num_seqs, wall, res.gpu_ms,
-                            res.sections, res.graph, options, sched.cached_tokens, t_detok * 1e3,
+                            res.sections, res.graph, res.options, sched.cached_tokens, t_detok * 1e3,
                             res.sampler_path, res.sampler_why, res.sampler_bytes,
                             prefill_path=step_path(batch, options))
         self._step_index += 1

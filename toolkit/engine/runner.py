@@ -39,6 +39,7 @@ class StepResult:
     sampler_why: str  # why the slow path ran ("" on the fast path)
     sampler_bytes: int  # FP32 bytes the sampler materialised
     logprobs: list  # per row: None or {"token", "logprob", "rank", "top": [[id, logprob], ...]}
+    options: object  # the EngineOptions the step ran with (pdl off unless replayed from a graph)
 
 
 class ModelRunner:
@@ -94,6 +95,10 @@ class ModelRunner:
         B = batch.num_seqs
         bucket = self._bucket(batch)
         use_graph = bucket is not None and options.cuda_graphs
+        if not use_graph:
+            # PDL only inside graphs: eagerly, each cuLaunchKernelEx through cuda-bindings costs more host time
+            # than it saves (batch-1 decode without graphs: 3.650 vs 2.633 ms, bench_pdl_eager.log).
+            options = options.with_(pdl=False)
         due = np.zeros(B, bool)
         due[sample_rows] = True
         t0 = time.perf_counter()
@@ -119,7 +124,7 @@ class ModelRunner:
             sections = in_order([*self._timer.sections_ms().items(), ("gate", gate_ms)])  # gate: host time
         return StepResult(tokens, clock.elapsed_ms(), MappingProxyType(sections), use_graph,
                           "fast" if sb.fast else "slow", sb.why_slow, sampler.materialised_bytes(sb),
-                          self._logprobs_to_host(lp, states, tokens) if lp is not None else [None] * B)
+                          self._logprobs_to_host(lp, states, tokens) if lp is not None else [None] * B, options)
 
     def _logprobs_to_host(self, lp, states, tokens) -> list:
         ids, vals, slp, rank = lp
@@ -142,7 +147,7 @@ class ModelRunner:
         """Eager forward writing the logits of every fed token into logits_out[:N] (tests, perplexity)."""
         self.be.bind_thread()
         step = self.stager.stage(batch)
-        self.model.forward(step, self.kv, logits_out, options, NullTimer(), all_rows=True)
+        self.model.forward(step, self.kv, logits_out, options.with_(pdl=False), NullTimer(), all_rows=True)
 
     # -- graphs ------------------------------------------------------------------------------------------
     @staticmethod
