@@ -12,11 +12,11 @@
 #include "pdl.cuh"
 
 // Weights are constants, so a kernel launched with PDL (pdl.cuh) loads the first GEMV_PF 16-byte chunks of each
-// lane's weight row before it waits for the previous kernel: with K = 896 that is the whole row (28 chunks a
-// lane would need 3.5), so the weight stream overlaps the previous kernel's tail. Launched normally it is the
-// same loads, issued first.
+// lane's weight row before it waits for the previous kernel: with K = 896 in bf16 that is the whole row (112
+// chunks, 3.5 a lane), so the weight stream overlaps the previous kernel's tail. Launched normally it is the same
+// loads, issued first.
 #ifndef GEMV_PF
-#define GEMV_PF 4  // -DGEMV_PF=8 (TOOLKIT_NVRTC_DEFINES) measured slower: 1.373 vs 1.312 ms at depth 4096 (bench_pdl3.log)
+#define GEMV_PF 4  // -DGEMV_PF=8 (TOOLKIT_NVRTC_DEFINES) measured slower: 1.373 vs 1.312 ms at depth 4096 (bench_pdl_prefetch8.log)
 #endif
 
 __device__ __forceinline__ void w_prefetch(const uint4* __restrict__ wr, int KC, int lane, uint4 (&pre)[GEMV_PF]) {
