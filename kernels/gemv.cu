@@ -16,7 +16,8 @@
 // chunks, 3.5 a lane), so the weight stream overlaps the previous kernel's tail. Launched normally it is the same
 // loads, issued first.
 #ifndef GEMV_PF
-#define GEMV_PF 4  // -DGEMV_PF=8 (TOOLKIT_NVRTC_DEFINES) measured slower: 1.373 vs 1.312 ms at depth 4096 (bench_pdl_prefetch8.log)
+// -DGEMV_PF=8 (TOOLKIT_NVRTC_DEFINES) measured slower: 1.373 vs 1.312 ms at depth 4096 (bench_pdl_prefetch8.log).
+#define GEMV_PF 4
 #endif
 
 __device__ __forceinline__ void w_prefetch(const uint4* __restrict__ wr, int KC, int lane, uint4 (&pre)[GEMV_PF]) {
