@@ -47,7 +47,7 @@ struct Shape {
     static_assert(D % VEC == 0 && (CH <= 32 ? 32 % CH == 0 : CH % 32 == 0), "unsupported head dim");
 };
 
-// Keys per split: the length spread evenly over the splits, rounded up to whole tiles. Both kernels compute it
+// Keys per split: the length spread evenly over the splits, rounded up to whole tiles. Every block computes it
 // from the device-side length, so splits 0..ceil(length / chunk)-1 are exactly the non-empty ones.
 __device__ __forceinline__ int split_chunk(int length, int n_splits, int kt) {
     const int c = (length + n_splits - 1) / n_splits;

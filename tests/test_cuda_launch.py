@@ -78,3 +78,18 @@ def test_pdl_is_on_by_default_and_reads_as_off_on_the_cpu():
 
     be = CpuBackend()
     assert be.launching(True) is be
+
+
+def test_pdl_reads_as_off_where_the_backend_cannot_replay_graphs(monkeypatch):
+    """The engine's effective options derive pdl from the graphs the backend can actually run."""
+    from toolkit.assembly import build_engine
+
+    eng = build_engine(shape="tiny", device="cpu", max_context=64)
+    monkeypatch.setattr(eng.backend, "name", "cuda", raising=False)
+    monkeypatch.setattr(eng.backend, "pdl_supported", True, raising=False)
+    monkeypatch.setattr(eng.backend, "graphs_supported", False, raising=False)
+    assert eng.effective_options().pdl is False and eng.effective_options().cuda_graphs is False
+    monkeypatch.setattr(eng.backend, "graphs_supported", True)
+    assert eng.effective_options().pdl is True
+    monkeypatch.setattr(eng.backend, "pdl_supported", False)
+    assert eng.effective_options().pdl is False

@@ -57,12 +57,18 @@ def test_pdl_changes_no_token(tiny_bf16, batch, fused):
     """Programmatic dependent launch (decode steps replayed from graphs) gives the tokens of plain launches."""
     eng = tiny_bf16
     reqs = prompts(np.random.default_rng(30 + batch), eng.cfg.vocab_size, batch)
+    kernels = eng.backend.launching(True).kernels
+    real, launches = kernels._pdl, []
+    kernels._pdl = lambda *a: (launches.append(a[0]), real(*a))  # count the PDL launches (graph captures)
     runs = {}
     for pdl in (False, True):
         for graphs in (True, False):
+            before = len(launches)
             eng.set_options(EngineOptions(pdl=pdl, cuda_graphs=graphs, fused_gemv=fused))
             runs[pdl, graphs], steps = run_batch(eng, reqs, 8)
             assert all(s.options.pdl == (pdl and s.graph) for s in steps)  # PDL only from graphs
+            assert (len(launches) > before) == (pdl and graphs)  # a new graph captured with PDL launches
+    kernels._pdl = real
     eng.set_options(EngineOptions())
     assert all(r == runs[False, False] for r in runs.values())
 

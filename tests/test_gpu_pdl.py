@@ -11,10 +11,11 @@ import pytest
 cp = pytest.importorskip("cupy")
 from gpu_arrays import dev, rounded  # noqa: E402
 
+from toolkit.backends.cuda_kernels import STORAGE  # noqa: E402
+
 pytestmark = pytest.mark.gpu
 
 H, HQ, HKV, D, I, LAYERS, BS, SLOTS = 896, 14, 2, 64, 4864, 6, 16, 128
-STORAGE = {"bfloat16": "uint16", "float32": "float32"}
 
 
 def layers(rng, dt):
@@ -32,7 +33,7 @@ def buffers(first_pos: int, n_steps: int, dt: str) -> dict:
     """Everything the steps use besides weights and caches, allocated before any capture."""
     half = np.arange(D // 2)
     ang = np.arange(SLOTS)[:, None] / 10000.0 ** (2 * half / D)
-    z = lambda *shape: cp.zeros(shape, STORAGE[dt])  # noqa: E731
+    z = lambda *shape: cp.zeros(shape, STORAGE[dt])  # noqa: E731  (bf16: its uint16 bits)
     return dict(cos=cp.asarray(np.cos(ang), cp.float32), sin=cp.asarray(np.sin(ang), cp.float32),
                 x=z(1, H), qkv=z(1, (HQ + 2 * HKV) * D), q=z(1, HQ, D), attn=z(1, HQ, D), o=z(1, H), gu=z(1, 2 * I),
                 act=z(1, I), mlp=z(1, H), tables=cp.arange(SLOTS // BS, dtype=cp.int32).reshape(1, -1),
@@ -72,7 +73,7 @@ def decode_steps(k, Ls, h, b: dict, fused: bool):
 def run(pdl: bool, fused: bool, graph: bool, dt: str):
     from toolkit.backends.cuda_kernels import CudaKernels
 
-    k = CudaKernels(dt, pdl=pdl)
+    k = CudaKernels(dt).with_pdl() if pdl else CudaKernels(dt)
     stream = cp.cuda.Stream(non_blocking=True)
     with stream:
         Ls = layers(np.random.default_rng(3), dt)  # the same weights and caches every run
@@ -111,3 +112,4 @@ def test_pdl_twin_backend_shares_everything_but_the_launch():
     assert be.launching(False) is be and be.launching(True) is twin and twin.launching(True) is twin
     assert twin.kernels.pdl and not be.kernels.pdl
     assert twin.stream is be.stream and twin._gemm is be._gemm
+    assert twin.kernels._decode_plans is be.kernels._decode_plans  # one set of decode workspaces

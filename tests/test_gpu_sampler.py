@@ -79,7 +79,7 @@ def test_gumbel_sample_matches_twin(dtype, B, V, kind):
     rng = np.random.default_rng(B * 7 + V)
     x = llm_like(rng, B, V) if kind == "llm" else rng.standard_normal((B, V)).astype(np.float32)
     if B >= 32:  # edge rows: a NaN row, all -inf but one, all -inf; all equal and one +inf (every group of 4
-        x[3, V // 2] = np.nan  # passes the bound: each warp's queue of candidates fills up)
+        x[3, V // 2] = np.nan  # passes the bound)
         x[4] = NEG_INF
         x[4, V - 1] = 1.0
         x[5] = NEG_INF

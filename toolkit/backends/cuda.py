@@ -169,7 +169,7 @@ class CudaBackend:
             return self
         if self._pdl_twin is None:
             twin = copy.copy(self)
-            twin.kernels = CudaKernels(self.dtype, pdl=True)
+            twin.kernels = self.kernels.with_pdl()
             twin._pdl_twin = twin
             self._pdl_twin = twin
         return self._pdl_twin
@@ -240,19 +240,23 @@ class CudaBackend:
         """
         T, K = x.shape
         N = w.shape[0]
-        if small_batch_gemv and T <= _GEMV_ROWS and N <= _GEMV_MAX_N and K % self.kernels.vec == 0:
+        if small_batch_gemv and self._gemv_ok(T, N, K):
             self.kernels.gemv(x, w, out)
             return
         out_type = 0 if out.dtype == np.float32 else self._in_type
         self._gemm(_OP_T, _OP_N, N, T, K, w.data.ptr, self._in_type, K, x.data.ptr, self._in_type, K,
                    out.data.ptr, out_type, N)
 
+    def _gemv_ok(self, rows: int, n: int, k: int) -> bool:
+        """Whether out[rows, n] = x[rows, k] @ w.T goes to our GEMV (when small_batch_gemv is on)."""
+        return rows <= _GEMV_ROWS and n <= _GEMV_MAX_N and k % self.kernels.vec == 0
+
     def fused_gemv_ok(self, rows: int, cfg) -> bool:
         """Whether a step of `rows` tokens runs its projections as gemv_fused (the batch-1 GEMV path, with the
-        RMSNorms, residual adds and SwiGLU folded into the GEMVs; see Model.forward)."""
-        v = self.kernels.vec
-        return (rows <= _GEMV_ROWS and max(2 * cfg.intermediate_size, cfg.qkv_size) <= _GEMV_MAX_N
-                and not (cfg.hidden_size % v or cfg.intermediate_size % v or cfg.num_heads * cfg.head_dim % v))
+        RMSNorms, residual adds and SwiGLU folded into the GEMVs; see Model.forward): each of qkv, o, gate_up and
+        down (n rows of k inputs) would go to the GEMV."""
+        H, I, Q = cfg.hidden_size, cfg.intermediate_size, cfg.num_heads * cfg.head_dim
+        return all(self._gemv_ok(rows, n, k) for n, k in ((cfg.qkv_size, H), (H, Q), (2 * I, H), (H, I)))
 
     def gemv_fused(self, x, w, y, kind, norm_weight=None, eps=0.0):
         self.kernels.gemv_fused(x, w, y, kind, norm_weight, eps)

@@ -2,7 +2,7 @@
 
 Each .cu file is compiled once per process and compute dtype into a cupy.RawModule (NVRTC, cubin for the
 current GPU; CuPy also keeps it in its on-disk kernel cache), and each kernel function is looked up once per
-CudaKernels object. A launch is then a shape check on the host plus one or two kernel launches on the
+CudaKernels object. A launch is then a shape check on the host plus one kernel launch on the
 current CuPy stream: no host synchronisation, no device allocation (the decode workspace is allocated once
 per plan), so a step can be captured in a CUDA graph.
 
@@ -15,6 +15,7 @@ Storage: bf16 arrays are cupy uint16 arrays (same bits), fp16 float16, fp32 floa
 This module imports without CuPy (cupy is imported when a CudaKernels is made), so CPU-only installs and
 the compile-check test can import `kernel_names`.
 """
+import copy
 import math
 import os
 import re
@@ -29,7 +30,7 @@ CTYPES = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16"}
 STORAGE = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}
 # No --use_fast_math: expf/exp2f/rsqrtf keep their IEEE-ish accuracy so the GPU agrees with the CPU twins.
 OPTIONS = ("-std=c++17",)
-# Extra NVRTC options from the environment, e.g. TOOLKIT_NVRTC_DEFINES="-DGS_WARP_L=0" to run (and test) a
+# Extra NVRTC options from the environment, e.g. TOOLKIT_NVRTC_DEFINES="-DGS_ILP=1" to run (and test) a
 # kernel's tuning knob (see the GS_* macros in kernels/sampler.cu) without editing the source.
 EXTRA_OPTIONS = tuple(os.environ.get("TOOLKIT_NVRTC_DEFINES", "").split())
 DECODE_HEAD_DIMS = (8, 16, 32, 64, 128, 256)   # decode_attention<T, D> instantiations
@@ -153,7 +154,7 @@ class CudaKernels:
     are identity tests (`dtype is`, CuPy's cached `_c_contiguous`) and the launch arguments are built
     directly; a CUDA graph of the step removes the host cost altogether."""
 
-    def __init__(self, dtype: str, pdl: bool = False):
+    def __init__(self, dtype: str):
         import cupy
 
         if dtype not in CTYPES:
@@ -169,12 +170,8 @@ class CudaKernels:
         self._n_sm = None
         self._smem_optin = {}   # name -> dynamic shared memory opted in
         self._names = {op: kernel_names(op, ct) for op in ("embedding", "rmsnorm", "rope", "activation")}
-        # pdl: the decode-step kernels (those that call pdl_wait, kernels/pdl.cuh) launch with programmatic
-        # dependent launch; every other kernel launches normally (cuda_launch.py).
-        self.pdl = pdl
-        if pdl:
-            from .cuda_launch import PdlLauncher
-            self._pdl = PdlLauncher()
+        self.pdl = False  # see with_pdl
+        self._go = self._launch  # how the decode-step kernels launch
 
     # -- plumbing ---------------------------------------------------------------------------------------
     def _fn(self, op: str, name: str, smem: int = 0):
@@ -187,12 +184,23 @@ class CudaKernels:
             self._smem_optin[name] = smem
         return f
 
-    def _go(self, f, grid, block, args, smem: int = 0):
-        """Launch one of the decode-step kernels (they all start with pdl_wait): with PDL when asked."""
-        if self.pdl:
-            self._pdl(f, grid, block, args, smem, self.cp.cuda.get_current_stream().ptr)
-        else:
-            f(grid, block, args, shared_mem=smem)
+    def with_pdl(self) -> "CudaKernels":
+        """These kernels, sharing their functions and decode plans, with the decode-step kernels (those that call
+        pdl_wait, kernels/pdl.cuh) launched with programmatic dependent launch (cuda_launch.py); every other kernel
+        launches normally."""
+        from .cuda_launch import PdlLauncher
+
+        twin = copy.copy(self)
+        twin.pdl, twin._pdl = True, PdlLauncher()
+        twin._go = twin._launch_pdl
+        return twin
+
+    @staticmethod
+    def _launch(f, grid, block, args, smem: int = 0):
+        f(grid, block, args, shared_mem=smem)
+
+    def _launch_pdl(self, f, grid, block, args, smem: int = 0):
+        self._pdl(f, grid, block, args, smem, self.cp.cuda.get_current_stream().ptr)
 
     @staticmethod
     def _check(op: str, dtype, *arrays):

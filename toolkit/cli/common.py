@@ -97,13 +97,10 @@ def add_engine_args(parser: argparse.ArgumentParser):
     # added there appears here by itself.
     d = EngineOptions()
     for name in EngineOptions.names():
-        if getattr(d, name):
-            flags = [f"--no-{name.replace('_', '-')}"] + ALIASES.get(name, [])
-            g.add_argument(*flags, dest=f"no_{name}", action="store_true",
-                           help=f"turn off: {EngineOptions.help(name)}")
-        else:
-            g.add_argument(f"--{name.replace('_', '-')}", dest=f"on_{name}", action="store_true",
-                           help=f"turn on: {EngineOptions.help(name)}")
+        on = getattr(d, name)
+        flags = [f"--{'no-' if on else ''}{name.replace('_', '-')}"] + (ALIASES.get(name, []) if on else [])
+        g.add_argument(*flags, dest=name, action="store_false" if on else "store_true", default=on,
+                       help=f"turn {'off' if on else 'on'}: {EngineOptions.help(name)}")
     add_sparse_args(g)
 
 
@@ -133,15 +130,7 @@ def engine_kwargs(args) -> dict:
     return dict(device=args.device, dtype=args.dtype, max_context=args.max_context,
                 kv_cache_tokens=args.kv_cache_tokens, max_num_seqs=args.max_num_seqs,
                 max_num_batched_tokens=args.max_num_batched_tokens,
-                options=sparse_options(args, EngineOptions(**{n: _switch_value(args, n)
-                                                              for n in EngineOptions.names()})))
-
-
-def _switch_value(args, name: str) -> bool:
-    """A switch as the flags set it: on unless --no-<switch>, or off unless --<switch> where off is the default."""
-    if getattr(EngineOptions(), name):
-        return not getattr(args, f"no_{name}")
-    return getattr(args, f"on_{name}")
+                options=sparse_options(args, EngineOptions(**{n: getattr(args, n) for n in EngineOptions.names()})))
 
 
 def check_max_tokens(max_tokens: int | None, max_context: int):

@@ -79,12 +79,12 @@ class LLMEngine:
         self._pending = options
 
     def effective_options(self) -> EngineOptions:
-        opts = self._pending.effective(self.backend.name, self.backend.dtype)
+        opts = self._pending  # what this backend cannot do first, so effective() derives pdl from the final graphs
         if not getattr(self.backend, "graphs_supported", False):
             opts = opts.with_(cuda_graphs=False)
         if not getattr(self.backend, "pdl_supported", False):
             opts = opts.with_(pdl=False)
-        return opts
+        return opts.effective(self.backend.name, self.backend.dtype)
 
     # -- requests -------------------------------------------------------------------------------------
     def _check_thread(self):
