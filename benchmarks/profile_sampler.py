@@ -78,11 +78,13 @@ def variants():
             assert old in text, f"profile_sampler: {old!r} is no longer in sampler.cu"
             text = text.replace(old, new)
         return text
-    cheap = edit(src, (anchor, CHEAP + anchor), ("w[g] = philox4x32_10(", "w[g] = cheap4("))
-    skeleton = edit(src, ("if (gmax + G_MAX < L) continue;", "continue;"))
+    cheap = edit(src, (anchor, CHEAP + anchor), ("return philox4x32_10(make_uint4((unsigned)v >> 4",
+                                                   "return cheap4(make_uint4((unsigned)v >> 4"),
+                 ("return philox4x32_10(make_uint4((unsigned)v >> 2", "return cheap4(make_uint4((unsigned)v >> 2"))
+    skeleton = edit(src, ("if (cm[k] + G_MAX < L) continue;", "continue;"))
     return {"as built": (src, (), 4), "NL 2": (src, (), 2),
-            "per-token test": (src, ("-DGS_GROUPTEST=0",), 4), "inlined exact key": (src, ("-DGS_NOINLINE=0",), 4),
-            "ILP 1": (src, ("-DGS_ILP=1",), 4), "ILP 4": (src, ("-DGS_ILP=4",), 4),
+            "fine calls in place (no queue)": (src, ("-DGS_QUEUE=0",), 4),
+            "inlined exact key": (src, ("-DGS_NOINLINE=0",), 4),
             "cheap hash for Philox": (cheap, (), 4), "no noise loop": (skeleton, (), 4)}
 
 

@@ -7,17 +7,17 @@
 //     -> temperature_max + min_p_mask -> top_k_top_p -> gumbel_sample -> out int32[R]
 //   logits (raw) -> logprobs -> top ids / logprobs, the sampled token's logprob and rank
 //
-// Gumbel noise: Philox4x32-10 (Salmon et al. 2011), key = the request seed (lo, hi words), counter =
-// (v >> 2, position, 0, 0); token v uses output word v & 3, so one call serves 4 consecutive tokens.
-// u = ((word >> 9) + 0.5) * 2^-23, exact in fp32 and inside [2^-24, 1 - 2^-24] (a 24-bit version, (w>>8)+0.5,
-// needs 25 significant bits: it rounds, and its top value rounds to u = 1, g = -inf); g = -log(-log1p(-u)).
-// So g lies in [-2.82, 16.64], and g <= -log(u): once a real key L is known (each block first computes the key
-// of its largest x/T), a token with x/T + G_MAX < L needs no Philox call, and one with u > exp(x/T - L + d)
-// no logarithms (d covers every rounding, so the skip is exact). On a trained model's logits that skips most
-// Philox calls; on flat logits (N(0, 3)) every token needs one, and Philox is then ~1/4 of the kernel's time
-// (benchmarks/profile_sampler.py prices it against a cheap hash). At [128, 151936] on the H200, Philox alone
-// for every token takes 14.5 us and reading the logits 17.2 us; this kernel takes ~41 us at T = 1, because the
-// two do not overlap (what was tried to overlap them, and measured slower, is listed in the README).
+// Gumbel noise: Philox4x32-10 (Salmon et al. 2011), key = the request seed (lo, hi words). Token v's 32-bit word
+// is (b << 24) | (f >> 8): b = byte v & 3 of word (v >> 2) & 3 of the "coarse" call, counter (v >> 4, pos, 1, 0),
+// so one call gives the top 8 bits of 16 consecutive tokens; f = word v & 3 of the "fine" call, counter
+// (v >> 2, pos, 0, 0), one call per 4 tokens. u = ((word >> 9) + 0.5) * 2^-23, exact in fp32 and inside
+// [2^-24, 1 - 2^-24] (a 24-bit version, (w>>8)+0.5, needs 25 significant bits: it rounds, and its top value rounds
+// to u = 1, g = -inf); g = -log(-log1p(-u)). So g lies in [-2.82, 16.64], and g <= -log(u): once a real key L is
+// known (each block first computes the key of its largest x/T), a token with x/T + G_MAX < L needs no Philox
+// call, and one with u > exp(x/T - L + d) cannot win and needs no logarithms (d covers every rounding, so the
+// skip is exact). Most tokens are far below L, so their bound on u is tiny: the coarse byte alone (one call per
+// 16 tokens) rules them out, and the fine call runs for ~1 group of 4 in 64. Splitting the word this way cut
+// T = 1 at [128, 151936] (bf16, H200) from 41 us, with one Philox call per 4 tokens, to the figure in the README.
 //
 // top_k_top_p semantics: top-k keeps every value >= the k-th largest (ties at the k-th value kept); top-p then
 // runs over the survivors, p = softmax(survivors): token v is kept iff the mass of the survivors strictly greater
@@ -145,14 +145,15 @@ __device__ __forceinline__ A block_excl_scan(A v, A* tmp, A& total) {
 // out[r] = argmax_v(T == 0 ? x_v : x_v / T + g(seed, pos, v)); -1 for a row holding a NaN. Flat grid of
 // R * bpr blocks of SAMPLE_THREADS threads; block b of a row covers SPAN = SAMPLE_THREADS * NL * VE consecutive
 // tokens (VE = 16 / sizeof(T) tokens per 16-byte load, NL loads per thread, all issued before any is used), so
-// the row crosses the memory bus once, into registers. Per token the common work is one instruction (a NaN-
-// propagating max) plus, for random rows, a quarter of a Philox call and a bound test; everything else is per
-// block or per candidate. Steps:
+// the row crosses the memory bus once, into registers. A thread's loads come in chunks of CH = 16 consecutive
+// tokens (fewer when a thread holds fewer), one chunk per coarse Philox call. Steps:
 //   1. M = the block's largest x (NaN-propagating) and its lowest index i_M: the greedy answer;
 //   2. random rows: L = M + g(i_M), the exact key of a real token, so the winner's key is >= L;
-//   3. random rows: a group of 4 tokens gets its Philox call only if one of them could reach L (x + G_MAX >= L),
-//      and a token gets the exact logf/log1pf noise only if u <= exp(x - L + d) (g <= -log(u); see the top),
-//      tested first for the whole group against one bound on the Philox words (one exp per group of 4);
+//   3. random rows, per chunk: skipped if no token could reach L (x + G_MAX < L); else its coarse call gives the
+//      top 8 bits of each token's word, and a group of 4 tokens whose bytes all lie above the chunk's bound (one
+//      exp, as for u <= exp(x - L + d)) cannot win. The others (~1.6% on a language model's logits) are queued
+//      in shared memory and, after a barrier, get their fine call and exact test a thread each, so the few
+//      Philox calls left do not run divergently inside the loop; a full queue falls back to testing in place;
 //   4. the block's best (value, index) merges into ws[r] by a packed 64-bit atomicMax; the last block writes out.
 // Tokens of a thread ascend in (j, e), so a strict `>` keeps the lowest index among equal values in a thread.
 __device__ __forceinline__ float max_nan(float a, float b) {  // max that propagates NaN (sm_80+)
@@ -162,18 +163,15 @@ __device__ __forceinline__ float max_nan(float a, float b) {  // max that propag
 }
 
 // Tuning knobs, timed against each other by benchmarks/profile_sampler.py (defaults = the fastest measured):
-// GS_NOINLINE: the exact key of a candidate (rare) is called, not inlined 32 times (a smaller loop body);
-// GS_ILP: groups whose Philox calls share one skip test (independent chains the scheduler can interleave);
-// GS_GROUPTEST: one exp() bound per group of 4 instead of one per token (see step 3).
+// GS_NOINLINE: the exact key of a candidate (rare) is called, not inlined at every site (a smaller loop body);
+// GS_QUEUE: groups that pass the coarse test are queued and get their fine call after the loop (0: in place).
 #ifndef GS_NOINLINE
 #define GS_NOINLINE 1
 #endif
-#ifndef GS_ILP
-#define GS_ILP 2
+#ifndef GS_QUEUE
+#define GS_QUEUE 1
 #endif
-#ifndef GS_GROUPTEST
-#define GS_GROUPTEST 1
-#endif
+constexpr int GS_QCAP = 256;  // queued groups per block; ~35 expected on a language model's logits at 8,192 tokens
 #if GS_NOINLINE
 __device__ __noinline__
 #else
@@ -181,23 +179,65 @@ __device__ __forceinline__
 #endif
 float exact_key(float v, float u) { return v + gumbel_u(u); }
 
+__device__ __forceinline__ unsigned sel4(uint4 w, int q) { return q == 0 ? w.x : q == 1 ? w.y : q == 2 ? w.z : w.w; }
+// Token v's word from its coarse word cw (v's byte is byte v & 3) and its fine word f (see the top).
+__device__ __forceinline__ unsigned noise_word(unsigned cw, unsigned f, int b) {
+    return (((cw >> (8 * b)) & 0xffu) << 24) | (f >> 8);
+}
+__device__ __forceinline__ uint4 coarse_call(int v, unsigned pos, unsigned k0, unsigned k1) {
+    return philox4x32_10(make_uint4((unsigned)v >> 4, pos, 1u, 0u), k0, k1);
+}
+__device__ __forceinline__ uint4 fine_call(int v, unsigned pos, unsigned k0, unsigned k1) {
+    return philox4x32_10(make_uint4((unsigned)v >> 2, pos, 0u, 0u), k0, k1);
+}
+
+// The fine stage of the group of 4 tokens i0..i0+3 (i0 % 4 == 0; xs their values, cw their coarse word): one
+// Philox call, then per token the exact test u <= exp(x + c) and, for the rare token that passes, its exact key.
+__device__ __forceinline__ void fine_group(int i0, unsigned cw, const float (&xs)[4], float c, unsigned pos,
+                                           unsigned k0, unsigned k1, float& best, int& best_i) {
+    const uint4 f = fine_call(i0, pos, k0, k1);
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        // u = ((w >> 9) + 0.5) * 2^-23, from the bits ((w >> 9) | 1.0f) - (1 - 2^-24) (exact: Sterbenz)
+        const float u = __uint_as_float((noise_word(cw, sel4(f, q), q) >> 9) | 0x3f800000u) - 0.99999994f;
+        if (u > __expf(xs[q] + c)) continue;  // false for NaN (L = inf): then computed
+        const float k = exact_key(xs[q], u);
+        if (better(k, i0 + q, best, best_i)) { best = k; best_i = i0 + q; }
+    }
+}
+// The same, called rather than inlined: the in-place fallback of a full queue would otherwise copy a Philox
+// call into every one of the loop's unrolled sites.
+__device__ __noinline__ void fine_group_call(int i0, unsigned cw, float x0, float x1, float x2, float x3, float c,
+                                             unsigned pos, unsigned k0, unsigned k1, float& best, int& best_i) {
+    const float xs[4] = {x0, x1, x2, x3};
+    fine_group(i0, cw, xs, c, pos, k0, k1, best, best_i);
+}
+
 template <typename T, int NL>
 __global__ void __launch_bounds__(SAMPLE_THREADS, 4)
 gumbel_sample(const T* __restrict__ logits, int V, const float* __restrict__ temperature,
               const unsigned* __restrict__ seeds, const int* __restrict__ positions,
               unsigned long long* __restrict__ ws, unsigned* __restrict__ counters, int* __restrict__ out) {
     constexpr int VE = 16 / sizeof(T), SPAN = SAMPLE_THREADS * NL * VE, NW = SAMPLE_THREADS / 32;
+    constexpr int TPT = NL * VE, CH = TPT < 16 ? TPT : 16, LPC = CH / VE, NCH = TPT / CH;  // chunks per thread
     __shared__ float s_m[NW];
     __shared__ int s_i[NW];
-    __shared__ int s_idx;
+    __shared__ int s_idx, s_qn;
     __shared__ float s_L;
+#if GS_QUEUE
+    __shared__ int s_qi[GS_QCAP];
+    __shared__ unsigned s_qc[GS_QCAP];
+    __shared__ float4 s_qx[GS_QCAP];
+#endif
     const int bpr = (V + SPAN - 1) / SPAN, r = blockIdx.x / bpr, base = (blockIdx.x % bpr) * SPAN;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const T* row = logits + (size_t)r * V;
     const float t = temperature[r];
     const bool greedy = !(t > 0.f), div = !greedy && t != 1.f;
     const bool vec = ((size_t)V * sizeof(T)) % 16 == 0 && reinterpret_cast<size_t>(logits) % 16 == 0;
-    auto token = [&](int j, int e) { return base + (j * SAMPLE_THREADS + (int)threadIdx.x) * VE + e; };
+    auto token = [&](int j, int e) {  // load j of a thread: chunk j / LPC, its (j % LPC)-th 16 bytes
+        return base + ((j / LPC) * SAMPLE_THREADS + (int)threadIdx.x) * CH + (j % LPC) * VE + e;
+    };
 
     // A block whose span lies inside the row issues its NL 16-byte loads back to back, and nothing reads them
     // before the last is issued: a conversion right after each load would wait for it, one memory latency per
@@ -219,16 +259,21 @@ gumbel_sample(const T* __restrict__ logits, int V, const float* __restrict__ tem
 #pragma unroll
             for (int e = 0; e < VE; e++) x[j][e] = x[j][e] / t;  // division, so T = 1 and T = 0.5 are exact
 
-    // 1. M and i_M: a max per thread, per warp by shuffles, per block through shared memory; then the threads
-    // holding M look up their first index of it and the block keeps the lowest.
-    float m = NEG_INF;
+    // 1. M and i_M: a max per chunk and per thread, per warp by shuffles, per block through shared memory; then
+    // the threads holding M look up their first index of it and the block keeps the lowest.
+    float cm[NCH], m = NEG_INF;
 #pragma unroll
-    for (int j = 0; j < NL; j++)
+    for (int k = 0; k < NCH; k++) {
+        cm[k] = NEG_INF;
 #pragma unroll
-        for (int e = 0; e < VE; e++) m = max_nan(m, x[j][e]);
+        for (int j = k * LPC; j < (k + 1) * LPC; j++)
+#pragma unroll
+            for (int e = 0; e < VE; e++) cm[k] = max_nan(cm[k], x[j][e]);
+        m = max_nan(m, cm[k]);
+    }
     float wm = m;
     for (int o = 16; o > 0; o >>= 1) wm = max_nan(wm, __shfl_xor_sync(0xffffffffu, wm, o));
-    if (threadIdx.x == 0) s_idx = 0x7fffffff;
+    if (threadIdx.x == 0) { s_idx = 0x7fffffff; s_qn = 0; }
     const unsigned k0 = seeds[2 * r], k1 = seeds[2 * r + 1], pos = (unsigned)positions[r];
     if (lane == 0) s_m[warp] = wm;
     __syncthreads();
@@ -250,61 +295,59 @@ gumbel_sample(const T* __restrict__ logits, int V, const float* __restrict__ tem
     int best_i = s_idx;  // 0x7fffffff: the block holds only -inf (or padding)
 
     if (!greedy && !nan_row && best_i < V) {
-        // 2. L, computed by warp 0 (one Philox call for the block) and shared.
+        // 2. L, computed by warp 0 (the two Philox calls of token i_M, once for the block) and shared.
         if (warp == 0) {
-            const uint4 w = philox4x32_10(make_uint4((unsigned)(best_i >> 2), pos, 0u, 0u), k0, k1);
-            const int q = best_i & 3;
-            if (lane == 0) s_L = M + gumbel(q == 0 ? w.x : q == 1 ? w.y : q == 2 ? w.z : w.w);
+            const unsigned w = noise_word(sel4(coarse_call(best_i, pos, k0, k1), (best_i >> 2) & 3),
+                                          sel4(fine_call(best_i, pos, k0, k1), best_i & 3), best_i & 3);
+            if (lane == 0) s_L = M + gumbel(w);
         }
         __syncthreads();
         const float L = s_L;
         best = L;
         // 3. D covers the rounding of g, of the fast __expf and of the sums (1e-4 is a factor 1.0001), for every
         // token that can win (x >= L - G_MAX, so |x| <= |M| + |L| + G_MAX): a skipped token surely has key < L,
-        // and the skip is exact. u = ((w >> 9) + 0.5) * 2^-23, built from the bits ((w >> 9) | 1.0f) - (1 - 2^-24)
-        // (exact: Sterbenz), with no int -> float conversion.
+        // and each skip is exact.
         const float c = 1e-4f + 1e-3f + 1e-5f * (fabsf(M) + 2.f * fabsf(L) + G_MAX) - L;
-        // Groups of 4 tokens per thread; ILP of them share one skip test, so their Philox chains interleave.
-        constexpr int NG = NL * VE / 4, ILP = NG < GS_ILP ? NG : GS_ILP;
-        static_assert(NG % ILP == 0, "GS_ILP must divide the groups");
 #pragma unroll
-        for (int p = 0; p < NG; p += ILP) {
-            float gm[ILP], gmax = NEG_INF;
+        for (int k = 0; k < NCH; k++) {
+            if (cm[k] + G_MAX < L) continue;  // no token of the chunk can reach L: no Philox call
+            const int t0 = token(k * LPC, 0);
+            const uint4 cw4 = coarse_call(t0, pos, k0, k1);
+            // One bound for the chunk: u <= exp(x + c) <= exp(cm + c) = thr implies w <= W, where
+            // W = (floor-ish(thr * 2^23) << 9) | 511 comes from the bits of thr + 1 (rounded to nearest, so its
+            // mantissa is >= thr * 2^23 - 1/2 >= the k = w >> 9 of any u = (k + 1/2) 2^-23 <= thr). A token whose
+            // coarse byte is > W >> 24 has w > W; a group passes if one of its bytes is < n = (W >> 24) + 1,
+            // found for n <= 128 with the bit trick (cw - n * 0x01010101) & ~cw & 0x80808080 (exact for a test
+            // of "any": a borrow only starts at a byte that is really below n).
+            const float t1 = fminf(__expf(cm[k] + c), 0.99999988f) + 1.0f;  // < 2; NaN (L = inf) -> every word
+            const unsigned n = (((__float_as_uint(t1) & 0x7fffffu) << 9) >> 24) + 1u;
 #pragma unroll
-            for (int g = 0; g < ILP; g++) {
-                const int j = (4 * (p + g)) / VE, e0 = (4 * (p + g)) % VE;
-                gm[g] = fmaxf(fmaxf(x[j][e0], x[j][e0 + 1]), fmaxf(x[j][e0 + 2], x[j][e0 + 3]));
-                gmax = fmaxf(gmax, gm[g]);
-            }
-            if (gmax + G_MAX < L) continue;  // no token of these groups can reach L: no Philox call
-            uint4 w[ILP];
-#pragma unroll
-            for (int g = 0; g < ILP; g++) {
-                const unsigned group = (unsigned)token((4 * (p + g)) / VE, (4 * (p + g)) % VE) >> 2;
-                w[g] = philox4x32_10(make_uint4(group, pos, 0u, 0u), k0, k1);
-            }
-#pragma unroll
-            for (int g = 0; g < ILP; g++) {
-                const int j = (4 * (p + g)) / VE, e0 = (4 * (p + g)) % VE, i0 = token(j, e0);
-                const unsigned w4[4] = {w[g].x, w[g].y, w[g].z, w[g].w};
-#if GS_GROUPTEST
-                // One bound for the group: u <= exp(x + c) <= exp(gm + c) = thr implies w <= W, where
-                // W = (floor-ish(thr * 2^23) << 9) | 511 comes from the bits of thr + 1 (rounded to nearest, so
-                // its mantissa is >= thr * 2^23 - 1/2 >= the k = w >> 9 of any u = (k + 1/2) 2^-23 <= thr).
-                const float t1 = fminf(__expf(gm[g] + c), 0.99999988f) + 1.0f;  // < 2; NaN (L = inf) -> every word
-                const unsigned W = ((__float_as_uint(t1) & 0x7fffffu) << 9) | 511u;
-                if (w4[0] > W && w4[1] > W && w4[2] > W && w4[3] > W) continue;  // the common case
-#endif
-#pragma unroll
-                for (int q = 0; q < 4; q++) {
-                    const float v = x[j][e0 + q];
-                    const float u = __uint_as_float((w4[q] >> 9) | 0x3f800000u) - 0.99999994f;
-                    if (u > __expf(v + c)) continue;  // false for NaN (L = inf): then computed
-                    const float k = exact_key(v, u);
-                    if (better(k, i0 + q, best, best_i)) { best = k; best_i = i0 + q; }
+            for (int s = 0; s < CH / 4; s++) {
+                const int i0 = t0 + 4 * s, j = k * LPC + (4 * s) / VE, e0 = (4 * s) % VE;
+                const unsigned cw = sel4(cw4, CH == 16 ? s : (i0 >> 2) & 3);
+                if (n <= 128u && !((cw - n * 0x01010101u) & ~cw & 0x80808080u)) continue;  // the common case
+#if GS_QUEUE
+                const int slot = atomicAdd(&s_qn, 1);
+                if (slot < GS_QCAP) {
+                    s_qi[slot] = i0;
+                    s_qc[slot] = cw;
+                    s_qx[slot] = make_float4(x[j][e0], x[j][e0 + 1], x[j][e0 + 2], x[j][e0 + 3]);
+                    continue;
                 }
+#endif
+                fine_group_call(i0, cw, x[j][e0], x[j][e0 + 1], x[j][e0 + 2], x[j][e0 + 3], c, pos, k0, k1,
+                                best, best_i);
             }
         }
+#if GS_QUEUE
+        __syncthreads();
+        const int qn = min(s_qn, GS_QCAP);
+        for (int s = threadIdx.x; s < qn; s += SAMPLE_THREADS) {
+            const float4 v = s_qx[s];
+            const float xs[4] = {v.x, v.y, v.z, v.w};
+            fine_group(s_qi[s], s_qc[s], xs, c, pos, k0, k1, best, best_i);
+        }
+#endif
     }
 
     // 4. Random rows: block reduction of (best, best_i); greedy rows already hold the block's answer.

@@ -5,8 +5,10 @@ reference the tests (and toolkit.sampling.filtered_probs) use.
         -> temperature_min_p -> top_k_top_p -> gumbel_sample -> out int32[R]
     raw logits -> logprobs -> top ids / logprobs, the sampled token's logprob and rank
 
-Gumbel noise for token v of a request at position pos: Philox4x32-10 with key (seed_lo, seed_hi) and counter
-(v >> 2, pos, 0, 0), output word v & 3; u = ((word >> 9) + 0.5) * 2^-23 (exact in fp32, in [2^-24, 1 - 2^-24]);
+Gumbel noise for token v of a request at position pos: Philox4x32-10 with key (seed_lo, seed_hi). Token v's 32-bit
+word is (b << 24) | (f >> 8), b = byte v & 3 of word (v >> 2) & 3 of the coarse call (counter (v >> 4, pos, 1, 0):
+16 tokens' top bytes), f = word v & 3 of the fine call (counter (v >> 2, pos, 0, 0)); the kernel rules most tokens
+out from the coarse byte alone. u = ((word >> 9) + 0.5) * 2^-23 (exact in fp32, in [2^-24, 1 - 2^-24]);
 g = -log(-log1p(-u)) in fp32. The sampled token is argmax_v(x_v / T + g_v) (T = 0: argmax x_v, no noise); a row
 with a NaN gives -1. Noise is only computed where it can matter: g lies in [-2.82, 16.64] and g <= -log(u), so
 once a real key B is known, a token with x/T + G_MAX < B needs no Philox call and one with u > exp(x/T - B + d)
@@ -42,13 +44,23 @@ def uniform_from_word(w) -> np.ndarray:
     return ((np.asarray(w, np.uint32) >> np.uint32(9)).astype(np.float32) + np.float32(0.5)) * _INV23
 
 
+def noise_words(seed: int, pos: int, tokens) -> np.ndarray:
+    """uint32 Philox word of each token id (vectorised NumPy): coarse byte on top of the fine word (see the top)."""
+    v = np.asarray(tokens, np.int64)
+    key = np.array([seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF], np.uint64)
+
+    def word(counter0, counter2, q):
+        ctr = np.zeros(v.shape + (4,), np.uint64)
+        ctr[..., 0], ctr[..., 1], ctr[..., 2] = counter0, np.uint32(pos & 0xFFFFFFFF), counter2
+        return np.take_along_axis(philox4x32_10(ctr, key), q[..., None], axis=-1)[..., 0].astype(np.uint64)
+    coarse, fine = word(v >> 4, 1, (v >> 2) & 3), word(v >> 2, 0, v & 3)
+    byte = (coarse >> (np.uint64(8) * (v & 3).astype(np.uint64))) & np.uint64(0xFF)
+    return ((byte << np.uint64(24)) | (fine >> np.uint64(8))).astype(np.uint32)
+
+
 def gumbel_noise(seed: int, pos: int, tokens) -> np.ndarray:
     """float32 noise g(seed, pos, v) for the given token ids (vectorised NumPy; the reference for the kernel)."""
-    v = np.asarray(tokens, np.int64)
-    ctr = np.zeros(v.shape + (4,), np.uint64)
-    ctr[..., 0], ctr[..., 1] = v >> 2, np.uint32(pos & 0xFFFFFFFF)
-    words = philox4x32_10(ctr, np.array([seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF], np.uint64))
-    return gumbel_from_uniform(uniform_from_word(np.take_along_axis(words, (v & 3)[..., None], axis=-1)[..., 0]))
+    return gumbel_from_uniform(uniform_from_word(noise_words(seed, pos, tokens)))
 
 
 def gumbel_from_uniform(u) -> np.ndarray:
@@ -58,11 +70,10 @@ def gumbel_from_uniform(u) -> np.ndarray:
 
 
 @njit(cache=True, nogil=True)
-def _philox(c0, c1, k0, k1):
-    """Scalar Philox4x32-10 with counter (c0, c1, 0, 0); everything in uint64 lanes masked to 32 bits."""
+def _philox(c0, c1, c2, k0, k1):
+    """Scalar Philox4x32-10 with counter (c0, c1, c2, 0); everything in uint64 lanes masked to 32 bits."""
     m0, m1, w0, w1, mask, s = np.uint64(M0), np.uint64(M1), np.uint64(W0), np.uint64(W1), np.uint64(0xFFFFFFFF), \
         np.uint64(32)
-    c2 = np.uint64(0)
     c3 = np.uint64(0)
     for _ in range(10):
         p0 = m0 * c0
@@ -81,10 +92,22 @@ def _gumbel(word):
 
 
 @njit(cache=True, nogil=True)
-def _noise(i, pos, k0, k1):
-    w0, w1, w2, w3 = _philox(np.uint64(i >> 2), pos, k0, k1)
-    q = i & 3
+def _pick(w0, w1, w2, w3, q):
     return w0 if q == 0 else w1 if q == 1 else w2 if q == 2 else w3
+
+
+@njit(cache=True, nogil=True)
+def _word(coarse, fine, i):
+    """Token i's word from its coarse word (word (i >> 2) & 3 of the coarse call) and its fine word."""
+    byte = (coarse >> np.uint64(8 * (i & 3))) & np.uint64(0xFF)
+    return (byte << np.uint64(24)) | (fine >> np.uint64(8))
+
+
+@njit(cache=True, nogil=True)
+def _noise(i, pos, k0, k1):
+    c0, c1, c2, c3 = _philox(np.uint64(i >> 4), pos, np.uint64(1), k0, k1)
+    f0, f1, f2, f3 = _philox(np.uint64(i >> 2), pos, np.uint64(0), k0, k1)
+    return _word(_pick(c0, c1, c2, c3, (i >> 2) & 3), _pick(f0, f1, f2, f3, i & 3), i)
 
 
 @njit(cache=True, nogil=True)
@@ -108,18 +131,19 @@ def _sample_row(x, t, k0, k1, pos):
     # x/T + G_MAX is below the best key so far, and no logarithms if u > exp(x/T - best + d) (g <= -log u; d covers
     # the rounding), exactly as in the kernel. Both skips only drop tokens whose key is surely below the best.
     best = m + _gumbel(_noise(bi, pos, k0, k1))
-    last = -1
-    w0 = w1 = w2 = w3 = np.uint64(0)
+    last_c = last_f = -1
+    c0 = c1 = c2 = c3 = f0 = f1 = f2 = f3 = np.uint64(0)
     for i in range(V):
         a = x[i] / t if div else x[i]
         if a + np.float32(17.0) < best:
             continue
-        g = i >> 2
-        if g != last:
-            w0, w1, w2, w3 = _philox(np.uint64(g), pos, k0, k1)
-            last = g
-        q = i & 3
-        w = w0 if q == 0 else w1 if q == 1 else w2 if q == 2 else w3
+        if i >> 4 != last_c:
+            c0, c1, c2, c3 = _philox(np.uint64(i >> 4), pos, np.uint64(1), k0, k1)
+            last_c = i >> 4
+        if i >> 2 != last_f:
+            f0, f1, f2, f3 = _philox(np.uint64(i >> 2), pos, np.uint64(0), k0, k1)
+            last_f = i >> 2
+        w = _word(_pick(c0, c1, c2, c3, (i >> 2) & 3), _pick(f0, f1, f2, f3, i & 3), i)
         u = (np.float64(w >> np.uint64(9)) + 0.5) * 2.0 ** -23
         af, bf = np.float64(a), np.float64(best)
         if u > np.exp(af - bf + 1e-3 + 1e-5 * (abs(af) + abs(bf))):

@@ -31,8 +31,9 @@ def test_numba_philox_matches_numpy():
     rng = np.random.default_rng(0)
     for _ in range(50):
         c0, c1, k0, k1 = (int(v) for v in rng.integers(0, 2 ** 32, 4, dtype=np.uint64))
-        ref = S.philox4x32_10(np.array([c0, c1, 0, 0], np.uint64), np.array([k0, k1], np.uint64))
-        got = S._philox(np.uint64(c0), np.uint64(c1), np.uint64(k0), np.uint64(k1))
+        c2 = _ & 1
+        ref = S.philox4x32_10(np.array([c0, c1, c2, 0], np.uint64), np.array([k0, k1], np.uint64))
+        got = S._philox(np.uint64(c0), np.uint64(c1), np.uint64(c2), np.uint64(k0), np.uint64(k1))
         assert tuple(int(w) for w in got) == tuple(int(w) for w in ref)
 
 
@@ -64,6 +65,43 @@ def test_group_word_bound_never_drops_a_candidate(thr, words):
     w = np.array(words + near, np.uint32)
     cand = (S.uniform_from_word(w) <= np.float32(thr)) | (thr != thr)  # NaN threshold (L = inf): every word
     assert (w[cand] <= W).all()
+
+
+def coarse_group_may_pass(cw: int, W: int) -> bool:
+    """sampler.cu's coarse test of a group of 4 tokens (step 3): one of the 4 bytes of its coarse word is
+    <= W >> 24, by the bit trick for n = (W >> 24) + 1 <= 128, and always when n > 128."""
+    n = (W >> 24) + 1
+    return n > 128 or ((cw - n * 0x01010101) & 0xFFFFFFFF & ~cw & 0x80808080) != 0
+
+
+@settings(max_examples=500, deadline=None)
+@given(thr=st.floats(0, 1, width=32), cw=st.integers(0, 2 ** 32 - 1), fine=st.integers(0, 2 ** 32 - 1),
+       at=st.integers(0, 3), byte=st.integers(0, 255))
+def test_coarse_test_never_drops_a_candidate(thr, cw, fine, at, byte):
+    """A group whose coarse bytes all exceed W >> 24 has every word > W, so skipping it before its fine call is
+    exact; and the bit trick flags exactly the groups with such a byte (checked per byte, including a planted one)."""
+    cw = (cw & ~(0xFF << 8 * at)) | (byte << 8 * at)
+    W = group_word_bound(thr)
+    low = [(cw >> 8 * b) & 0xFF for b in range(4)]
+    assert coarse_group_may_pass(cw, W) == (any(b <= W >> 24 for b in low) or (W >> 24) >= 128)
+    words = [(b << 24) | (fine >> 8) for b in low]
+    if not coarse_group_may_pass(cw, W):
+        assert all(w > W for w in words)
+
+
+def test_noise_words_layout():
+    """Token v's word: its coarse byte (call (v >> 4, pos, 1, 0)) on top of its fine word (call (v >> 2, pos, 0, 0));
+    the vectorised reference and the Numba scalar agree, and 16 tokens share one coarse call."""
+    seed, pos = 2 ** 40 + 9, 321
+    v = np.arange(64)
+    words = S.noise_words(seed, pos, v)
+    key = np.array([seed & 0xFFFFFFFF, seed >> 32], np.uint64)
+    coarse = S.philox4x32_10(np.array([1, pos, 1, 0], np.uint64), key)  # tokens 16..31
+    fine = S.philox4x32_10(np.array([5, pos, 0, 0], np.uint64), key)    # tokens 20..23
+    for t in range(20, 24):
+        assert int(words[t]) == ((int(coarse[1]) >> 8 * (t & 3) & 0xFF) << 24) | (int(fine[t & 3]) >> 8)
+    k0, k1 = np.uint64(key[0]), np.uint64(key[1])
+    assert [int(S._noise(int(t), np.uint64(pos), k0, k1)) for t in v] == [int(w) for w in words]
 
 
 # ---- gumbel_sample ------------------------------------------------------------------------------------------------
