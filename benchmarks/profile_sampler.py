@@ -4,6 +4,8 @@ group of 4 tokens, and Philox + two fast logarithms per token, the last two with
 `ncu --clock-control none -k regex:gumbel` for the counters; alone it prints event-timed medians.
 """
 import argparse
+import pathlib
+import re
 import statistics
 
 import numpy as np
@@ -67,11 +69,11 @@ __device__ __forceinline__ uint4 cheap4(uint4 c, unsigned a, unsigned b) {  // p
 """
 
 
-def variants():
+def variants(baselines=()):
     """Source-level variants of gumbel_sample, to price its parts: name -> (source, extra options, NL)."""
-    from toolkit.backends.cuda_kernels import kernel_source
+    from toolkit.backends.cuda_kernels import KERNEL_DIR, kernel_source
     src = kernel_source("sampler")
-    anchor = "// Tuning knobs"
+    anchor = "// Tuning knob"
 
     def edit(text, *pairs):  # each pair must match: a stale edit would time the kernel as built
         for old, new in pairs:
@@ -82,16 +84,22 @@ def variants():
                                                    "return cheap4(make_uint4((unsigned)v >> 4"),
                  ("return philox4x32_10(make_uint4((unsigned)v >> 2", "return cheap4(make_uint4((unsigned)v >> 2"))
     skeleton = edit(src, ("if (cm[k] + G_MAX < L) continue;", "continue;"))
-    return {"as built": (src, (), 4), "NL 2": (src, (), 2),
-            "fine calls in place (no queue)": (src, ("-DGS_QUEUE=0",), 4),
-            "inlined exact key": (src, ("-DGS_NOINLINE=0",), 4),
-            "cheap hash for Philox": (cheap, (), 4), "no noise loop": (skeleton, (), 4)}
+    out = {"as built": (src, (), 4), "NL 2": (src, (), 2),
+           "4 blocks per SM (64 registers)": (src, ("-DGS_BLOCKS=4",), 4),
+           "6 blocks per SM (40 registers, spills)": (src, ("-DGS_BLOCKS=6",), 4),
+           "cheap hash for Philox": (cheap, (), 4), "no noise loop": (skeleton, (), 4)}
+    for path in baselines:  # other versions of sampler.cu, e.g. the previous commit's, timed in the same process
+        text = re.sub(r'^#include "([\w.]+\.cuh)"$', lambda m: (KERNEL_DIR / m.group(1)).read_text(),
+                      pathlib.Path(path).read_text(), flags=re.MULTILINE)
+        out[f"{pathlib.Path(path).name}"] = (text, (), 4)
+    return out
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--once", action="store_true", help="one launch per case (under ncu)")
+    ap.add_argument("--baseline", nargs="*", default=[], help="other sampler.cu files to time as variants")
     a = ap.parse_args()
     import cupy as cp
     from toolkit.backends.cuda_sampler import CudaSamplerKernels
@@ -127,7 +135,7 @@ def main():
         np.uint32(groups), np.uint32(1), np.uint32(2), uout))
     if not a.once:
         from toolkit.backends.cuda_kernels import OPTIONS
-        for vname, (src, opts, nl) in variants().items():
+        for vname, (src, opts, nl) in variants(a.baseline).items():
             bpr = -(-V // (2048 * nl))
             fname = f"gumbel_sample<__nv_bfloat16, {nl}>"
             mod = cp.RawModule(code=src, options=OPTIONS + opts, name_expressions=[fname])

@@ -16,8 +16,7 @@
 // known (each block first computes the key of its largest x/T), a token with x/T + G_MAX < L needs no Philox
 // call, and one with u > exp(x/T - L + d) cannot win and needs no logarithms (d covers every rounding, so the
 // skip is exact). Most tokens are far below L, so their bound on u is tiny: the coarse byte alone (one call per
-// 16 tokens) rules them out, and the fine call runs for ~1 group of 4 in 64. Splitting the word this way cut
-// T = 1 at [128, 151936] (bf16, H200) from 41 us, with one Philox call per 4 tokens, to the figure in the README.
+// 16 tokens) rules them out, and the fine call runs for ~1 group of 4 in 64 (README: what each change measured).
 //
 // top_k_top_p semantics: top-k keeps every value >= the k-th largest (ties at the k-th value kept); top-p then
 // runs over the survivors, p = softmax(survivors): token v is kept iff the mass of the survivors strictly greater
@@ -145,15 +144,16 @@ __device__ __forceinline__ A block_excl_scan(A v, A* tmp, A& total) {
 // out[r] = argmax_v(T == 0 ? x_v : x_v / T + g(seed, pos, v)); -1 for a row holding a NaN. Flat grid of
 // R * bpr blocks of SAMPLE_THREADS threads; block b of a row covers SPAN = SAMPLE_THREADS * NL * VE consecutive
 // tokens (VE = 16 / sizeof(T) tokens per 16-byte load, NL loads per thread, all issued before any is used), so
-// the row crosses the memory bus once, into registers. A thread's loads come in chunks of CH = 16 consecutive
-// tokens (fewer when a thread holds fewer), one chunk per coarse Philox call. Steps:
+// the row crosses the memory bus once; the values go to registers for the max, then wait in shared memory. A
+// thread's loads come in chunks of CH = 16 consecutive tokens (fewer when a thread holds fewer), one chunk per
+// coarse Philox call. Steps:
 //   1. M = the block's largest x (NaN-propagating) and its lowest index i_M: the greedy answer;
 //   2. random rows: L = M + g(i_M), the exact key of a real token, so the winner's key is >= L;
 //   3. random rows, per chunk: skipped if no token could reach L (x + G_MAX < L); else its coarse call gives the
 //      top 8 bits of each token's word, and a group of 4 tokens whose bytes all lie above the chunk's bound (one
 //      exp, as for u <= exp(x - L + d)) cannot win. The others (~1.6% on a language model's logits) are queued
-//      in shared memory and, after a barrier, get their fine call and exact test a thread each, so the few
-//      Philox calls left do not run divergently inside the loop; a full queue falls back to testing in place;
+//      in shared memory (room for every group of the block) and, after a barrier, get their fine call and exact
+//      test a thread each, so the few Philox calls left do not run divergently inside the loop;
 //   4. the block's best (value, index) merges into ws[r] by a packed 64-bit atomicMax; the last block writes out.
 // Tokens of a thread ascend in (j, e), so a strict `>` keeps the lowest index among equal values in a thread.
 __device__ __forceinline__ float max_nan(float a, float b) {  // max that propagates NaN (sm_80+)
@@ -162,22 +162,13 @@ __device__ __forceinline__ float max_nan(float a, float b) {  // max that propag
     return d;
 }
 
-// Tuning knobs, timed against each other by benchmarks/profile_sampler.py (defaults = the fastest measured):
-// GS_NOINLINE: the exact key of a candidate (rare) is called, not inlined at every site (a smaller loop body);
-// GS_QUEUE: groups that pass the coarse test are queued and get their fine call after the loop (0: in place).
-#ifndef GS_NOINLINE
-#define GS_NOINLINE 1
+// Tuning knob, timed by benchmarks/profile_sampler.py: GS_BLOCKS, the blocks per SM that __launch_bounds__ asks
+// the registers to allow (5: 48 registers a thread, no spills; 6 would need 40, and spills). Shared memory,
+// 32 KB a block for bf16, allows 6.
+#ifndef GS_BLOCKS
+#define GS_BLOCKS 5
 #endif
-#ifndef GS_QUEUE
-#define GS_QUEUE 1
-#endif
-constexpr int GS_QCAP = 256;  // queued groups per block; ~35 expected on a language model's logits at 8,192 tokens
-#if GS_NOINLINE
-__device__ __noinline__
-#else
-__device__ __forceinline__
-#endif
-float exact_key(float v, float u) { return v + gumbel_u(u); }
+__device__ __forceinline__ float exact_key(float v, float u) { return v + gumbel_u(u); }
 
 __device__ __forceinline__ unsigned sel4(uint4 w, int q) { return q == 0 ? w.x : q == 1 ? w.y : q == 2 ? w.z : w.w; }
 // Token v's word from its coarse word cw (v's byte is byte v & 3) and its fine word f (see the top).
@@ -205,62 +196,52 @@ __device__ __forceinline__ void fine_group(int i0, unsigned cw, const float (&xs
         if (better(k, i0 + q, best, best_i)) { best = k; best_i = i0 + q; }
     }
 }
-// The same, called rather than inlined: the in-place fallback of a full queue would otherwise copy a Philox
-// call into every one of the loop's unrolled sites.
-__device__ __noinline__ void fine_group_call(int i0, unsigned cw, float x0, float x1, float x2, float x3, float c,
-                                             unsigned pos, unsigned k0, unsigned k1, float& best, int& best_i) {
-    const float xs[4] = {x0, x1, x2, x3};
-    fine_group(i0, cw, xs, c, pos, k0, k1, best, best_i);
-}
-
 template <typename T, int NL>
-__global__ void __launch_bounds__(SAMPLE_THREADS, 4)
+__global__ void __launch_bounds__(SAMPLE_THREADS, GS_BLOCKS)
 gumbel_sample(const T* __restrict__ logits, int V, const float* __restrict__ temperature,
               const unsigned* __restrict__ seeds, const int* __restrict__ positions,
               unsigned long long* __restrict__ ws, unsigned* __restrict__ counters, int* __restrict__ out) {
     constexpr int VE = 16 / sizeof(T), SPAN = SAMPLE_THREADS * NL * VE, NW = SAMPLE_THREADS / 32;
     constexpr int TPT = NL * VE, CH = TPT < 16 ? TPT : 16, LPC = CH / VE, NCH = TPT / CH;  // chunks per thread
+    __shared__ uint4 s_x[NL * SAMPLE_THREADS];  // the span, as loaded: load j of thread i at j * SAMPLE_THREADS + i
     __shared__ float s_m[NW];
     __shared__ int s_i[NW];
     __shared__ int s_idx, s_qn;
     __shared__ float s_L;
-#if GS_QUEUE
-    __shared__ int s_qi[GS_QCAP];
-    __shared__ unsigned s_qc[GS_QCAP];
-    __shared__ float4 s_qx[GS_QCAP];
-#endif
+    __shared__ uint2 s_q[SPAN / 4];  // (coarse word, location in s_x) of each queued group: room for all of them
     const int bpr = (V + SPAN - 1) / SPAN, r = blockIdx.x / bpr, base = (blockIdx.x % bpr) * SPAN;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const T* row = logits + (size_t)r * V;
+    const T* s_xt = reinterpret_cast<const T*>(s_x);
     const float t = temperature[r];
     const bool greedy = !(t > 0.f), div = !greedy && t != 1.f;
     const bool vec = ((size_t)V * sizeof(T)) % 16 == 0 && reinterpret_cast<size_t>(logits) % 16 == 0;
     auto token = [&](int j, int e) {  // load j of a thread: chunk j / LPC, its (j % LPC)-th 16 bytes
         return base + ((j / LPC) * SAMPLE_THREADS + (int)threadIdx.x) * CH + (j % LPC) * VE + e;
     };
+    auto value = [&](T raw) { return div ? to_f32(raw) / t : to_f32(raw); };  // division: T = 1, 0.5 exact
+    auto token_at = [&](int loc) {  // the token whose value sits at s_xt[loc]: load j of thread i, element e
+        const int j = loc / (SAMPLE_THREADS * VE), i = (loc / VE) % SAMPLE_THREADS, e = loc % VE;
+        return base + ((j / LPC) * SAMPLE_THREADS + i) * CH + (j % LPC) * VE + e;
+    };
 
     // A block whose span lies inside the row issues its NL 16-byte loads back to back, and nothing reads them
     // before the last is issued: a conversion right after each load would wait for it, one memory latency per
     // load (an earlier version did, in its SASS; greedy at B = 128 went from 14.6 to 12.5 us in `bench sampler`).
+    // The values are reduced (max per chunk) straight from the loads, then parked in shared memory: registers
+    // held across the block's barriers limited it to 4 blocks per SM, and an SM whose blocks all wait at a
+    // barrier has no loads in flight (the rare later reads of x come from shared memory).
     const bool full = vec && base + SPAN <= V;
     Chunk<T> c[NL];
     if (full)
 #pragma unroll
         for (int j = 0; j < NL; j++) c[j].u = *reinterpret_cast<const uint4*>(row + token(j, 0));
-    float x[NL][VE];
-#pragma unroll
-    for (int j = 0; j < NL; j++)
-#pragma unroll
-        for (int e = 0; e < VE; e++)  // the row's last block, partly past the end, loads what exists
-            x[j][e] = full ? to_f32(c[j].e[e]) : token(j, e) < V ? to_f32(row[token(j, e)]) : NEG_INF;
-    if (div)
+    else
 #pragma unroll
         for (int j = 0; j < NL; j++)
 #pragma unroll
-            for (int e = 0; e < VE; e++) x[j][e] = x[j][e] / t;  // division, so T = 1 and T = 0.5 are exact
-
-    // 1. M and i_M: a max per chunk and per thread, per warp by shuffles, per block through shared memory; then
-    // the threads holding M look up their first index of it and the block keeps the lowest.
+            for (int e = 0; e < VE; e++)  // the row's last block, partly past the end, loads what exists
+                c[j].e[e] = token(j, e) < V ? row[token(j, e)] : from_f32<T>(NEG_INF);
     float cm[NCH], m = NEG_INF;
 #pragma unroll
     for (int k = 0; k < NCH; k++) {
@@ -268,9 +249,14 @@ gumbel_sample(const T* __restrict__ logits, int V, const float* __restrict__ tem
 #pragma unroll
         for (int j = k * LPC; j < (k + 1) * LPC; j++)
 #pragma unroll
-            for (int e = 0; e < VE; e++) cm[k] = max_nan(cm[k], x[j][e]);
+            for (int e = 0; e < VE; e++) cm[k] = max_nan(cm[k], value(c[j].e[e]));
         m = max_nan(m, cm[k]);
     }
+#pragma unroll
+    for (int j = 0; j < NL; j++) s_x[j * SAMPLE_THREADS + threadIdx.x] = c[j].u;  // read back by this thread only
+                                                                                  // until the queue's barrier
+    // 1. M and i_M: per warp by shuffles, per block through shared memory; then the threads holding M look up
+    // their first index of it and the block keeps the lowest.
     float wm = m;
     for (int o = 16; o > 0; o >>= 1) wm = max_nan(wm, __shfl_xor_sync(0xffffffffu, wm, o));
     if (threadIdx.x == 0) { s_idx = 0x7fffffff; s_qn = 0; }
@@ -284,10 +270,15 @@ gumbel_sample(const T* __restrict__ logits, int V, const float* __restrict__ tem
     if ((m == M || (nan_row && isnan(m))) && M != NEG_INF) {
         int first = 0x7fffffff;
 #pragma unroll
-        for (int j = NL - 1; j >= 0; j--)
+        for (int j = NL - 1; j >= 0; j--) {
+            Chunk<T> cj;
+            cj.u = s_x[j * SAMPLE_THREADS + threadIdx.x];
 #pragma unroll
-            for (int e = VE - 1; e >= 0; e--)
-                if (x[j][e] == M || (nan_row && isnan(x[j][e]))) first = token(j, e);
+            for (int e = VE - 1; e >= 0; e--) {
+                const float v = value(cj.e[e]);
+                if (v == M || (nan_row && isnan(v))) first = token(j, e);
+            }
+        }
         atomicMin(&s_idx, first);
     }
     __syncthreads();
@@ -308,6 +299,10 @@ gumbel_sample(const T* __restrict__ logits, int V, const float* __restrict__ tem
         // token that can win (x >= L - G_MAX, so |x| <= |M| + |L| + G_MAX): a skipped token surely has key < L,
         // and each skip is exact.
         const float c = 1e-4f + 1e-3f + 1e-5f * (fabsf(M) + 2.f * fabsf(L) + G_MAX) - L;
+        auto xs_at = [&](int loc, float (&xs)[4]) {
+#pragma unroll
+            for (int q = 0; q < 4; q++) xs[q] = value(s_xt[loc + q]);
+        };
 #pragma unroll
         for (int k = 0; k < NCH; k++) {
             if (cm[k] + G_MAX < L) continue;  // no token of the chunk can reach L: no Philox call
@@ -324,30 +319,21 @@ gumbel_sample(const T* __restrict__ logits, int V, const float* __restrict__ tem
 #pragma unroll
             for (int s = 0; s < CH / 4; s++) {
                 const int i0 = t0 + 4 * s, j = k * LPC + (4 * s) / VE, e0 = (4 * s) % VE;
+                const int loc = (j * SAMPLE_THREADS + (int)threadIdx.x) * VE + e0;  // its values in s_x
                 const unsigned cw = sel4(cw4, CH == 16 ? s : (i0 >> 2) & 3);
                 if (n <= 128u && !((cw - n * 0x01010101u) & ~cw & 0x80808080u)) continue;  // the common case
-#if GS_QUEUE
-                const int slot = atomicAdd(&s_qn, 1);
-                if (slot < GS_QCAP) {
-                    s_qi[slot] = i0;
-                    s_qc[slot] = cw;
-                    s_qx[slot] = make_float4(x[j][e0], x[j][e0 + 1], x[j][e0 + 2], x[j][e0 + 3]);
-                    continue;
-                }
-#endif
-                fine_group_call(i0, cw, x[j][e0], x[j][e0 + 1], x[j][e0 + 2], x[j][e0 + 3], c, pos, k0, k1,
-                                best, best_i);
+                s_q[atomicAdd(&s_qn, 1)] = make_uint2(cw, (unsigned)loc);
             }
         }
-#if GS_QUEUE
+        // The queued groups (~35 of 2,048 on a language model's logits; all of them on flat logits) get their
+        // fine call and exact test here, a thread each, rather than divergently inside the loop above.
         __syncthreads();
-        const int qn = min(s_qn, GS_QCAP);
-        for (int s = threadIdx.x; s < qn; s += SAMPLE_THREADS) {
-            const float4 v = s_qx[s];
-            const float xs[4] = {v.x, v.y, v.z, v.w};
-            fine_group(s_qi[s], s_qc[s], xs, c, pos, k0, k1, best, best_i);
+        for (int s = threadIdx.x; s < s_qn; s += SAMPLE_THREADS) {
+            const uint2 q = s_q[s];
+            float xs[4];
+            xs_at((int)q.y, xs);
+            fine_group(token_at((int)q.y), q.x, xs, c, pos, k0, k1, best, best_i);
         }
-#endif
     }
 
     // 4. Random rows: block reduction of (best, best_i); greedy rows already hold the block's answer.

@@ -110,6 +110,11 @@ def _noise(i, pos, k0, k1):
     return _word(_pick(c0, c1, c2, c3, (i >> 2) & 3), _pick(f0, f1, f2, f3, i & 3), i)
 
 
+# log(b / 256) less a margin of 1e-9, for each top byte b of a word: a token's u is >= b / 256, so a log bound
+# below this entry means u exceeds the bound (exactly: the margin covers the rounding of log).
+_LOG_BYTE = np.concatenate([[-np.inf], np.log(np.arange(1, 256) / 256.0) - 1e-9])
+
+
 @njit(cache=True, nogil=True)
 def _sample_row(x, t, k0, k1, pos):
     """One row of gumbel_sample: see the module docstring. x float32[V]."""
@@ -140,13 +145,17 @@ def _sample_row(x, t, k0, k1, pos):
         if i >> 4 != last_c:
             c0, c1, c2, c3 = _philox(np.uint64(i >> 4), pos, np.uint64(1), k0, k1)
             last_c = i >> 4
+        cw = _pick(c0, c1, c2, c3, (i >> 2) & 3)
+        af, bf = np.float64(a), np.float64(best)
+        lthr = af - bf + 1e-3 + 1e-5 * (abs(af) + abs(bf))  # log of the bound on u
+        if lthr < _LOG_BYTE[(cw >> np.uint64(8 * (i & 3))) & np.uint64(0xFF)]:
+            continue  # u >= (top byte) / 256 > the bound: no fine call (as the kernel's coarse test)
         if i >> 2 != last_f:
             f0, f1, f2, f3 = _philox(np.uint64(i >> 2), pos, np.uint64(0), k0, k1)
             last_f = i >> 2
-        w = _word(_pick(c0, c1, c2, c3, (i >> 2) & 3), _pick(f0, f1, f2, f3, i & 3), i)
+        w = _word(cw, _pick(f0, f1, f2, f3, i & 3), i)
         u = (np.float64(w >> np.uint64(9)) + 0.5) * 2.0 ** -23
-        af, bf = np.float64(a), np.float64(best)
-        if u > np.exp(af - bf + 1e-3 + 1e-5 * (abs(af) + abs(bf))):
+        if u > np.exp(lthr):
             continue
         key = a + _gumbel(w)
         if key > best or (key == best and i < bi):

@@ -30,7 +30,7 @@ CTYPES = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16"}
 STORAGE = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}
 # No --use_fast_math: expf/exp2f/rsqrtf keep their IEEE-ish accuracy so the GPU agrees with the CPU twins.
 OPTIONS = ("-std=c++17",)
-# Extra NVRTC options from the environment, e.g. TOOLKIT_NVRTC_DEFINES="-DGS_QUEUE=0" to run (and test) a
+# Extra NVRTC options from the environment, e.g. TOOLKIT_NVRTC_DEFINES="-DGS_BLOCKS=4" to run (and test) a
 # kernel's tuning knob (GS_* in kernels/sampler.cu, GEMV_PF in kernels/gemv.cu) without editing the source.
 EXTRA_OPTIONS = tuple(os.environ.get("TOOLKIT_NVRTC_DEFINES", "").split())
 DECODE_HEAD_DIMS = (8, 16, 32, 64, 128, 256)   # decode_attention<T, D> instantiations
