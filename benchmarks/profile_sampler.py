@@ -5,7 +5,6 @@ group of 4 tokens, and Philox + two fast logarithms per token, the last two with
 """
 import argparse
 import pathlib
-import re
 import statistics
 
 import numpy as np
@@ -71,7 +70,7 @@ __device__ __forceinline__ uint4 cheap4(uint4 c, unsigned a, unsigned b) {  // p
 
 def variants(baselines=()):
     """Source-level variants of gumbel_sample, to price its parts: name -> (source, extra options, NL)."""
-    from toolkit.backends.cuda_kernels import KERNEL_DIR, kernel_source
+    from toolkit.backends.cuda_kernels import inline_headers, kernel_source
     src = kernel_source("sampler")
     anchor = "// Tuning knob"
 
@@ -89,9 +88,7 @@ def variants(baselines=()):
            "6 blocks per SM (40 registers, spills)": (src, ("-DGS_BLOCKS=6",), 4),
            "cheap hash for Philox": (cheap, (), 4), "no noise loop": (skeleton, (), 4)}
     for path in baselines:  # other versions of sampler.cu, e.g. the previous commit's, timed in the same process
-        text = re.sub(r'^#include "([\w.]+\.cuh)"$', lambda m: (KERNEL_DIR / m.group(1)).read_text(),
-                      pathlib.Path(path).read_text(), flags=re.MULTILINE)
-        out[f"{pathlib.Path(path).name}"] = (text, (), 4)
+        out[pathlib.Path(path).name] = (inline_headers(pathlib.Path(path).read_text()), (), 4)
     return out
 
 

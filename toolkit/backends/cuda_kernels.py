@@ -79,7 +79,11 @@ def kernel_source(op: str) -> str:
     Pasting the headers in (rather than passing -I) makes the text CuPy hashes for its kernel cache cover them,
     so an edited header is recompiled instead of a stale cubin being reused.
     """
-    src = (KERNEL_DIR / f"{op}.cu").read_text()
+    return inline_headers((KERNEL_DIR / f"{op}.cu").read_text())
+
+
+def inline_headers(src: str) -> str:
+    """`src` with each `#include "x.cuh"` line replaced by kernels/x.cuh (kernel_source; other versions of a .cu)."""
     return re.sub(r'^#include "([\w.]+\.cuh)"$', lambda m: (KERNEL_DIR / m.group(1)).read_text(), src,
                   flags=re.MULTILINE)
 
