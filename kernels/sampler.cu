@@ -15,8 +15,9 @@
 // to u = 1, g = -inf); g = -log(-log1p(-u)). So g lies in [-2.82, 16.64], and g <= -log(u): once a real key L is
 // known (each block first computes the key of its largest x/T), a token with x/T + G_MAX < L needs no Philox
 // call, and one with u > exp(x/T - L + d) cannot win and needs no logarithms (d covers every rounding, so the
-// skip is exact). Most tokens are far below L, so their bound on u is tiny: the coarse byte alone (one call per
-// 16 tokens) rules them out, and the fine call runs for ~1 group of 4 in 64 (README: what each change measured).
+// skip is exact). Most tokens are far below L, so their bound on u is tiny and the coarse byte alone (one call
+// per 16 tokens) rules them out: a far token's byte passes with odds 1/256, so ~1 group of 4 in 64 needs its
+// fine call.
 //
 // top_k_top_p semantics: top-k keeps every value >= the k-th largest (ties at the k-th value kept); top-p then
 // runs over the survivors, p = softmax(survivors): token v is kept iff the mass of the survivors strictly greater
@@ -151,7 +152,7 @@ __device__ __forceinline__ A block_excl_scan(A v, A* tmp, A& total) {
 //   2. random rows: L = M + g(i_M), the exact key of a real token, so the winner's key is >= L;
 //   3. random rows, per chunk: skipped if no token could reach L (x + G_MAX < L); else its coarse call gives the
 //      top 8 bits of each token's word, and a group of 4 tokens whose bytes all lie above the chunk's bound (one
-//      exp, as for u <= exp(x - L + d)) cannot win. The others (~1.6% on a language model's logits) are queued
+//      exp, as for u <= exp(x - L + d)) cannot win. The others (~1.6% expected: 1 - (255/256)^4) are queued
 //      in shared memory (room for every group of the block) and, after a barrier, get their fine call and exact
 //      test a thread each, so the few Philox calls left do not run divergently inside the loop;
 //   4. the block's best (value, index) merges into ws[r] by a packed 64-bit atomicMax; the last block writes out.
@@ -325,8 +326,8 @@ gumbel_sample(const T* __restrict__ logits, int V, const float* __restrict__ tem
                 s_q[atomicAdd(&s_qn, 1)] = make_uint2(cw, (unsigned)loc);
             }
         }
-        // The queued groups (~35 of 2,048 on a language model's logits; all of them on flat logits) get their
-        // fine call and exact test here, a thread each, rather than divergently inside the loop above.
+        // The queued groups (~1.6% of 2,048 expected when most tokens are far below L; all of them on flat
+        // logits) get their fine call and exact test here, a thread each, not divergently inside the loop above.
         __syncthreads();
         for (int s = threadIdx.x; s < s_qn; s += SAMPLE_THREADS) {
             const uint2 q = s_q[s];
