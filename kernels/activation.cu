@@ -6,14 +6,8 @@
 // Launch: 1-D grid-stride loop, block 256. Each thread handles one 16-byte chunk of the output (8 bf16 / 4 fp32
 // elements) when I and the pointers allow it, else single elements. Memory-bound: 3 * T * I * sizeof(T) bytes.
 #include "dtype.cuh"
+#include "elementwise.cuh"
 #include "pdl.cuh"
-
-template <typename T>
-__device__ __forceinline__ T swiglu(T g, T u) {
-    const float gf = to_f32(g);
-    const T s = from_f32<T>(gf / (1.0f + expf(-gf)));  // g << 0: expf -> inf, g / inf = -0: right limit, no NaN
-    return from_f32<T>(to_f32(s) * to_f32(u));
-}
 
 template <typename T>
 __global__ void silu_mul(const T* __restrict__ gate_up, T* __restrict__ out, int n_tokens, int I) {

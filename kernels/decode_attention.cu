@@ -264,9 +264,9 @@ decode_attention(const T* __restrict__ q, const T* __restrict__ k_cache, const T
     }
 }
 
-#define BOTH(T, D)                                                                                            \
+#define ONE_D(T, D)                                                                                           \
     template __global__ void decode_attention<T, D>(const T*, const T*, const T*, const int*, const int*, int, int, \
                                                     int, float, int, int, int, float*, float*, unsigned*, T*);
 // Small head dims (8-32) are for tiny test models (tests/fixtures, stories260K); 64-256 for real ones.
-#define ALL_D(T) BOTH(T, 8) BOTH(T, 16) BOTH(T, 32) BOTH(T, 64) BOTH(T, 128) BOTH(T, 256)
+#define ALL_D(T) ONE_D(T, 8) ONE_D(T, 16) ONE_D(T, 32) ONE_D(T, 64) ONE_D(T, 128) ONE_D(T, 256)
 ALL_D(float) ALL_D(__half) ALL_D(__nv_bfloat16)

@@ -9,6 +9,7 @@
 // l, l + 32, ... of w[n] (coalesced: a warp reads 512 contiguous bytes per step) and the same chunks of the M
 // x rows (tiny, L1/L2-resident), accumulates in fp32, then the warp sums its lanes with xor shuffles.
 #include "dtype.cuh"
+#include "elementwise.cuh"
 #include "pdl.cuh"
 
 // Weights are constants, so a kernel launched with PDL (pdl.cuh) loads the first GEMV_PF 16-byte chunks of each
@@ -87,18 +88,11 @@ gemv(const T* __restrict__ x, const T* __restrict__ w, TO* __restrict__ y, int N
 //   PRO = GF_NONE:   x as given:                                          the o projection
 //   ADD:  y[m, n] = T(y[m, n] + T(acc)) in place, i.e. y is the residual h: o and down add into it
 // Every block computes the whole prologue into shared memory (K values a row; the inputs are a few KB in L2),
-// then streams its 8 weight rows as gemv does. The roundings are those of the unfused kernels (rmsnorm.cu,
-// activation.cu, then a T result added in T), so only the order of the sum of squares differs.
+// then streams its 8 weight rows as gemv does. The roundings are those of the unfused kernels (elementwise.cuh,
+// then a T result added in T), so only the order of the sum of squares differs.
 // ADD is race-free: element (m, n) is read and written by lane 0 of warp n only, and no prologue reads y.
 // Each warp issues its first weight loads (w_prefetch) before the prologue, so the prologue runs while they fly.
 constexpr int GF_NONE = 0, GF_NORM = 1, GF_SWIGLU = 2;
-
-template <typename T>
-__device__ __forceinline__ T gf_swiglu(T g, T u) {  // activation.cu's swiglu, rounding for rounding
-    const float gf = to_f32(g);
-    const T s = from_f32<T>(gf / (1.0f + expf(-gf)));
-    return from_f32<T>(to_f32(s) * to_f32(u));
-}
 
 template <typename T, int M, int PRO, bool ADD>
 __global__ void __launch_bounds__(256, 1)
@@ -121,7 +115,7 @@ gemv_fused(const T* __restrict__ x, const T* __restrict__ norm_w, float eps, con
             g.u = __ldg(reinterpret_cast<const uint4*>(x + (size_t)m * 2 * K + k));
             u.u = __ldg(reinterpret_cast<const uint4*>(x + (size_t)m * 2 * K + K + k));
 #pragma unroll
-            for (int e = 0; e < VEC; e++) o.e[e] = gf_swiglu(g.e[e], u.e[e]);
+            for (int e = 0; e < VEC; e++) o.e[e] = swiglu(g.e[e], u.e[e]);
             *reinterpret_cast<uint4*>(xs + m * K + k) = o.u;
         }
         __syncthreads();
@@ -157,8 +151,7 @@ gemv_fused(const T* __restrict__ x, const T* __restrict__ norm_w, float eps, con
             h.u = __ldg(reinterpret_cast<const uint4*>(x + (size_t)m * K + k));
             nw.u = __ldg(reinterpret_cast<const uint4*>(norm_w + k));
 #pragma unroll
-            for (int e = 0; e < VEC; e++)
-                o.e[e] = from_f32<T>(to_f32(nw.e[e]) * to_f32(from_f32<T>(to_f32(h.e[e]) * inv)));
+            for (int e = 0; e < VEC; e++) o.e[e] = rms_scale(to_f32(h.e[e]), inv, nw.e[e]);
             *reinterpret_cast<uint4*>(xs + m * K + k) = o.u;
         }
         __syncthreads();

@@ -10,9 +10,8 @@
 // squares, the second re-reads the residual it just wrote (same thread, same addresses, so no barrier is
 // needed) -- the row is a few KB and comes back from L1/L2, so holding it in registers would only cap H.
 #include "dtype.cuh"
+#include "elementwise.cuh"
 #include "pdl.cuh"
-
-template <typename T> __device__ __forceinline__ T round_to(float x) { return from_f32<T>(x); }
 
 __device__ __forceinline__ bool aligned16(const void* p) { return reinterpret_cast<size_t>(p) % 16 == 0; }
 
@@ -77,12 +76,12 @@ __global__ void add_rmsnorm(const T* x, T* residual, const T* __restrict__ weigh
             wv.u = *reinterpret_cast<const uint4*>(weight + i);
 #pragma unroll
             for (int j = 0; j < VEC; j++)
-                ov.e[j] = from_f32<T>(to_f32(wv.e[j]) * to_f32(round_to<T>(to_f32(rv.e[j]) * inv)));
+                ov.e[j] = rms_scale(to_f32(rv.e[j]), inv, wv.e[j]);
             *reinterpret_cast<uint4*>(orow + i) = ov.u;
         }
     } else {
         for (int i = threadIdx.x; i < H; i += blockDim.x)
-            orow[i] = from_f32<T>(to_f32(weight[i]) * to_f32(round_to<T>(to_f32(rr[i]) * inv)));
+            orow[i] = rms_scale(to_f32(rr[i]), inv, weight[i]);
     }
 }
 
