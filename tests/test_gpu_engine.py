@@ -86,6 +86,27 @@ def test_toggling_graphs_mid_request_changes_no_token(tiny_bf16):
     assert {s.graph for s in steps if s.kind == "decode"} == {True, False}
 
 
+def test_context_bucket_graphs_change_no_token():
+    """Requests whose context crosses the 512 bucket: decode attention's plan (and the decode graph) switches to
+    the 1024 bucket, captured on first use, and the tokens are those of eager steps, which size it the same."""
+    eng = build_engine(shape="tiny", device="cuda", dtype="bfloat16", max_context=1024, max_num_seqs=8,
+                       kv_cache_tokens=1024 * 8)
+    run = eng.runner
+    assert run.context_buckets == (512, 1024)
+    assert {k[1] for k in run.graphs} == {512}  # start-up captured the smallest context bucket only
+    rng = np.random.default_rng(11)
+    reqs = [rng.integers(1, eng.cfg.vocab_size, n).tolist() for n in (497, 480, 30)]
+    # No prefix cache: the second run's prefill then recomputes what the first did, row for row.
+    eng.set_options(EngineOptions(cuda_graphs=True, prefix_caching=False))
+    with_graphs, steps = run_batch(eng, reqs, 24)  # the longest reaches 497 + 23 = 520 tokens of context
+    assert all(s.graph == (s.kind == "decode") for s in steps)
+    assert {k[:2] for k in run.graphs} >= {(4, 512), (4, 1024)}  # batch bucket 4, both context buckets
+    eng.set_options(EngineOptions(cuda_graphs=False, prefix_caching=False))
+    eager, steps = run_batch(eng, reqs, 24)
+    assert not any(s.graph for s in steps)
+    assert with_graphs == eager and all(len(t) == 24 for t in eager)
+
+
 @pytest.mark.parametrize("name", ["llama", "qwen3"])
 def test_batch_invariance_fp32_with_preemption(name):
     engine = build_engine(FIXTURES / name, device="cuda", dtype="float32", max_context=64, kv_cache_tokens=96,

@@ -14,7 +14,9 @@ previous block's output into `h`, then normalises it, so the add and the norm
 cost one pass over memory instead of two.
 
 Attention is chosen from the step, not from a tensor shape: the first
-`num_decodes` requests feed one token each and use the split-K decode kernel;
+`num_decodes` requests feed one token each and use the split-K decode kernel,
+its split plan sized for the step's `context_bucket` (not max_context, so a
+short context does not launch a long one's mostly empty splits);
 the rest (prompt chunks) use the sparse prefill path (sliding window + the
 indexer's top-k key blocks, toolkit/sparse.py) when `options.sparse_prefill`
 is on, else the dense varlen prefill kernel, over the same cache. The lm_head
@@ -146,7 +148,7 @@ class Model:
         k, v = kv.k[layer], kv.v[layer]
         if nd:
             be.decode_attention(s.q[:nd], k, v, step.block_tables[:nd], step.seq_lens[:nd], bs, self.scale,
-                                s.attn[:nd], self.max_context)
+                                s.attn[:nd], step.context_bucket)
         if nd < B and options.sparse_prefill:  # prompt rows: window + top-k blocks (toolkit/sparse.py)
             if self._sparse is None:
                 from .sparse import SparsePrefill

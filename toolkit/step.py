@@ -17,6 +17,11 @@ graph). For B requests feeding N tokens in total:
 Requests feeding one token (decodes) come first: the model runs the decode
 attention kernel on rows 0..num_decodes-1 and the varlen prefill kernel on
 the rest, from the same staged arrays.
+
+One host scalar rides along: `context_bucket`, the max_seq_len the decode
+attention plan (split count, grid, workspace) is sized for, >= every decode
+row's seq_len. The runner picks it when it builds the step (ModelRunner.prepare),
+so an eager step and a replayed graph of the same step run the same plan.
 """
 from dataclasses import dataclass
 
@@ -32,6 +37,7 @@ class StepBatch:
     seq_lens: np.ndarray
     block_tables: np.ndarray
     num_decodes: int
+    context_bucket: int  # decode attention's max_seq_len (see the module docstring)
 
     @property
     def num_tokens(self) -> int:
@@ -66,6 +72,7 @@ class DeviceStep:
     num_seqs: int
     num_decodes: int
     max_query_len: int
+    context_bucket: int  # decode attention's max_seq_len: fixes its plan, so it is part of a graph's key
     prefill_lens: tuple = ()  # host (q_len, seq_len) of each prefill request (toolkit/sparse.py sizes from it)
 
 
@@ -103,6 +110,10 @@ class StepStager:
         if Bp > self.max_seqs or Np > self.max_tokens:
             raise ValueError(f"step of {Np} tokens / {Bp} requests exceeds the staged maximum "
                              f"{self.max_tokens} / {self.max_seqs}")
+        nd = batch.num_decodes
+        if nd and batch.seq_lens[:nd].max() > batch.context_bucket:  # the plan would be too short for a row
+            raise ValueError(f"decode context {batch.seq_lens[:nd].max()} exceeds the step's context bucket "
+                             f"{batch.context_bucket}")
         h, r = self.host, self._region
         qsl = r(h, "qsl")
         qsl[:B + 1] = batch.query_start_loc
@@ -129,5 +140,6 @@ class StepStager:
             block_tables=r(d, "block_tables")[:Bp * self.max_blocks].reshape(Bp, self.max_blocks),
             logits_rows=r(d, "logits_rows")[:Bp], num_tokens=Np, num_seqs=Bp,
             num_decodes=batch.num_decodes + (Bp - B), max_query_len=max(batch.max_query_len, 1),
+            context_bucket=batch.context_bucket,
             prefill_lens=tuple(zip(np.diff(batch.query_start_loc[batch.num_decodes:]).tolist(),
                                    batch.seq_lens[batch.num_decodes:].tolist())))

@@ -7,10 +7,11 @@
                                          (the sampler inside it); only B token ids come back
 
 CUDA graphs: a pure decode step (every request feeds one token) is replayed from a graph captured
-once per batch-size bucket (1, 2, 4, ..., 256), with the batch padded up to its bucket by rows
-that read and write nothing (KV slot -1, length 0). On the GPU eager decode steps are padded the
-same way, so turning graphs off and on runs the very same kernels on the very same shapes: the
-tokens cannot change, only the launch overhead does.
+once per batch-size bucket (1, 2, 4, ..., 256) and context bucket (512, 1024, ..., max_context),
+with the batch padded up to its bucket by rows that read and write nothing (KV slot -1, length 0).
+On the GPU eager decode steps are padded the same way, and every step (eager or not) sizes decode
+attention for its context bucket, so turning graphs off and on runs the very same kernels on the
+very same shapes: the tokens cannot change, only the launch overhead does.
 """
 import bisect
 import time
@@ -26,7 +27,24 @@ from ..timings import NullTimer, in_order
 from .block_manager import slot_mapping
 
 GRAPH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+# Decode attention's split plan (grid, workspace) is sized for a max_seq_len and stays valid at every length up
+# to it (decode_splits in cuda_kernels.py). Sized for max_context, a short-context step launches a long context's
+# mostly empty splits: batch 32 took 1.240 ms a step at 4,225 tokens of context vs 1.179 at 640
+# (bench_max_context.log). So a step's plan is sized for its context bucket: the smallest power of two >= its
+# longest decode row, at least MIN_CONTEXT_BUCKET (a 512-token plan has few splits already: smaller buckets would
+# add graphs to save a few mostly empty blocks), and the top bucket is max_context itself, so no plan is sized past
+# what a request can reach.
+MIN_CONTEXT_BUCKET = 512
 NO_TOKEN, NAN_LOGITS = -1, -2  # run()'s token for a row that picks nothing this step / whose logits hold a NaN
+
+
+def context_buckets(max_context: int, smallest: int = MIN_CONTEXT_BUCKET) -> tuple:
+    """(smallest, 2 * smallest, ..., max_context): powers of two below max_context, then max_context."""
+    out, b = [], smallest
+    while b < max_context:
+        out.append(b)
+        b *= 2
+    return (*out, max_context)
 
 
 @dataclass(frozen=True)
@@ -58,6 +76,7 @@ class ModelRunner:
         self.sampler = Sampler(backend, cfg.vocab_size, max_num_seqs, max_context)
         self.on_gpu = backend.name == "cuda"
         self.buckets = [b for b in GRAPH_BUCKETS if b <= max_num_seqs] if self.on_gpu else []
+        self.context_buckets = context_buckets(max_context)
         self.graphs = {}  # _graph_key(...) -> captured graph
         self._timer = backend.section_timer()
         self._clock = backend.step_clock()
@@ -79,7 +98,14 @@ class ModelRunner:
             tables[i, :len(table)] = table
         i32 = np.int32
         return StepBatch(np.array(ids, i32), np.array(pos, i32), np.array(slots, i32), np.array(qsl, i32),
-                         np.array(lens, i32), tables, num_decodes)
+                         np.array(lens, i32), tables, num_decodes, self.context_bucket(max(lens[:num_decodes],
+                                                                                           default=0)))
+
+    def context_bucket(self, longest: int) -> int:
+        """The context bucket of a step whose longest decode row has `longest` tokens of context (past
+        max_context: max_context, and the stager refuses the step)."""
+        cb = self.context_buckets
+        return cb[min(bisect.bisect_left(cb, longest), len(cb) - 1)]
 
     def _bucket(self, batch: StepBatch):
         if batch.kind != "decode" or not self.buckets or batch.num_seqs > self.buckets[-1]:
@@ -151,14 +177,20 @@ class ModelRunner:
 
     # -- graphs ------------------------------------------------------------------------------------------
     @staticmethod
-    def _graph_key(bucket: int, options, fast: bool) -> tuple:
-        # A graph bakes in its kernels: one per bucket and per option that changes a decode step's kernels or
-        # their launches (our GEMV or cuBLAS, fused or not, PDL or not; the sampler's fast path or its slow path
-        # with every processing stage).
-        return bucket, options.small_batch_gemv, options.fused_gemv, options.pdl, fast
+    def _graph_key(bucket: int, context_bucket: int, options, fast: bool) -> tuple:
+        # A graph bakes in its kernels: one per batch bucket, per context bucket (decode attention's grid and
+        # workspace) and per option that changes a decode step's kernels or their launches (our GEMV or cuBLAS,
+        # fused or not, PDL or not; the sampler's fast path or its slow path with every processing stage).
+        # Bounded: at most 9 batch buckets x (1 + ceil(log2(max_context / 512))) context buckets x 2 sampler
+        # paths per option set (72 at 4,096 tokens of context, 126 at 32,768), and only those that steps reach
+        # are made. Every graph reads the same static step, scratch and logits buffers; what a context bucket
+        # adds is its graphs' nodes, per batch bucket its own decode-attention workspace (cuda_kernels.py's
+        # plan: B x Hq x splits x (D + 2) fp32 words, under 4 MB at batch 256 for Qwen2.5-0.5B on the H200),
+        # and, the first time a step reaches it, one eager step plus the capture.
+        return bucket, context_bucket, options.small_batch_gemv, options.fused_gemv, options.pdl, fast
 
     def _graph(self, bucket: int, step, sb, options):
-        key = self._graph_key(bucket, options, sb.fast)
+        key = self._graph_key(bucket, step.context_bucket, options, sb.fast)
         g = self.graphs.get(key)
         if g is None:
             def body():
@@ -172,14 +204,17 @@ class ModelRunner:
         return g
 
     def capture_all(self, options):
-        """Capture every bucket now (at start-up), fast and slow sampler paths, so no request pays for it."""
+        """Capture every batch bucket now (at start-up) at the smallest context bucket, fast and slow sampler
+        paths, so no short request pays for it; a longer context's graphs are captured by the first step that
+        needs them (a long request pays it once, over many steps; start-up stays as fast as one bucket)."""
+        ctx = self.context_buckets[0]
         for b in self.buckets:
             for fast in (True, False):
-                if self._graph_key(b, options, fast) in self.graphs:
+                if self._graph_key(b, ctx, options, fast) in self.graphs:
                     continue
                 z = np.zeros(b, np.int32)
                 batch = StepBatch(z, z, np.full(b, -1, np.int32), np.arange(b + 1, dtype=np.int32), z,
-                                  np.zeros((b, 1), np.int32), b)
+                                  np.zeros((b, 1), np.int32), b, ctx)
                 self.be.bind_thread()
                 sb = self.sampler.prepare([None] * b, z, np.ones(b, bool), b, fast)
                 step = self.stager.stage(batch)
