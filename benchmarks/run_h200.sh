@@ -2,7 +2,7 @@
 # Everything that needs the GPU, in one go (the H200 is lent by the minute). Run from the repo root on the
 # GPU machine: `bash benchmarks/run_h200.sh MODE`; logs go to $OUT. MODE: tests | speed | peer | sampler | sparse |
 # fused (gemv_fused on/off at batch 1) | pdl (programmatic dependent launch on/off, at batch 1 with fused on/off) |
-# gemm (gemm_small: tests, kernel sweep, decode step on/off) | profile (Nsight Compute: the sampler kernel and one decode step's kernels) | sampler_ncu | sampler_check | dev (a quick round
+# profile (Nsight Compute: the sampler kernel and one decode step's kernels) | sampler_ncu | sampler_check | dev (a quick round
 # of the kernel/sampler/engine GPU tests and speed) | final | close | all. `final` and `close` are what one
 # session's closing run fits in: every GPU test, then the sampler (and sparse, for `final`) benchmarks and the
 # decode comparison with the PyTorch peer; `close` adds the throughput run and a decode-step kernel profile.
@@ -57,12 +57,6 @@ fi
 if [[ $what == dev ]]; then  # a quick round while developing: kernel, sampler and engine GPU tests, then speed
   python3 -m pytest -q -m gpu tests/test_gpu_kernels.py tests/test_gpu_sampler.py tests/test_gpu_engine.py -x -p no:cacheprovider 2>&1 | tail -4
   python3 benchmarks/profile_sampler.py 2>&1 | tee "$OUT/profile_sampler.log" | grep -v "variant NL\|ILP"
-  $B --shape qwen2.5-0.5b --batch 1,32 --depth 0 --peer torch 2>&1 | tee "$OUT/bench_peer.log" | grep "^| tg"
-fi
-if [[ $what == gemm ]]; then  # gemm_small (tensor-core projections at 2-32 rows): its tests, the kernel, the step
-  python3 -m pytest -q -m gpu tests/test_gpu_gemm_small.py -x -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests_gemm.log" | tail -3
-  python3 benchmarks/bench_gemm_small.py 2>&1 | tee "$OUT/bench_gemm_small.log"
-  $B --shape qwen2.5-0.5b --batch 2,8,16,32 --depth 0 --prefill 512 --small-batch-gemv on,off -r 3 2>&1 | tee "$OUT/bench_gemm_step.log" | grep "^| tg"
   $B --shape qwen2.5-0.5b --batch 1,32 --depth 0 --peer torch 2>&1 | tee "$OUT/bench_peer.log" | grep "^| tg"
 fi
 if [[ $what == sampler_ncu ]]; then

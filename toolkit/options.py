@@ -23,11 +23,11 @@ def _param(default: int, help_text: str):
 
 @dataclass(frozen=True)
 class EngineOptions:
-    cuda_graphs: bool = _switch("replay pure-decode steps from CUDA graphs captured per batch size (GPU)")
+    cuda_graphs: bool = _switch("replay pure-decode steps from CUDA graphs captured per batch size and context "
+                                "bucket (GPU)")
     tensor_cores: bool = _switch("FlashAttention-2 prefill attention on tensor cores (GPU, 16-bit)")
     prefix_caching: bool = _switch("reuse the KV blocks of an earlier request's identical prefix")
-    small_batch_gemv: bool = _switch("our kernels for the projections of small decode batches instead of cuBLAS: a GEMV "
-                                     "at batch 1, tensor-core gemm_small at 2-32 rows (GPU)")
+    small_batch_gemv: bool = _switch("our GEMV kernel for the projections of a batch-1 step instead of cuBLAS (GPU)")
     # Off by default: with pdl on, the unfused step measured as fast or faster (README, "Folding the small kernels").
     fused_gemv: bool = _switch("fold the RMSNorms, residual adds and SwiGLU of a batch-1 step into its GEMVs "
                                "(with small_batch_gemv; GPU)", default=False)

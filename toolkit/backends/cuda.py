@@ -31,9 +31,6 @@ _WORKSPACE_BYTES = 32 << 20  # cuBLAS workspace set on the handle (capture forbi
 # whole batch-1 step went from 1.049 to 0.990 ms; at 2 and 4 rows, and for the 151,936-row lm_head (86.8 us
 # against 67.4 us), cuBLAS is faster, so those stay on cuBLAS.
 _GEMV_ROWS, _GEMV_MAX_N = 1, 32768
-# From 2 to 32 rows the projections go to gemm_small (tensor cores, kernels/gemm_small.cu) instead; the lm_head
-# stays on cuBLAS (72.9 against gemm_small's 147 us at 32 rows: each of its 2,374 blocks copies all of x).
-_GEMM_SMALL_ROWS, _GEMM_SMALL_MAX_N = 32, 32768
 
 
 class CudaTimer:
@@ -236,8 +233,7 @@ class CudaBackend:
 
     # -- ops --------------------------------------------------------------------
     def linear(self, x, w, out, small_batch_gemv: bool = False):
-        """out[T, N] = x[T, K] @ w[N, K].T, fp32 accumulation. With small_batch_gemv: our GEMV at one row, our
-        tensor-core gemm_small at 2-32 rows (16-bit types, K % 64 == 0); everything else goes to cuBLAS.
+        """out[T, N] = x[T, K] @ w[N, K].T, fp32 accumulation: our GEMV for T <= 4 when asked, else cuBLAS.
 
         cuBLAS is column-major: our row-major w[N, K] is its K x N matrix, so we ask
         for C(N x T) = op_T(w) @ x, which is exactly the row-major out[T, N].
@@ -247,9 +243,6 @@ class CudaBackend:
         if small_batch_gemv and self._gemv_ok(T, N, K):
             self.kernels.gemv(x, w, out)
             return
-        if small_batch_gemv and self._gemm_small_ok(T, N, K):
-            self.kernels.gemm_small(x, w, out)
-            return
         out_type = 0 if out.dtype == np.float32 else self._in_type
         self._gemm(_OP_T, _OP_N, N, T, K, w.data.ptr, self._in_type, K, x.data.ptr, self._in_type, K,
                    out.data.ptr, out_type, N)
@@ -257,9 +250,6 @@ class CudaBackend:
     def _gemv_ok(self, rows: int, n: int, k: int) -> bool:
         """Whether out[rows, n] = x[rows, k] @ w.T goes to our GEMV (when small_batch_gemv is on)."""
         return rows <= _GEMV_ROWS and n <= _GEMV_MAX_N and k % self.kernels.vec == 0
-
-    def _gemm_small_ok(self, rows: int, n: int, k: int) -> bool:
-        return rows <= _GEMM_SMALL_ROWS and n <= _GEMM_SMALL_MAX_N and k % 64 == 0 and self.kernels.itemsize == 2
 
     def fused_gemv_ok(self, rows: int, cfg) -> bool:
         """Whether a step of `rows` tokens runs its projections as gemv_fused (the batch-1 GEMV path, with the

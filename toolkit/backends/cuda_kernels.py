@@ -36,7 +36,6 @@ EXTRA_OPTIONS = tuple(os.environ.get("TOOLKIT_NVRTC_DEFINES", "").split())
 DECODE_HEAD_DIMS = (8, 16, 32, 64, 128, 256)   # decode_attention<T, D> instantiations
 TC_HEAD_DIMS = (64, 128)            # prefill_attention_tc<T, D> instantiations (16-bit T only)
 GEMV_MAX_ROWS = 4                   # gemv<T, TO, M> instantiations: M = 1..4
-GEMM_SMALL_TILES = (1, 2)           # gemm_small<T, TO, MT> instantiations: MT m16 tiles, so up to 32 rows
 # gemv_fused<T, M, PRO, ADD> instantiations: prologue (gemv.cu's GF_NONE 0 / GF_NORM 1 / GF_SWIGLU 2), add into y
 GEMV_FUSED = {"norm": (1, "false"), "add": (0, "true"), "swiglu_add": (2, "true")}
 SAMPLE_LOADS = (1, 4)                # gumbel_sample<T, NL> instantiations: 16-byte loads per thread
@@ -65,9 +64,6 @@ def kernel_names(op: str, ctype: str) -> list:
         f32 = ["add_entries", "apply_penalties", "temperature_max", "min_p_mask", "top_k_top_p"]
         sample = [f"gumbel_sample<{ctype}, {nl}>" for nl in SAMPLE_LOADS]
         return sample + [f"{k}<{ctype}>" for k in ["to_fp32", "logprobs"] + (f32 if ctype == "float" else [])]
-    if op == "gemm_small":  # tensor cores: 16-bit T only
-        outs = [ctype, "float"]
-        return [] if ctype == "float" else [f"gemm_small<{ctype}, {o}, {mt}>" for o in outs for mt in GEMM_SMALL_TILES]
     if op == "gemv":
         outs = [ctype] if ctype == "float" else [ctype, "float"]
         rows = range(1, GEMV_MAX_ROWS + 1)
@@ -175,7 +171,6 @@ class CudaKernels:
         self.vec = 16 // self.itemsize  # elements per 16-byte chunk
         self._fns = {}          # name -> cupy Function
         self._decode_plans = {} # (B, Hq, Hkv, D, max_seq_len) -> kernels, grid, splits, workspace
-        self._gemm_plans = {}   # (M, N, K, slices) -> gemm_small's grid and split-k workspace (cuda_gemm.py)
         self._n_sm = None
         self._smem_optin = {}   # name -> dynamic shared memory opted in
         self._names = {op: kernel_names(op, ct) for op in ("embedding", "rmsnorm", "rope", "activation")}
@@ -304,11 +299,6 @@ class CudaKernels:
         self._go(self._fn("gemv", f"gemv<{self.ctype}, {to}, {M}>"), (-(-N // 8),), (256,),
                  (x, w, out, _i32(N), _i32(K)))
 
-    def gemm_small(self, x, w, out, slices=None):
-        """out[M, N] = x[M, K] @ w[N, K].T on tensor cores for 1 <= M <= 32 rows (bf16/fp16, K % 64 == 0):
-        gemm_small.cu, launched by cuda_gemm.py. slices: the split of K (None: the plan's choice)."""
-        _gemm_small(self, x, w, out, slices)
-
     def gemv_fused(self, x, w, y, kind: str, norm_weight=None, eps: float = 0.0):
         """gemv with the work around it folded in (gemv.cu), for 1 <= M <= GEMV_MAX_ROWS rows, w [N, K]:
         kind "norm": y = RMSNorm(x) * norm_weight @ w.T (x = the residual h [M, K]); "add": y += x @ w.T
@@ -404,6 +394,3 @@ class CudaKernels:
         counters = self.cp.zeros((B, grid[0]), self.cp.uint32)  # the kernel leaves them zeroed
         fn = self._fn("decode_attention", f"decode_attention<{self.ctype}, {D}>")
         return fn, grid, _i32(n), ws_ml, ws_acc, counters
-
-
-from .cuda_gemm import gemm_small as _gemm_small  # noqa: E402 (cuda_gemm uses this module's helpers)
