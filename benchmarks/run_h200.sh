@@ -3,7 +3,7 @@
 # GPU machine: `bash benchmarks/run_h200.sh MODE`; logs go to $OUT. MODE: tests | speed | peer | sampler | sparse |
 # fused (gemv_fused on/off at batch 1) | pdl (programmatic dependent launch on/off, at batch 1 with fused on/off) |
 # profile (Nsight Compute: the sampler kernel and one decode step's kernels) | sampler_ncu | sampler_check | dev (a quick round
-# of the kernel/sampler/engine GPU tests and speed) | final | close | all. `final` and `close` are what one
+# of the kernel/sampler/engine GPU tests and speed) | final | close | quick_close | all. `final` and `close` are what one
 # session's closing run fits in: every GPU test, then the sampler (and sparse, for `final`) benchmarks and the
 # decode comparison with the PyTorch peer; `close` adds the throughput run and a decode-step kernel profile.
 # The GPU image lacks nvmath-python (the capturable cuBLAS binding): its wheel travels in .whl/ (see README).
@@ -53,6 +53,12 @@ if [[ $what == close ]]; then  # this session's closing run: every GPU test, the
   python3 -m toolkit bench throughput --device cuda --shape qwen2.5-0.5b --scheduler mixed 2>&1 | tee "$OUT/throughput.log" | tail -2
   ncu --clock-control none --profile-from-start off --metrics gpu__time_duration.sum --csv python3 benchmarks/profile_decode.py --batch 1 > "$OUT/ncu_decode_b1.csv" 2>&1
   python3 benchmarks/profile_decode.py --summarise "$OUT/ncu_decode_b1.csv" | tee "$OUT/decode_kernels_b1.txt"
+fi
+if [[ $what == quick_close ]]; then  # a closing run that fits ~9 minutes: GPU tests, peer, rope A/B, throughput
+  timeout 330 python3 -m pytest -q -s -m gpu tests/ -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" | grep -E "passed|failed|bf16 default|FAILED" | tail -12
+  $B --shape qwen2.5-0.5b --batch 1,32 --depth 0 --prefill 4096 --peer torch 2>&1 | tee "$OUT/bench_peer.log" | grep "^| "
+  $B --shape qwen2.5-0.5b --batch 1,32 --depth 0 --prefill 512 --rope-in-attention on,off -r 5 2>&1 | tee "$OUT/bench_rope_close.log" | grep "^| tg"
+  python3 -m toolkit bench throughput --device cuda --shape qwen2.5-0.5b --scheduler mixed 2>&1 | tee "$OUT/throughput.log" | tail -2
 fi
 if [[ $what == dev ]]; then  # a quick round while developing: kernel, sampler and engine GPU tests, then speed
   python3 -m pytest -q -m gpu tests/test_gpu_kernels.py tests/test_gpu_sampler.py tests/test_gpu_engine.py -x -p no:cacheprovider 2>&1 | tail -4

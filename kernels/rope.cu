@@ -15,16 +15,12 @@
 //
 // Layout (row-major): qkv T[T, (Hq+2Hkv)*D]; bias T[(Hq+2Hkv)*D] or nullptr; q_norm, k_norm T[D] or nullptr;
 // cos, sin float[P, D/2]; positions, slot_mapping int[T]; q_out T[T, Hq, D]; k_cache, v_cache T[num_slots, Hkv, D].
-// Launch: block 128 threads = 4 warps, one warp per (token, head) item, grid ceil(T*(Hq+2Hkv) / 4).
-// Lane l owns the pairs (i, i + D/2) for i = l, l+32, ... (at most 4 for D <= 256), so the per-head norm is a
-// warp reduction and the rotation needs no data exchange. A decode step of one token is 18 warps in 5 blocks.
+// Launch: block 128 threads = 4 warps, one warp per (token, head) item, grid ceil(T*(Hq+2Hkv) / 4); the warp's
+// steps are in rope.cuh (shared with decode_attention.cu's rope_in_attention variant). A decode step of one token
+// is 18 warps in 5 blocks.
 #include "dtype.cuh"
 #include "pdl.cuh"
-
-// Round an fp32 value to T and back: the value HF would hold in a T tensor at this point.
-template <typename T> __device__ __forceinline__ float rnd(float x) { return to_f32(from_f32<T>(x)); }
-
-constexpr int MAX_PAIRS = 4;  // pairs per lane: D <= 2 * 32 * 4 = 256
+#include "rope.cuh"
 
 template <typename T>
 __global__ void __launch_bounds__(128)
@@ -40,66 +36,24 @@ rope_qkv(const T* __restrict__ qkv, const T* __restrict__ bias, const T* __restr
     const int t = item / NH, head = item % NH;
     const int half = D / 2;
     const int col = head * D;  // column of this head in the fused row (and in the bias)
-    const T* src = qkv + (size_t)t * NH * D + col;
     // Issued before the row loads, consumed after them: the three global round trips overlap.
     const int p = positions[t];
     const int slot = head >= Hq ? slot_mapping[t] : 0;
-
-    // Load the pairs this lane owns, with the bias added and rounded to T (HF's Linear output).
     float x1[MAX_PAIRS], x2[MAX_PAIRS];
-#pragma unroll
-    for (int k = 0; k < MAX_PAIRS; k++) {
-        const int i = lane + 32 * k;
-        x1[k] = x2[k] = 0.0f;
-        if (i < half) {
-            float a = to_f32(src[i]), b = to_f32(src[i + half]);
-            if (bias) { a = rnd<T>(a + to_f32(bias[col + i])); b = rnd<T>(b + to_f32(bias[col + i + half])); }
-            x1[k] = a; x2[k] = b;
-        }
-    }
+    rope_load(qkv + (size_t)t * NH * D + col, bias, col, half, lane, x1, x2);
     if ((unsigned)p >= (unsigned)n_pos) return;                              // outside the rope table
     if (head >= Hq && (unsigned)slot >= (unsigned)num_slots) return;         // padding row (or bad slot): no K/V
 
     if (head >= Hq + Hkv) {  // v head: straight to the cache, no norm, no rotation
-        T* dst = v_cache + ((size_t)slot * Hkv + (head - Hq - Hkv)) * D;
-#pragma unroll
-        for (int k = 0; k < MAX_PAIRS; k++) {
-            const int i = lane + 32 * k;
-            if (i < half) { dst[i] = from_f32<T>(x1[k]); dst[i + half] = from_f32<T>(x2[k]); }
-        }
+        rope_store(v_cache + ((size_t)slot * Hkv + (head - Hq - Hkv)) * D, half, lane, x1, x2);
         return;
     }
-
     const bool is_q = head < Hq;
     const T* norm = is_q ? q_norm : k_norm;
-    if (norm) {  // per-head RMSNorm over D (Qwen3 q_norm / k_norm), fp32 statistics
-        float ss = 0.0f;
-#pragma unroll
-        for (int k = 0; k < MAX_PAIRS; k++) ss += x1[k] * x1[k] + x2[k] * x2[k];  // unused pairs are 0
-        for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-        const float inv = rsqrtf(ss / (float)D + eps);
-#pragma unroll
-        for (int k = 0; k < MAX_PAIRS; k++) {
-            const int i = lane + 32 * k;
-            if (i < half) {
-                x1[k] = rnd<T>(to_f32(norm[i]) * rnd<T>(x1[k] * inv));
-                x2[k] = rnd<T>(to_f32(norm[i + half]) * rnd<T>(x2[k] * inv));
-            }
-        }
-    }
-
-    T* dst = is_q ? q_out + ((size_t)t * Hq + head) * D : k_cache + ((size_t)slot * Hkv + (head - Hq)) * D;
-    const float* cr = cos_t + (size_t)p * half;
-    const float* sr = sin_t + (size_t)p * half;
-#pragma unroll
-    for (int k = 0; k < MAX_PAIRS; k++) {
-        const int i = lane + 32 * k;
-        if (i < half) {
-            const float c = cr[i], s = sr[i];
-            dst[i] = from_f32<T>(x1[k] * c - x2[k] * s);
-            dst[i + half] = from_f32<T>(x2[k] * c + x1[k] * s);
-        }
-    }
+    if (norm) rope_norm(norm, eps, D, lane, x1, x2);
+    rope_rotate(cos_t + (size_t)p * half, sin_t + (size_t)p * half, half, lane, x1, x2);
+    rope_store(is_q ? q_out + ((size_t)t * Hq + head) * D : k_cache + ((size_t)slot * Hkv + (head - Hq)) * D, half,
+               lane, x1, x2);
 }
 
 #define ROPE_INSTANCE(T)                                                                                      \

@@ -140,7 +140,7 @@ def test_markdown_table_and_peak_flag(fake, capsys):
     out = capsys.readouterr().out
     switches = " | ".join(EngineOptions.names())  # one column per switch, whatever switches exist
     assert f"| test | impl | {switches} | ms | wall ms | tok/s | GB/s | % HBM |" in out
-    assert ("| tg4@b2 d0 | toolkit | off | off | on | off | off | off | on | on | 1.200 ± 0.000 | 1.700 ± 0.000 | "
+    assert ("| tg4@b2 d0 | toolkit | off | off | on | off | off | off | off | on | on | 1.200 ± 0.000 | 1.700 ± 0.000 | "
             "1666.67 ± 0.00 |") in out
     assert "x peer" not in out and "backend: cpu" in out
 
@@ -212,7 +212,7 @@ def test_tiny_shape_json_and_markdown(capsys):
     assert all(r["timed_steps"] == 4 for r in rows[1:]), "every timed step is pure decode at the full batch"
     assert rows[0]["switches"] == {"cuda_graphs": False, "tensor_cores": False, "prefix_caching": True,
                                    "small_batch_gemv": False, "fused_gemv": False, "pdl": False,
-                                   "sampler_fast_path": True, "sparse_prefill": True,
+                                   "rope_in_attention": False, "sampler_fast_path": True, "sparse_prefill": True,
                                    "sparse_topk": 512, "sparse_window": 128, "sparse_block": 4}
     assert data["environment"]["backend"] == "cpu" and data["notes"] == []
     assert main(["bench", "--shape", "tiny", *SMALL[:-4], "-r", "1", "--depth", "0"]) == 0

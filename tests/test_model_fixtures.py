@@ -64,3 +64,25 @@ def test_fused_gemv_path(name, monkeypatch):
     np.testing.assert_array_equal(np.concatenate([prompt, decode]), plain)
     assert np.abs(prompt - ref["prompt_logits"]).max() <= 1e-4
     assert np.abs(decode - ref["decode_logits"]).max() <= 1e-4
+
+
+@pytest.mark.parametrize("name", ["qwen2", "qwen3"])
+def test_rope_in_attention_path(name, monkeypatch):
+    """Decode steps with rope_in_attention (Model.forward passes rope_qkv's inputs to decode_attention instead of
+    launching rope_qkv; qwen2 has the qkv bias, qwen3 the q/k norms), on the CPU twins: the same logits, bit for
+    bit, and within 1e-4 of transformers. (The engine turns the switch off on the CPU; it is forced on here.)"""
+    folder = FIXTURES / name
+    ref = np.load(folder / "reference.npz")
+    engine = build_engine(folder, device="cpu", max_context=64, warmup=False)
+    ids, decode_ids = ref["input_ids"], ref["generated_ids"][:-1]
+    plain = np.concatenate(engine.score(ids, decode_ids, chunk=1))
+    fused, be = [], engine.runner.model.be
+    monkeypatch.setattr(be, "decode_attention",
+                        lambda *a, **k: (fused.append(a[-1] is not None), type(be).decode_attention(be, *a, **k)))
+    monkeypatch.setattr(be, "rope_qkv", lambda *a: (fused.append("launch"), type(be).rope_qkv(*a)))
+    forced = engine.effective_options().with_(rope_in_attention=True)
+    monkeypatch.setattr(engine, "effective_options", lambda: forced)
+    prompt, decode = engine.score(ids, decode_ids, chunk=1)
+    assert fused.count(True) == len(engine.runner.model.w.layers) * len(decode_ids)  # every decode step's layers
+    np.testing.assert_array_equal(np.concatenate([prompt, decode]), plain)
+    assert np.abs(decode - ref["decode_logits"]).max() <= 1e-4

@@ -16,7 +16,9 @@ cost one pass over memory instead of two.
 Attention is chosen from the step, not from a tensor shape: the first
 `num_decodes` requests feed one token each and use the split-K decode kernel,
 its split plan sized for the step's `context_bucket` (not max_context, so a
-short context does not launch a long one's mostly empty splits);
+short context does not launch a long one's mostly empty splits; with
+`rope_in_attention` a pure decode step skips rope_qkv and that kernel does
+RoPE and the K/V write itself);
 the rest (prompt chunks) use the sparse prefill path (sliding window + the
 indexer's top-k key blocks, toolkit/sparse.py) when `options.sparse_prefill`
 is on, else the dense varlen prefill kernel, over the same cache. The lm_head
@@ -102,6 +104,9 @@ class Model:
         # A batch-1 decode step is launch-bound: with fused_gemv the residual adds, RMSNorms and SwiGLU ride
         # inside the GEMVs (gemv_fused), 6 kernels a layer instead of 9; same arithmetic, same roundings.
         fused = options.fused_gemv and options.small_batch_gemv and self.be.fused_gemv_ok(N, c)
+        # A pure decode step can do rope_qkv's work inside decode attention (one launch a layer fewer); a step with
+        # prompt rows needs q and the cache written for every row before its prefill attention.
+        rope_inside = options.rope_in_attention and nd == N
         timer.start()
         be.embedding(step.input_ids, w.embed, s.h)
         timer.lap("embedding")
@@ -113,9 +118,11 @@ class Model:
             else:
                 be.add_rmsnorm(None if i == 0 else s.mlp_out, s.h, L.input_norm, eps, s.x)
                 be.linear(s.x, L.qkv, s.qkv)
-            be.rope_qkv(s.qkv, L.qkv_bias, L.q_norm, L.k_norm, eps, self.cos, self.sin, step.positions,
-                        step.slot_mapping, c.num_heads, c.num_kv_heads, s.q, kv.k[i], kv.v[i])
-            self._attention(be, step, kv, i, s, nd, B, options, timer)
+            rope = (s.qkv, L.qkv_bias, L.q_norm, L.k_norm, eps, self.cos, self.sin, step.positions,
+                    step.slot_mapping)
+            if not rope_inside:
+                be.rope_qkv(*rope, c.num_heads, c.num_kv_heads, s.q, kv.k[i], kv.v[i])
+            self._attention(be, step, kv, i, s, nd, B, options, timer, rope if rope_inside else None)
             if fused:  # h += W_o attn
                 be.gemv_fused(s.attn.reshape(N, -1), L.o_proj, s.h, "add")
             else:
@@ -143,12 +150,13 @@ class Model:
         timer.lap("lm_head")
         return logits
 
-    def _attention(self, be, step, kv: KVCache, layer: int, s: Scratch, nd: int, B: int, options, timer):
+    def _attention(self, be, step, kv: KVCache, layer: int, s: Scratch, nd: int, B: int, options, timer,
+                   rope=None):
         bs = kv.block_size
         k, v = kv.k[layer], kv.v[layer]
         if nd:
             be.decode_attention(s.q[:nd], k, v, step.block_tables[:nd], step.seq_lens[:nd], bs, self.scale,
-                                s.attn[:nd], step.context_bucket)
+                                s.attn[:nd], step.context_bucket, rope)
         if nd < B and options.sparse_prefill:  # prompt rows: window + top-k blocks (toolkit/sparse.py)
             if self._sparse is None:
                 from .sparse import SparsePrefill

@@ -34,6 +34,10 @@ class EngineOptions:
     pdl: bool = _switch("programmatic dependent launch: in a decode step replayed from a CUDA graph each kernel "
                         "starts while the previous one runs, streaming its weights before it waits for its inputs "
                         "(GPU, Hopper+)")
+    # Off by default: one launch a layer fewer measured no faster (README, "RoPE inside decode attention").
+    rope_in_attention: bool = _switch("in a pure decode step, apply RoPE and write the new K/V inside the decode "
+                                      "attention kernel instead of a separate rope_qkv launch: one kernel a layer "
+                                      "fewer (GPU)", default=False)
     sampler_fast_path: bool = _switch("skip the FP32 logits copy when no request in the batch needs logits processing")
     sparse_prefill: bool = _switch("prefill attention over the sliding window + the indexer's top-k key blocks "
                                    "(exact when it covers every block)")
@@ -75,5 +79,6 @@ class EngineOptions:
         gemv = self.small_batch_gemv and on_gpu
         graphs = self.cuda_graphs and on_gpu
         return replace(self, cuda_graphs=graphs, tensor_cores=self.tensor_cores and on_gpu and dtype != "float32",
+                       rope_in_attention=self.rope_in_attention and on_gpu,
                        small_batch_gemv=gemv, fused_gemv=self.fused_gemv and gemv,
                        pdl=self.pdl and graphs)  # PDL runs in graph-replayed steps only (runner.py says why)

@@ -87,7 +87,11 @@ class CpuBackend:
     rope_qkv = staticmethod(rope_qkv)
 
     def decode_attention(self, q, k_cache, v_cache, block_tables, seq_lens, block_size, scale, out,
-                         max_seq_len=None):
+                         max_seq_len=None, rope=None):
+        if rope is not None:  # the twin of the fused kernel: rope_qkv's twin into q, then the attention's
+            qkv, bias, q_norm, k_norm, eps, cos, sin, positions, slot_mapping = rope
+            rope_qkv(qkv, bias, q_norm, k_norm, eps, cos, sin, positions, slot_mapping, q.shape[1],
+                     k_cache.shape[1], q, k_cache, v_cache)
         decode_attention(q, k_cache, v_cache, block_tables, seq_lens, block_size, scale, out)
 
     def prefill_attention(self, q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, block_size,

@@ -275,9 +275,10 @@ class CudaBackend:
     def silu_mul(self, gate_up, out):
         self.kernels.silu_mul(gate_up, out)
 
-    def decode_attention(self, q, k_cache, v_cache, block_tables, seq_lens, block_size, scale, out, max_seq_len):
+    def decode_attention(self, q, k_cache, v_cache, block_tables, seq_lens, block_size, scale, out, max_seq_len,
+                         rope=None):
         self.kernels.decode_attention(q, k_cache, v_cache, block_tables, seq_lens, block_size, scale, out,
-                                      max_seq_len)
+                                      max_seq_len, rope)
 
     def prefill_attention(self, q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, block_size, scale,
                           out, max_query_len, tensor_cores=True):

@@ -48,8 +48,8 @@ _MODULES = {}  # (op, ctype) -> cupy.RawModule, shared by every CudaKernels of t
 
 def kernel_names(op: str, ctype: str) -> list:
     """The name expressions (template instantiations) the wrapper uses from kernels/<op>.cu for one ctype."""
-    if op == "decode_attention":
-        return [f"decode_attention<{ctype}, {d}>" for d in DECODE_HEAD_DIMS]
+    if op == "decode_attention":  # the plain kernel and the rope_in_attention variant
+        return [f"decode_attention<{ctype}, {d}, {r}>" for d in DECODE_HEAD_DIMS for r in ("false", "true")]
     if op == "prefill_attention":
         tc = [] if ctype == "float" else [f"prefill_attention_tc<{ctype}, {d}>" for d in TC_HEAD_DIMS]
         return [f"prefill_attention<{ctype}>"] + tc
@@ -149,6 +149,9 @@ def _bad(op: str, dtype, arrays):
             return ValueError(f"{op}: argument {i} must be a C-contiguous {np.dtype(dtype).name} array, got "
                               f"{a.dtype} {'contiguous' if a.flags.c_contiguous else 'strided'} shape {a.shape}")
     return None
+
+
+_NO_ROPE = (None,) * 4 + (np.float32(0),) + (None,) * 4 + (np.int32(0),) * 2  # decode_attention's rope arguments
 
 
 class CudaKernels:
@@ -360,10 +363,13 @@ class CudaKernels:
             f = self._fn("prefill_attention", f"prefill_attention<{self.ctype}>", smem)
             f((Hq, B, -(-int(max_query_len) // 16)), (128,), args + (_i32(D), out), shared_mem=smem)
 
-    def decode_attention(self, q, k_cache, v_cache, block_tables, seq_lens, block_size, scale, out, max_seq_len):
+    def decode_attention(self, q, k_cache, v_cache, block_tables, seq_lens, block_size, scale, out, max_seq_len,
+                         rope=None):
         """One query per sequence and head, q[B, Hq, D], over keys 0..seq_lens[b]-1 of the paged caches ->
         out[B, Hq, D] (zeros where seq_lens[b] == 0). max_seq_len (>= every seq_lens entry) and B fix the
-        split count and workspace: one plan, reused by every call and graph replay of that shape."""
+        split count and workspace: one plan, reused by every call and graph replay of that shape.
+        rope = (qkv, bias, q_norm, k_norm, eps, cos, sin, positions, slot_mapping): do rope_qkv's work for these
+        B tokens inside the kernel (q from qkv, the new K/V written to the caches); q is then not read."""
         Hq, D, Hkv, M, n_blocks = self._paged("decode_attention", q, k_cache, v_cache, block_tables, seq_lens,
                                                block_size, out)
         B = q.shape[0]
@@ -375,10 +381,26 @@ class CudaKernels:
         plan = self._decode_plans.get(key)
         if plan is None:
             plan = self._decode_plans[key] = self._decode_plan(*key)
-        fn, grid, n, ws_ml, ws_acc, counters = plan
-        self._go(fn, grid, (128,), (q, k_cache, v_cache, block_tables, seq_lens, _i32(block_size), _i32(M),
-                                    _i32(n_blocks), _f32(scale * LOG2E), _i32(Hq), _i32(Hkv), n, ws_ml, ws_acc,
-                                    counters, out))
+        fns, grid, n, ws_ml, ws_acc, counters = plan
+        if rope is None:
+            extra = _NO_ROPE
+        else:
+            qkv, bias, q_norm, k_norm, eps, cos, sin, positions, slot_mapping = rope
+            self._check("decode_attention", self.storage, qkv, bias, q_norm, k_norm)
+            self._check("decode_attention", F32, cos, sin)
+            self._check("decode_attention", I32, positions, slot_mapping)
+            NH = Hq + 2 * Hkv
+            if (qkv.shape[0] < B or qkv.shape[1] != NH * D or positions.shape[0] < B or slot_mapping.shape[0] < B
+                    or cos.shape != sin.shape or cos.shape[1] != D // 2 or D > 256
+                    or (bias is not None and bias.shape != (NH * D,))):
+                raise ValueError(f"decode_attention(rope): qkv {qkv.shape}, cos {cos.shape}, positions "
+                                 f"{positions.shape}, slot_mapping {slot_mapping.shape} for B={B}, Hq={Hq}, "
+                                 f"Hkv={Hkv}, D={D}")
+            extra = (qkv, bias, q_norm, k_norm, _f32(eps), cos, sin, positions, slot_mapping, _i32(cos.shape[0]),
+                     _i32(k_cache.shape[0]))
+        self._go(fns[rope is not None], grid, (128,),
+                 (q, k_cache, v_cache, block_tables, seq_lens, _i32(block_size), _i32(M), _i32(n_blocks),
+                  _f32(scale * LOG2E), _i32(Hq), _i32(Hkv), n, ws_ml, ws_acc, counters, out) + extra)
 
     def _decode_plan(self, B, Hq, Hkv, D, max_seq_len):
         """Kernels, grid, split count and workspace for one plan: made once, so decode steps allocate nothing."""
@@ -392,5 +414,6 @@ class CudaKernels:
         ws_acc = self.cp.empty((B, Hq, n, D), self.cp.float32)
         grid = (Hkv * -(-group // 8), n, B)
         counters = self.cp.zeros((B, grid[0]), self.cp.uint32)  # the kernel leaves them zeroed
-        fn = self._fn("decode_attention", f"decode_attention<{self.ctype}, {D}>")
-        return fn, grid, _i32(n), ws_ml, ws_acc, counters
+        fns = tuple(self._fn("decode_attention", f"decode_attention<{self.ctype}, {D}, {r}>")
+                    for r in ("false", "true"))  # plain, rope_in_attention
+        return fns, grid, _i32(n), ws_ml, ws_acc, counters
