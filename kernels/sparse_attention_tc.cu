@@ -59,12 +59,25 @@ sparse_tile_union(const int* __restrict__ qsl, const int* __restrict__ seq_lens,
             const int t = qs + q0 + r, pos = start + q0 + r, ws = pos - min(pos + 1, W) + 1;
             const int* crow = combined + (size_t)t * Kc;
             const int ne = min(lens[t], Kc);
-            for (int e = lane; e < ne; e += 32) {
-                const int v = crow[e];
-                if (v < 0) continue;
-                const long long j = (long long)v - off;  // window entries (>= N) and other requests' ids fall out
-                if (j < j0 || j >= j0 + span || j >= nmax || (int)j * R >= ws) continue;
-                atomicOr(&bits[j - j0], 1ull << r);
+            // Rows of a query tile (toolkit/sparse.py) hold the same blocks: each warp starts at another entry,
+            // so the 8 warps' atomics do not all hit the same mask at once. Entries are loaded 8 at a time before
+            // any is used: one load, then its atomic, per iteration was a chain of dependent global loads (76 us
+            // for this kernel at 16K tokens).
+            const int rot = ne ? (warp * 64) % ne : 0;
+            for (int i0 = lane; i0 < ne; i0 += 32 * 8) {
+                int v[8];
+#pragma unroll
+                for (int u = 0; u < 8; u++) {
+                    const int i = i0 + 32 * u, e = i + rot < ne ? i + rot : i + rot - ne;
+                    v[u] = i < ne ? crow[e] : -1;
+                }
+#pragma unroll
+                for (int u = 0; u < 8; u++) {
+                    if (v[u] < 0) continue;
+                    const long long j = (long long)v[u] - off;  // window entries (>= N), other requests' ids fall out
+                    if (j < j0 || j >= j0 + span || j >= nmax || (int)j * R >= ws) continue;
+                    atomicOr(&bits[j - j0], 1ull << r);
+                }
             }
         }
         __syncthreads();
@@ -122,6 +135,7 @@ sparse_attention_tc(const T* __restrict__ q, const T* __restrict__ k_cache, cons
     __shared__ int s_slot[2][TK];                 // cache slots of the next chunks' keys (-1: none)
     __shared__ int s_key[3][TK];                  // chunk j's keys and masks in [j % 3]: written two chunks
     __shared__ unsigned long long s_mask[3][TK];  // ahead, while chunk j - 1's (the third buffer) are done
+    __shared__ int s_full[3][2];                  // per staging warp: its 32 keys are open to every row
 
     const int h = blockIdx.x, b = blockIdx.y, kvh = h / (Hq / Hkv), tid = threadIdx.x;
     const int tile = gridDim.z - 1 - blockIdx.z, q0 = tile * TQ;
@@ -141,6 +155,11 @@ sparse_attention_tc(const T* __restrict__ q, const T* __restrict__ k_cache, cons
     ck.whi = pos_last;
     ck.L = min(seq_lens[b], tab_width * bs);
     const int n_ch = ck.n_uc + (ck.whi - ck.wlo + TK) / TK;
+    // A union chunk is "full" when each of its keys is selected by every row of the tile and lies before the
+    // first row's window (lo is non-decreasing in the row): no per-element mask then. With a shared query-tile
+    // selection (toolkit/sparse.py) that is almost every chunk.
+    const unsigned long long all_rows = rows == 64 ? ~0ull : (1ull << rows) - 1ull;
+    const int lo_first = (start + q0) - min(start + q0 + 1, W) + 1;
     const size_t kv_stride = (size_t)Hkv * D;
     const T* kb = k_cache + (size_t)kvh * D;
     const T* vb = v_cache + (size_t)kvh * D;
@@ -154,6 +173,9 @@ sparse_attention_tc(const T* __restrict__ q, const T* __restrict__ k_cache, cons
             s_key[s][tid] = k;
             s_mask[s][tid] = m;
             s_slot[s][tid] = k >= 0 ? cache_slot(table, k, bs, num_blocks) : -1;
+            const int full = __all_sync(0xffffffffu, s < ck.n_uc && k >= 0 && k < lo_first &&
+                                                     (m & all_rows) == all_rows);
+            if ((tid & 31) == 0) s_full[s][tid >> 5] = full;
         }
     }
     load_rows<T, D, LD, TQ>(Qs, q + ((size_t)qs * Hq + h) * D, q0, (size_t)Hq * D, n);
@@ -184,9 +206,13 @@ sparse_attention_tc(const T* __restrict__ q, const T* __restrict__ k_cache, cons
         }
         // Chunk j + 2's keys: the loads fly during this chunk's math; stored before the barrier that ends it.
         const int kb3 = j % 3;
-        int nk = -1;
+        int nk = -1, nfull = 0;
         unsigned long long nm = 0ull;
-        if (tid < TK) ck.key(j + 2, tid, nk, nm);
+        if (tid < TK) {
+            ck.key(j + 2, tid, nk, nm);
+            nfull = __all_sync(0xffffffffu, j + 2 < ck.n_uc && nk >= 0 && nk < lo_first &&
+                                            (nm & all_rows) == all_rows);
+        }
         __syncthreads();
         const T* Kt = Ks + buf * TILE;
         const T* Vt = Vs + buf * TILE;
@@ -197,28 +223,38 @@ sparse_attention_tc(const T* __restrict__ q, const T* __restrict__ k_cache, cons
         // lo(r) <= k <= pos(r). Key -1 (none) is never seen.
         const bool uni = j < ck.n_uc;
         float mx0 = NEG_INF, mx1 = NEG_INF;
+        if (s_full[kb3][0] && s_full[kb3][1]) {  // every row sees every key: scale only
 #pragma unroll
-        for (int nn = 0; nn < TK / 8; nn++)
-#pragma unroll
-            for (int e = 0; e < 4; e += 2) {
-                const int col = nn * 8 + 2 * c;
-                const int r = e < 2 ? r0 : r1, lo = e < 2 ? lo0 : lo1, pos = e < 2 ? pos0 : pos1;
-#pragma unroll
-                for (int x = 0; x < 2; x++) {
-                    const int k = s_key[kb3][col + x];
-                    const bool ok = k >= 0 && (uni ? ((s_mask[kb3][col + x] >> r) & 1ull) && k < lo
-                                                   : k >= lo && k <= pos);
-                    const float v = ok ? s[nn][e + x] * sl2 : NEG_INF;
-                    s[nn][e + x] = v;
-                    if (e < 2) mx0 = fmaxf(mx0, v); else mx1 = fmaxf(mx1, v);
-                }
+            for (int nn = 0; nn < TK / 8; nn++) {
+                s[nn][0] *= sl2; s[nn][1] *= sl2; s[nn][2] *= sl2; s[nn][3] *= sl2;
+                mx0 = fmaxf(mx0, fmaxf(s[nn][0], s[nn][1]));
+                mx1 = fmaxf(mx1, fmaxf(s[nn][2], s[nn][3]));
             }
+        } else {
+#pragma unroll
+            for (int nn = 0; nn < TK / 8; nn++)
+#pragma unroll
+                for (int e = 0; e < 4; e += 2) {
+                    const int col = nn * 8 + 2 * c;
+                    const int r = e < 2 ? r0 : r1, lo = e < 2 ? lo0 : lo1, pos = e < 2 ? pos0 : pos1;
+#pragma unroll
+                    for (int x = 0; x < 2; x++) {
+                        const int k = s_key[kb3][col + x];
+                        const bool ok = k >= 0 && (uni ? ((s_mask[kb3][col + x] >> r) & 1ull) && k < lo
+                                                       : k >= lo && k <= pos);
+                        const float v = ok ? s[nn][e + x] * sl2 : NEG_INF;
+                        s[nn][e + x] = v;
+                        if (e < 2) mx0 = fmaxf(mx0, v); else mx1 = fmaxf(mx1, v);
+                    }
+                }
+        }
         softmax_tile<D, TK, true>(s, mx0, mx1, m0, m1, l0, l1, o);
         pv_tile<T, D, TK, LD>(o, s, Vt, lane);
         if (tid < TK) {  // [(j + 2) % 3] held chunk j - 1's keys, done before the previous barrier
             const int nb3 = kb3 == 0 ? 2 : kb3 - 1;
             s_key[nb3][tid] = nk;
             s_mask[nb3][tid] = nm;
+            if ((tid & 31) == 0) s_full[nb3][tid >> 5] = nfull;
             s_slot[buf][tid] = nk >= 0 ? cache_slot(table, nk, bs, num_blocks) : -1;
         }
         __syncthreads();  // everyone is done with this K/V buffer before the next iteration refills it

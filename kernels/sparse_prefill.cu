@@ -5,17 +5,23 @@
 // (slot = table[k / bs] * bs + k % bs, the block id clamped to the cache): nothing is gathered into a workspace.
 //
 // 1. sparse_compress_keys<T>  grid (N, B), block Hkv*D: kbar[b, j, g, d] = mean of keys jR..jR+R-1 (0 past L/R)
-// 2. sparse_scores<T>         grid (ceil(max_qlen/32), ceil(N/64), B), block 256: a 32-row x 64-block tile of one
-//                             request; per kv group the tile's query means (mean of the group's heads) and block
-//                             means are staged in smem (rows padded to D+1 floats: no bank conflicts), each
-//                             thread accumulates 2 rows x 4 blocks, ReLU per group, sum. fp32 throughout.
-//                             Only rows r0 .. r0+rows-1 (the chunk) are written; -inf past (pos+1)/R. A tile
-//                             wholly past its last row's complete blocks (half of a fresh prompt's) only writes -inf.
-// 3. sparse_topk              grid rows, block 512: per row a 4-pass 8-bit radix select of the K-th largest score
-//                             (float -> order-preserving uint), then one pass in index order with block scans that
-//                             keeps every score above it and the lowest-indexed ties: ascending block order, as
-//                             the CPU twin's stable argsort. Rows with (pos+1)/R <= K write 0..n-1 (no scores read).
-// 4. sparse_attention<T,D,GM> grid (T, Hkv), block 128: one query and one kv head, the group's G <= GM heads
+// Query tiles: the indexer scores and selects per tile row, request b's queries grouped by pos / Q (Q = 1: per
+// query). Tile rows count in request order; each kernel finds its request's first tile row with a loop over the
+// requests before it (tiles_of / tile_base below).
+// 2. sparse_query_means<T>    grid (max tiles of a request, B, ceil(Hkv*D/32)), block (32, 8): qbar[tile, g, d] =
+//                             mean of the tile's queries over its rows and group g's heads (fp32).
+// 3. sparse_scores            grid (ceil(max tiles/32), ceil(N/64), B), block 256: a 32-tile x 64-block piece of
+//                             one request; per kv group the tile means and block means are staged in smem (rows
+//                             padded to D+1 floats: no bank conflicts), each thread accumulates 2 tiles x 4
+//                             blocks, ReLU per group, sum. fp32 throughout. Only tile rows r0 .. r0+rows-1 (the
+//                             chunk) are written; -inf past (p_first+1)/R. A piece wholly past its last tile's
+//                             candidate blocks (half of a fresh prompt's) only writes -inf.
+// 4. sparse_topk              grid tile rows, block 512: the tile's short rows ((pos+1)/R <= K) write 0..n-1;
+//                             for the long ones a 4-pass 8-bit radix select of the K-th largest score (float ->
+//                             order-preserving uint), then one pass in index order with block scans that keeps
+//                             every score above it and the lowest-indexed ties (ascending block order, as the
+//                             CPU twin's stable argsort), written to the first long row and copied to the others.
+// 5. sparse_attention<T,D,GM> grid (T, Hkv), block 128: one query and one kv head, the group's G <= GM heads
 //                             together. The combined row's entries are expanded (block scan over 128 entries at a
 //                             time) into a list of cache slots in smem: a block's tokens before the window start,
 //                             then the window tokens. Warps take 32-key tiles of the list in turn: lane = key for
@@ -51,35 +57,94 @@ __global__ void sparse_compress_keys(const T* __restrict__ k_cache, const int* _
 }
 
 // ---------------------------------------------------------------------------------------------------------
-// 2. Indexer scores
+// 2. Query tiles: request b's queries (positions P0 = L - qlen .. L-1) grouped by pos / Q, in request order
+// ---------------------------------------------------------------------------------------------------------
+__device__ __forceinline__ int tiles_of(const int* qsl, const int* seq_lens, int b, int Q) {
+    const int qlen = qsl[b + 1] - qsl[b], L = seq_lens[b];
+    return qlen > 0 ? (L - 1) / Q - (L - qlen) / Q + 1 : 0;
+}
+
+// The first tile row of request b (the requests before it, counted in a loop: B is at most a few hundred).
+__device__ __forceinline__ int tile_base(const int* qsl, const int* seq_lens, int b, int Q) {
+    int s = 0;
+    for (int c = 0; c < b; c++) s += tiles_of(qsl, seq_lens, c, Q);
+    return s;
+}
+
+// Tile i of request b: its first position and row count.
+__device__ __forceinline__ void tile_span(const int* qsl, const int* seq_lens, int b, int Q, int i, int* p_first,
+                                          int* count) {
+    const int qlen = qsl[b + 1] - qsl[b], L = seq_lens[b], P0 = L - qlen;
+    const int t = P0 / Q + i, lo = max(P0, t * Q), hi = min(L, (t + 1) * Q);
+    *p_first = lo;
+    *count = hi - lo;
+}
+
+// qbar[tr - r0, g, d] = mean over the tile's rows and group g's heads, for tile rows r0 .. r0+rows-1.
+// grid (max tiles of a request, B, ceil(Hkv*D / 32)), block (32, 8): lane x owns output gd = 32 z + x, thread row y
+// sums the tile's rows y, y+8, ..; the 8 partial sums are added in a fixed order (deterministic). One thread per
+// output looping over all 64 rows x 7 heads was a chain of ~450 dependent loads: 0.25 ms a layer at 16K tokens.
+template <typename T>
+__global__ void __launch_bounds__(256)
+sparse_query_means(const T* __restrict__ q, const int* __restrict__ qsl, int num_reqs, const int* __restrict__ seq_lens,
+                   int Q, int r0, int rows, int Hq, int Hkv, int D, float* __restrict__ qbar) {
+    __shared__ float part[8][33];
+    const int b = blockIdx.y, i = blockIdx.x, x = threadIdx.x, y = threadIdx.y;
+    if (i >= tiles_of(qsl, seq_lens, b, Q)) return;
+    const int tr = tile_base(qsl, seq_lens, b, Q) + i;
+    if (tr < r0 || tr >= r0 + rows) return;
+    int p_first, count;
+    tile_span(qsl, seq_lens, b, Q, i, &p_first, &count);
+    const int row0 = qsl[b] + (p_first - (seq_lens[b] - (qsl[b + 1] - qsl[b])));  // flat row of p_first
+    const int G = Hq / Hkv, gd = blockIdx.z * 32 + x;
+    float acc = 0.0f;
+    if (gd < Hkv * D) {
+        const int g = gd / D, d = gd % D;
+        for (int r = y; r < count; r += 8) {
+            const T* qr = q + ((size_t)(row0 + r) * Hq + g * G) * D + d;
+            float s = 0.0f;
+            for (int h = 0; h < G; h++) s += to_f32(qr[(size_t)h * D]);
+            acc += s;
+        }
+    }
+    part[y][x] = acc;
+    __syncthreads();
+    if (y == 0 && gd < Hkv * D) {
+        float s = 0.0f;
+#pragma unroll
+        for (int k = 0; k < 8; k++) s += part[k][x];
+        qbar[(size_t)(tr - r0) * Hkv * D + gd] = s * (1.0f / (float)(count * G));
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// 3. Indexer scores
 // ---------------------------------------------------------------------------------------------------------
 constexpr int SC_TQ = 32, SC_TN = 64;
 
-template <typename T>
-__global__ void __launch_bounds__(256)
-sparse_scores(const T* __restrict__ q, const float* __restrict__ kbar, const int* __restrict__ qsl, int num_reqs,
-              const int* __restrict__ seq_lens, int R, int r0, int rows, int N, int Hq, int Hkv, int D,
+extern "C" __global__ void __launch_bounds__(256)
+sparse_scores(const float* __restrict__ qbar, const float* __restrict__ kbar, const int* __restrict__ qsl,
+              int num_reqs, const int* __restrict__ seq_lens, int R, int Q, int r0, int rows, int N, int Hkv, int D,
               float* __restrict__ scores) {
     extern __shared__ float sm[];
     float* Qs = sm;                        // [SC_TQ][D + 1]
     float* Ks = Qs + SC_TQ * (D + 1);      // [SC_TN][D + 1]
-    const int b = blockIdx.z, base = qsl[0];
-    const int qs = qsl[b] - base, qlen = qsl[b + 1] - qsl[b], L = seq_lens[b];
-    const int t0 = qs + blockIdx.x * SC_TQ;          // first local row of the tile
+    const int b = blockIdx.z, nt = tiles_of(qsl, seq_lens, b, Q), tb = tile_base(qsl, seq_lens, b, Q);
+    const int i0 = blockIdx.x * SC_TQ;               // first tile of the request in this CTA
     const int j0 = blockIdx.y * SC_TN;
-    // Rows of the tile that exist and fall in this chunk [r0, r0 + rows).
-    const int lo = max(t0, r0), hi = min(min(t0 + SC_TQ, qs + qlen), r0 + rows);
+    // Tile rows of the CTA that exist and fall in this chunk [r0, r0 + rows).
+    const int lo = max(tb + i0, r0), hi = min(min(tb + i0 + SC_TQ, tb + nt), r0 + rows);
     if (lo >= hi) return;
-    const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;  // rows 2ty, 2ty+1; blocks tx + 16c
-    if (j0 >= (L - qlen + (hi - 1 - qs) + 1) / R) {  // past every row's complete blocks (causal): all -inf, no math
-        for (int i = tid; i < (hi - lo) * SC_TN; i += 256) {
-            const int t = lo + i / SC_TN, j = j0 + i % SC_TN;
+    const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;  // tile rows 2ty, 2ty+1; blocks tx + 16c
+    int p_last, cnt;
+    tile_span(qsl, seq_lens, b, Q, hi - 1 - tb, &p_last, &cnt);
+    if (j0 >= (p_last + 1) / R) {  // past every tile's candidate blocks (causal): all -inf, no math
+        for (int k = tid; k < (hi - lo) * SC_TN; k += 256) {
+            const int t = lo + k / SC_TN, j = j0 + k % SC_TN;
             if (j < N) scores[(size_t)(t - r0) * N + j] = NEG_INF;
         }
         return;
     }
-    const int G = Hq / Hkv;
-    const float invG = 1.0f / (float)G;
     float s[2][4];
 #pragma unroll
     for (int a = 0; a < 2; a++)
@@ -87,18 +152,12 @@ sparse_scores(const T* __restrict__ q, const float* __restrict__ kbar, const int
         for (int c = 0; c < 4; c++) s[a][c] = 0.0f;
     for (int g = 0; g < Hkv; g++) {
         __syncthreads();  // previous group's tiles consumed
-        for (int i = tid; i < SC_TQ * D; i += 256) {
-            const int r = i / D, d = i % D, t = t0 + r;
-            float v = 0.0f;
-            if (t >= lo && t < hi) {
-                const T* qr = q + ((size_t)(base + t) * Hq + g * G) * D + d;
-                for (int h = 0; h < G; h++) v += to_f32(qr[(size_t)h * D]);
-                v *= invG;
-            }
-            Qs[r * (D + 1) + d] = v;
+        for (int k = tid; k < SC_TQ * D; k += 256) {
+            const int r = k / D, d = k % D, t = tb + i0 + r;
+            Qs[r * (D + 1) + d] = t >= lo && t < hi ? qbar[((size_t)(t - r0) * Hkv + g) * D + d] : 0.0f;
         }
-        for (int i = tid; i < SC_TN * D; i += 256) {
-            const int c = i / D, d = i % D, j = j0 + c;
+        for (int k = tid; k < SC_TN * D; k += 256) {
+            const int c = k / D, d = k % D, j = j0 + c;
             Ks[c * (D + 1) + d] = j < N ? kbar[(((size_t)b * N + j) * Hkv + g) * D + d] : 0.0f;
         }
         __syncthreads();
@@ -123,9 +182,11 @@ sparse_scores(const T* __restrict__ q, const float* __restrict__ kbar, const int
     }
 #pragma unroll
     for (int a = 0; a < 2; a++) {
-        const int t = t0 + 2 * ty + a;
+        const int t = tb + i0 + 2 * ty + a;
         if (t < lo || t >= hi) continue;
-        const int pos = L - qlen + (t - qs), nb = (pos + 1) / R;
+        int p_first, count;
+        tile_span(qsl, seq_lens, b, Q, t - tb, &p_first, &count);
+        const int nb = (p_first + 1) / R;
 #pragma unroll
         for (int c = 0; c < 4; c++) {
             const int j = j0 + tx + 16 * c;
@@ -135,7 +196,7 @@ sparse_scores(const T* __restrict__ q, const float* __restrict__ kbar, const int
 }
 
 // ---------------------------------------------------------------------------------------------------------
-// 3. Top-k per row
+// 4. Top-k per tile row, written to each of the tile's query rows
 // ---------------------------------------------------------------------------------------------------------
 constexpr int TK_THREADS = 512;
 
@@ -148,67 +209,89 @@ __device__ __forceinline__ unsigned order_key(float f) {
 
 extern "C" __global__ void __launch_bounds__(TK_THREADS)
 sparse_topk(const float* __restrict__ scores, int N, const int* __restrict__ qsl, int num_reqs,
-            const int* __restrict__ seq_lens, int R, int K, int r0, int rows, int* __restrict__ topk) {
+            const int* __restrict__ seq_lens, int R, int K, int Q, int r0, int rows, int* __restrict__ topk) {
     __shared__ int hist[256];
     __shared__ int warp_sums[TK_THREADS / 32];
     __shared__ unsigned s_prefix;
     __shared__ int s_need;
-    const int i = blockIdx.x, t = r0 + i, tid = threadIdx.x;
+    const int i = blockIdx.x, tr = r0 + i, tid = threadIdx.x;
     if (i >= rows) return;
-    const int b = find_request(qsl, num_reqs, t), base = qsl[0];
-    const int qlen = qsl[b + 1] - qsl[b], pos = seq_lens[b] - qlen + (t - (qsl[b] - base));
-    const int n = min((pos + 1) / R, N);
-    int* out = topk + (size_t)t * K;
-    if ((pos + 1) / R <= K) {  // short row: every complete block, no scores read
-        for (int j = tid; j < K; j += TK_THREADS) out[j] = j < (pos + 1) / R ? j : -1;
-        return;
+    int b = 0, tb = 0;  // the request that owns tile row tr, and its first tile row
+    for (; b < num_reqs; b++) {
+        const int nt = tiles_of(qsl, seq_lens, b, Q);
+        if (tr < tb + nt) break;
+        tb += nt;
     }
-    const float* row = scores + (size_t)i * N;
-    // Radix select, most significant byte first: the K-th largest key's prefix grows by 8 bits per pass.
-    unsigned prefix = 0;
-    int need = K;  // how many of the keys that match the prefix so far are still to be taken from the top
-    for (int shift = 24; shift >= 0; shift -= 8) {
-        for (int h = tid; h < 256; h += TK_THREADS) hist[h] = 0;
-        __syncthreads();
-        const unsigned mask = shift == 24 ? 0u : (0xffffffffu << (shift + 8));
-        for (int j = tid; j < n; j += TK_THREADS) {
-            const unsigned key = order_key(row[j]);
-            if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255], 1);
-        }
-        __syncthreads();
-        if (tid == 0) {
-            int acc = 0, d = 255;
-            for (; d > 0; d--) {
-                if (acc + hist[d] >= need) break;
-                acc += hist[d];
+    if (b == num_reqs) return;
+    int p_first, count;
+    tile_span(qsl, seq_lens, b, Q, tr - tb, &p_first, &count);
+    const int qlen = qsl[b + 1] - qsl[b];
+    const int t0 = qsl[b] - qsl[0] + (p_first - (seq_lens[b] - qlen));  // local row of p_first
+    // Short rows, (pos+1)/R <= K: every complete block, no scores read. The others are the long rows.
+    int first_long = count;
+    for (int r = 0; r < count; r++) {
+        const int n = (p_first + r + 1) / R;
+        if (n > K) { first_long = r; break; }
+        for (int j = tid; j < K; j += TK_THREADS) topk[(size_t)(t0 + r) * K + j] = j < n ? j : -1;
+    }
+    if (first_long == count) return;
+    int* out = topk + (size_t)(t0 + first_long) * K;  // the tile's selection goes here, then to the later rows
+    const int n = min((p_first + 1) / R, N);
+    if ((p_first + 1) / R <= K) {  // K or fewer candidates: all of them
+        for (int j = tid; j < K; j += TK_THREADS) out[j] = j < n ? j : -1;
+    } else {
+        const float* row = scores + (size_t)i * N;
+        // Radix select, most significant byte first: the K-th largest key's prefix grows by 8 bits per pass.
+        unsigned prefix = 0;
+        int need = K;  // how many of the keys that match the prefix so far are still to be taken from the top
+        for (int shift = 24; shift >= 0; shift -= 8) {
+            for (int h = tid; h < 256; h += TK_THREADS) hist[h] = 0;
+            __syncthreads();
+            const unsigned mask = shift == 24 ? 0u : (0xffffffffu << (shift + 8));
+            for (int j = tid; j < n; j += TK_THREADS) {
+                const unsigned key = order_key(row[j]);
+                if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255], 1);
             }
-            s_prefix = prefix | ((unsigned)d << shift);
-            s_need = need - acc;
+            __syncthreads();
+            if (tid == 0) {
+                int acc = 0, d = 255;
+                for (; d > 0; d--) {
+                    if (acc + hist[d] >= need) break;
+                    acc += hist[d];
+                }
+                s_prefix = prefix | ((unsigned)d << shift);
+                s_need = need - acc;
+            }
+            __syncthreads();
+            prefix = s_prefix;
+            need = s_need;
+            __syncthreads();
         }
-        __syncthreads();
-        prefix = s_prefix;
-        need = s_need;
-        __syncthreads();
+        // prefix = the K-th largest key; take every key above it and the `need` lowest-indexed keys equal to it.
+        int taken = 0, eq_seen = 0;
+        for (int j0 = 0; j0 < n; j0 += TK_THREADS) {
+            const int j = j0 + tid;
+            const unsigned key = j < n ? order_key(row[j]) : 0u;
+            const int gt = j < n && key > prefix, eq = j < n && key == prefix;
+            int eq_total, sel_total;
+            const int eq_rank = block_scan<TK_THREADS>(eq, warp_sums, &eq_total);
+            const int sel = gt || (eq && eq_seen + eq_rank < need);
+            const int at = block_scan<TK_THREADS>(sel, warp_sums, &sel_total);
+            if (sel) out[taken + at] = j;
+            taken += sel_total;
+            eq_seen += eq_total;
+        }
+        for (int j = taken + tid; j < K; j += TK_THREADS) out[j] = -1;  // only for bad input (fewer than K keys)
     }
-    // prefix = the K-th largest key; take every key above it and the `need` lowest-indexed keys equal to it.
-    int taken = 0, eq_seen = 0;
-    for (int j0 = 0; j0 < n; j0 += TK_THREADS) {
-        const int j = j0 + tid;
-        const unsigned key = j < n ? order_key(row[j]) : 0u;
-        const int gt = j < n && key > prefix, eq = j < n && key == prefix;
-        int eq_total, sel_total;
-        const int eq_rank = block_scan<TK_THREADS>(eq, warp_sums, &eq_total);
-        const int sel = gt || (eq && eq_seen + eq_rank < need);
-        const int at = block_scan<TK_THREADS>(sel, warp_sums, &sel_total);
-        if (sel) out[taken + at] = j;
-        taken += sel_total;
-        eq_seen += eq_total;
-    }
-    for (int j = taken + tid; j < K; j += TK_THREADS) out[j] = -1;  // only for bad input (fewer than K keys)
+    // The tile's later rows copy the selection (a row after a long row is long: n grows with the position).
+    // __syncthreads makes this block's global writes visible to its own threads.
+    __syncthreads();
+    for (int r = first_long + 1; r < count; r++)
+        for (int j = tid; j < K; j += TK_THREADS) topk[(size_t)(t0 + r) * K + j] = out[j];
 }
 
 // ---------------------------------------------------------------------------------------------------------
-// 4. Sparse attention
+// 5. Sparse attention
 // ---------------------------------------------------------------------------------------------------------
 constexpr int SA_KCAP = 512, SA_THREADS = 128;  // GM: the group size bound, 8 or 16 (registers)
 
@@ -402,7 +485,7 @@ sparse_attention(const T* __restrict__ q, const T* __restrict__ k_cache, const T
 #define SP_INSTANCES(T)                                                                                          \
     template __global__ void sparse_compress_keys<T>(const T*, const int*, int, const int*, int, int, int, int,   \
                                                      int, int, float*);                                          \
-    template __global__ void sparse_scores<T>(const T*, const float*, const int*, int, const int*, int, int, int, \
-                                              int, int, int, int, float*);                                       \
+    template __global__ void sparse_query_means<T>(const T*, const int*, int, const int*, int, int, int, int, int, \
+                                                   int, float*);                                                 \
     SA_INSTANCE(T, 8) SA_INSTANCE(T, 16) SA_INSTANCE(T, 32) SA_INSTANCE(T, 64) SA_INSTANCE(T, 128)
 SP_INSTANCES(float) SP_INSTANCES(__half) SP_INSTANCES(__nv_bfloat16)

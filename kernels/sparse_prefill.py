@@ -1,20 +1,33 @@
 """Sparse prefill: indexer, top-k over key blocks, sparse attention. CPU twin of sparse_prefill.cu.
 
 For the B prefill requests of a step (rows [qsl[b], qsl[b+1]) of the flat q, local row t = row - qsl[0],
-positions ending at seq_lens[b] - 1) and block size R:
+positions ending at seq_lens[b] - 1), block size R and query tile Q (toolkit/sparse.py query_tile():
+sparse_query_tile, at most W - R + 2). A request's queries form tile rows by pos // Q; tiles are aligned to
+positions, so a prompt prefilled in chunks has the same tiles as in one step wherever a chunk boundary falls on a
+multiple of Q (a tile cut by a boundary is two tile rows, each with its own queries' mean):
 
     compress_keys   k_cache (paged) -> kbar [B, Nmax, Hkv, D] fp32   kbar[b, j, g] = mean of the post-RoPE keys
                                                                      j*R .. j*R+R-1 of head g (complete blocks)
-    query_means     q [rows, Hq, D] -> qbar [T, Hkv, D] fp32         mean of the queries of group g's heads
-    indexer_scores  qbar, kbar -> scores [T, Nmax] fp32              sum_g ReLU(qbar_g[t] . kbar_g[j]) for
-                                                                     j < (pos+1)//R, -inf beyond (causal)
-    topk_blocks     scores -> topk [T, K] int32                      the K best blocks in ascending block order
-                                                                     (ties: the lower block wins), -1 padded;
-                                                                     all blocks 0..n-1 when n = (pos+1)//R <= K
+    query_means     q [rows, Hq, D] -> qbar [tiles, Hkv, D] fp32     mean of the tile's queries over its rows and
+                                                                     group g's heads
+    indexer_scores  qbar, kbar -> scores [tiles, Nmax] fp32          sum_g ReLU(qbar_g . kbar_g[j]) for
+                                                                     j < (p_first+1)//R, -inf beyond (causal for
+                                                                     the tile's first row p_first)
+    topk_blocks     scores -> topk [T, K] int32                      a row with n = (pos+1)//R <= K: all blocks
+                                                                     0..n-1; any other row: its tile's selection,
+                                                                     the K best of the tile's candidates in
+                                                                     ascending block order (ties: the lower block
+                                                                     wins), or all of them if there are <= K; -1 pad
     (kernels/combine.py merges topk with the window into workspace row ids)
     sparse_attention  combined ids -> out [rows, Hq, D]              softmax over the union of the selected
                                                                      blocks' tokens before the window and the
                                                                      window's tokens, each token once
+
+Q = 1 is the issue's per-query score. Q = 64 (the default) lets 64 neighbouring queries share one selection, so
+the tensor-core kernel's 64-query tile reads K blocks instead of the union of 64 different sets (README, "Sparse
+prefill"). A row's blocks past its tile's candidates start at or after p_first - R + 2 and its window at
+pos - W + 1 <= p_first + Q - W, so with Q <= W - R + 2 they are all in its window: a row whose tile takes every
+candidate sees every key 0..pos, and the exactness invariant holds for any Q.
 
 Workspace row ids (reference A.4): request b owns ids [b*M, b*M + M); id b*M + j < b*M + N is key block j
 (tokens [jR, jR+R)), id b*M + N + i is window token gstart + i, gstart = seq_len - gather_len. The keys are read
@@ -59,10 +72,33 @@ def compress_keys(k_cache, block_tables, seq_lens, block_size: int, R: int, n_ma
     return out
 
 
-def query_means(q, row0: int, T: int, Hkv: int):
-    """qbar [T, Hkv, D]: rows row0..row0+T-1 of q [rows, Hq, D], averaged over each group's query heads."""
-    Hq, D = q.shape[1:]
-    return q[row0:row0 + T].reshape(T, Hkv, Hq // Hkv, D).mean(axis=2, dtype=np.float32)
+def tile_rows(query_start_loc, seq_lens, Q: int):
+    """The tile rows of a call, in request order: request b's queries (positions L-q_len .. L-1) grouped by
+    pos // Q. Returns int64 arrays (request, first local row, row count, first position), one entry per tile row."""
+    base = int(query_start_loc[0])
+    cols = ([], [], [], [])
+    for b in range(seq_lens.shape[0]):
+        n = int(query_start_loc[b + 1]) - int(query_start_loc[b])
+        if n <= 0:
+            continue
+        P0, qs = int(seq_lens[b]) - n, int(query_start_loc[b]) - base
+        for i in range(P0 // Q, (P0 + n - 1) // Q + 1):
+            lo, hi = max(P0, i * Q), min(P0 + n, (i + 1) * Q)
+            for col, v in zip(cols, (b, qs + lo - P0, hi - lo, lo)):
+                col.append(v)
+    return tuple(np.array(c, np.int64) for c in cols)
+
+
+def query_means(q, query_start_loc, seq_lens, Q: int, r0: int, out):
+    """out [rows, Hkv, D] fp32 for tile rows r0..r0+rows-1: the mean of the tile's queries over its rows and over
+    each KV group's query heads (q [flat rows, Hq, D]; Q = 1: one row's q-bar, the issue's per-query score)."""
+    rows, Hkv, D = out.shape
+    req, row, cnt, _ = tile_rows(query_start_loc, seq_lens, Q)
+    base, G = int(query_start_loc[0]), q.shape[1] // Hkv
+    for i in range(rows):
+        r, c = base + int(row[r0 + i]), int(cnt[r0 + i])
+        out[i] = q[r:r + c].reshape(c, Hkv, G, D).astype(np.float64).mean(axis=(0, 2))
+    return out
 
 
 def row_positions(query_start_loc, seq_lens):
@@ -85,52 +121,54 @@ def gather_lens(query_start_loc, seq_lens, W: int, out=None):
     return out
 
 
-def indexer_scores(q, kbar, query_start_loc, seq_lens, R: int, r0: int, out):
-    """out [rows, Nmax] fp32 for local rows r0..r0+rows-1: sum over kv groups of ReLU(qbar . kbar), where qbar
-    is the mean of the group's query heads; -inf for blocks the row may not see ((pos+1)//R and beyond)."""
+def indexer_scores(qbar, kbar, query_start_loc, seq_lens, R: int, Q: int, r0: int, out):
+    """out [rows, Nmax] fp32 for tile rows r0..r0+rows-1: sum over KV groups of ReLU(qbar . kbar) (qbar from
+    query_means); -inf for the blocks the tile's first row may not see ((p_first+1)//R and beyond)."""
     rows, Nmax = out.shape
-    Hkv = kbar.shape[2]
-    req, pos = row_positions(query_start_loc, seq_lens)
-    req, pos = req[r0:r0 + rows], pos[r0:r0 + rows]
-    qbar = query_means(q, int(query_start_loc[0]) + r0, rows, Hkv)
+    req, _, _, p0 = tile_rows(query_start_loc, seq_lens, Q)
+    req, p0 = req[r0:r0 + rows], p0[r0:r0 + rows]
     for b in np.unique(req):
         sel = np.nonzero(req == b)[0]
         # [g, t, D] x [g, D, j] -> [g, t, j], ReLU, sum over g.
         s = np.matmul(qbar[sel].transpose(1, 0, 2), kbar[b].transpose(1, 2, 0))
         out[sel] = np.maximum(s, 0).sum(axis=0, dtype=np.float32)
-    out[np.arange(Nmax)[None, :] >= ((pos + 1) // R)[:, None]] = -np.inf
+    out[np.arange(Nmax)[None, :] >= ((p0 + 1) // R)[:, None]] = -np.inf
     return out
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def _topk(scores, pos, r0, R, K, out):
-    for i in prange(pos.shape[0]):
-        t = r0 + i
-        n = (pos[i] + 1) // R
-        for j in range(K):
-            out[t, j] = -1
-        if n <= K:  # short row: every complete block, no scores read
-            for j in range(n):
-                out[t, j] = j
-            continue
-        # Stable sort of -score: equal scores keep ascending block order, so the lower block wins a tie at K.
-        order = np.argsort(-scores[i, :n], kind="mergesort")
-        keep = np.sort(order[:K])
-        for j in range(K):
-            out[t, j] = keep[j]
+def _topk(scores, row, cnt, p0, r0, R, K, out):
+    for i in prange(scores.shape[0]):
+        tr = r0 + i
+        sel = np.full(K, -1, np.int32)
+        nt = (p0[tr] + 1) // R  # blocks complete for the tile's first row: the tile chooses among these
+        if (p0[tr] + cnt[tr]) // R > K:  # some row of the tile is long: it needs the tile's selection
+            if nt <= K:
+                sel[:nt] = np.arange(nt)
+            else:
+                # Stable sort of -score: equal scores keep ascending block order, so the lower block wins a tie.
+                order = np.argsort(-scores[i, :nt], kind="mergesort")
+                sel[:] = np.sort(order[:K])
+        for r in range(cnt[tr]):
+            t, n = row[tr] + r, (p0[tr] + r + 1) // R
+            if n <= K:  # short row: every complete block, in order
+                for j in range(K):
+                    out[t, j] = j if j < n else -1
+            else:
+                out[t, :] = sel
 
 
-def topk_blocks(scores, query_start_loc, seq_lens, R: int, K: int, r0: int = 0, out=None):
-    """Rows r0..r0+rows-1 of topk int32 [T, K] from scores [rows, Nmax] (rows = all T when scores is None: then
-    every row must be short, (pos+1)//R <= K, and takes 0..n-1 without reading any score)."""
+def topk_blocks(scores, query_start_loc, seq_lens, R: int, K: int, Q: int = 1, r0: int = 0, out=None):
+    """Query rows of topk int32 [T, K] from the scores of tile rows r0..r0+rows-1 (scores [rows, Nmax]; None: all
+    tile rows, and then every query row must be short, (pos+1)//R <= K, and takes 0..n-1 without any score)."""
     _, pos = row_positions(query_start_loc, seq_lens)
+    _, row, cnt, p0 = tile_rows(query_start_loc, seq_lens, Q)
     out = np.empty((len(pos), K), np.int32) if out is None else out
     if scores is None:
         if len(pos) and ((pos + 1) // R).max() > K:
             raise ValueError("topk_blocks: scores are needed when a row has more than K complete blocks")
-        scores = np.zeros((len(pos) - r0, 1), np.float32)
-    pos = pos[r0:r0 + scores.shape[0]]
-    _topk(scores, pos, int(r0), int(R), int(K), out)
+        scores = np.zeros((len(row) - r0, 1), np.float32)
+    _topk(scores, row, cnt, p0, int(r0), int(R), int(K), out)
     return out
 
 

@@ -77,7 +77,8 @@ def case(rng, cp, lens=(700, 300, 1500), qlens=(700, 120, 900), Hq=14, Hkv=2, D=
     return dev, (q, kc, vc, tables, qsl, seq_lens)
 
 
-def test_indexer_and_topk(cuda):
+@pytest.mark.parametrize("Q", [1, 64, 13])
+def test_indexer_and_topk(cuda, Q):
     cp, be = cuda
     rng = np.random.default_rng(1)
     dev, (q, kc, vc, tables, qsl, seq_lens) = case(rng, cp)
@@ -88,11 +89,18 @@ def test_indexer_and_topk(cuda):
     dkbar = cp.empty(kbar.shape, cp.float32)
     be.sparse_compress_keys(dev["k"], dev["tables"], dev["seq_lens"], bs, R, dkbar)
     np.testing.assert_allclose(dkbar.get(), kbar, rtol=1e-5, atol=1e-5)
-    scores = np.empty((T, N), np.float32)
-    sp.indexer_scores(q, kbar, qsl, seq_lens, R, 0, scores)
-    r0, rows = 200, 1000  # one chunk of rows, across a request boundary
+    req, _, cnt, _ = sp.tile_rows(qsl, seq_lens, Q)
+    tiles, max_tiles = len(req), int(np.bincount(req).max())
+    qbar = sp.query_means(q, qsl, seq_lens, Q, 0, np.empty((tiles, 2, 64), np.float32))
+    scores = sp.indexer_scores(qbar, kbar, qsl, seq_lens, R, Q, 0, np.empty((tiles, N), np.float32))
+    r0 = tiles // 6  # one chunk of tile rows, across a request boundary
+    rows = {1: 1000, 64: 20, 13: 80}[Q]
+    assert req[r0] == 0 and req[r0 + rows - 1] > 0
+    dqbar = cp.full((rows, 2, 64), 7.0, cp.float32)
+    be.sparse_query_means(dev["q"], dev["qsl"], dev["seq_lens"], Q, r0, dqbar, max_tiles)
+    np.testing.assert_allclose(dqbar.get(), qbar[r0:r0 + rows], rtol=1e-4, atol=1e-5)
     dscores = cp.empty((rows, N), cp.float32)
-    be.sparse_scores(dev["q"], dkbar, dev["qsl"], dev["seq_lens"], R, r0, dscores, 900)
+    be.sparse_scores(dqbar, dkbar, dev["qsl"], dev["seq_lens"], R, Q, r0, dscores, max_tiles)
     got = dscores.get()
     want = scores[r0:r0 + rows]
     assert (np.isinf(got) == np.isinf(want)).all()
@@ -101,10 +109,11 @@ def test_indexer_and_topk(cuda):
     # top-k on identical scores, rounded so that ties are common: bit-identical to the twin
     tied = np.round(scores * 4) / 4
     want_topk = np.full((T, K), 7, I32)
-    sp.topk_blocks(tied, qsl, seq_lens, R, K, 0, want_topk)
+    sp.topk_blocks(tied, qsl, seq_lens, R, K, Q, 0, want_topk)
     dtopk = cp.full((T, K), 7, cp.int32)
-    be.sparse_topk(cp.asarray(tied[:500]), dev["qsl"], dev["seq_lens"], R, K, 0, dtopk)
-    be.sparse_topk(cp.asarray(tied[500:]), dev["qsl"], dev["seq_lens"], R, K, 500, dtopk)
+    cut = tiles // 3
+    be.sparse_topk(cp.asarray(tied[:cut]), dev["qsl"], dev["seq_lens"], R, K, Q, 0, dtopk, cut)
+    be.sparse_topk(cp.asarray(tied[cut:]), dev["qsl"], dev["seq_lens"], R, K, Q, cut, dtopk, tiles - cut)
     np.testing.assert_array_equal(dtopk.get(), want_topk)
 
 
@@ -167,6 +176,7 @@ def tiled_gpu(cp, be, dev, combined, clens, M, N, W, R, K, qlens, bs, scale, out
     return (ublk.get(), umask.get(), ucount.get()), be.to_host(dout), tiles, cap
 
 
+@pytest.mark.parametrize("Q", [None, 1])  # the engine's query tile (min(64, W - R + 2)), and one per query
 @pytest.mark.parametrize("K,W,R,lens,qlens", [
     (64, 128, 4, (700, 300, 1500), (700, 120, 900)),     # approximate rows next to covered tiles
     (512, 128, 4, (700, 300, 1500), (700, 120, 900)),    # every block covered: dense causal attention
@@ -174,7 +184,7 @@ def tiled_gpu(cp, be, dev, combined, clens, M, N, W, R, K, qlens, bs, scale, out
     (5, 12, 3, (260, 199, 90), (200, 199, 7)),           # R does not divide 64
     (40, 16, 1, (9000, 300), (200, 300)),                # N > UNION_CAP: the union kernel takes two passes
 ])
-def test_sparse_attention_tiled(cuda, K, W, R, lens, qlens):
+def test_sparse_attention_tiled(cuda, K, W, R, lens, qlens, Q):
 
     from kernels import sparse_attention_tc as tc
 
@@ -182,7 +192,7 @@ def test_sparse_attention_tiled(cuda, K, W, R, lens, qlens):
     rng = np.random.default_rng(K * 7 + W + R)
     dev, (q, kc, vc, tables, qsl, seq_lens) = case(rng, cp, lens, qlens)
     bs, scale = 16, 64 ** -0.5
-    combined, clens, M, N, _ = pipeline(q, kc, tables, seq_lens, qsl, K, W, R, bs)
+    combined, clens, M, N, _ = pipeline(q, kc, tables, seq_lens, qsl, K, W, R, bs, Q)
     (ublk, umask, ucount), got, tiles, cap = tiled_gpu(cp, be, dev, combined, clens, M, N, W, R, K, qlens, bs, scale,
                                                        q.shape[0])
     wb, wm, wc = tc.tile_union(qsl, seq_lens, combined, clens, M, N, W, R, K, tiles, cap)
@@ -204,7 +214,8 @@ def test_sparse_attention_tiled(cuda, K, W, R, lens, qlens):
         assert np.abs(got[rows] - dense[rows]).max() <= 2e-2 * max(1.0, np.abs(dense[rows]).max())
 
 
-def test_tiled_matches_per_query_kernel_at_4k(cuda):
+@pytest.mark.parametrize("Q", [64, 1])
+def test_tiled_matches_per_query_kernel_at_4k(cuda, Q):
     """Benchmark shape (one fresh 4,096-token prompt, K 512 W 128 R 4): the whole GPU pipeline through
     toolkit/sparse.py with the tiled route against the same pipeline with the per-query CUDA-core kernel."""
     import toolkit.sparse as sparse
@@ -226,8 +237,8 @@ def test_tiled_matches_per_query_kernel_at_4k(cuda):
     outs = []
     for tc_route in (True, False):
         out = cp.zeros(dev["q"].shape, cp.uint16)
-        sparse.SparsePrefill(be).run(Step, dev["k"], dev["v"], 16, dev["q"], out, 0, EngineOptions(), Lap(),
-                                     64 ** -0.5, tc_route)
+        sparse.SparsePrefill(be).run(Step, dev["k"], dev["v"], 16, dev["q"], out, 0,
+                                     EngineOptions(sparse_query_tile=Q), Lap(), 64 ** -0.5, tc_route)
         outs.append(be.to_host(out))
     rows = slice(qsl[0], qsl[-1])
     assert np.abs(outs[0][rows] - outs[1][rows]).max() <= 2e-2 * max(1.0, np.abs(outs[1][rows]).max())

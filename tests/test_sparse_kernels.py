@@ -15,6 +15,7 @@ from kernels.prefill_attention import prefill_attention
 from toolkit.errors import ToolkitError
 from toolkit.ops import combine_topk_swa_indices
 from toolkit.options import EngineOptions
+from toolkit.sparse import query_tile
 
 I32 = np.int32
 
@@ -101,29 +102,46 @@ def test_combine_tests_can_fail():
 
 # ---- indexer and top-k ----
 
-def test_topk_against_argsort_with_ties():
+def ref_topk(scores, qsl, seq_lens, R, K, Q):
+    """Plain reference of the top-k rule from tile-row scores: a short row takes 0..n-1, a long row its tile's K
+    best candidates (blocks before (p_first+1)//R, stable argsort: the lower block wins a tie), or all of them."""
+    want, tr = [], -1
+    for b in range(len(seq_lens)):
+        qlen = int(qsl[b + 1] - qsl[b])
+        for pos in range(int(seq_lens[b]) - qlen, int(seq_lens[b])):
+            if pos == int(seq_lens[b]) - qlen or pos % Q == 0:
+                tr, p_first = tr + 1, pos
+            n, nt = (pos + 1) // R, (p_first + 1) // R
+            if n <= K:
+                want.append(list(range(n)) + [-1] * (K - n))
+            elif nt <= K:
+                want.append(list(range(nt)) + [-1] * (K - nt))
+            else:
+                want.append(sorted(np.argsort(-scores[tr, :nt], kind="stable")[:K].tolist()))
+    return np.array(want, I32).reshape(-1, K)
+
+
+@pytest.mark.parametrize("Q", [1, 3, 8])
+def test_topk_against_argsort_with_ties(Q):
     rng = np.random.default_rng(2)
     R, K = 2, 5
     seq_lens = np.array([40, 9], I32)
     qsl = np.array([3, 23, 30], I32)  # offset start; request 0 feeds 20 of 40 tokens, request 1 feeds 7 of 9
-    req, pos = sp.row_positions(qsl, seq_lens)
+    _, _, _, p0 = sp.tile_rows(qsl, seq_lens, Q)
     N = int((seq_lens // R).max())
-    scores = np.round(rng.standard_normal((len(pos), N)), 0).astype(np.float32)  # many ties
-    scores[np.arange(N)[None, :] >= ((pos + 1) // R)[:, None]] = -np.inf
-    got = np.full((len(pos), K), 99, I32)
-    for r0, r1 in ((0, 11), (11, len(pos))):  # in two row chunks, as toolkit/sparse.py calls it
-        sp.topk_blocks(scores[r0:r1], qsl, seq_lens, R, K, r0, got)
-    for t in range(len(pos)):
-        n = (pos[t] + 1) // R
-        if n <= K:
-            want = list(range(n)) + [-1] * (K - n)
-        else:
-            want = sorted(np.argsort(-scores[t, :n], kind="stable")[:K].tolist())
-        assert got[t].tolist() == want, (t, n)
+    scores = np.round(rng.standard_normal((len(p0), N)), 0).astype(np.float32)  # many ties
+    scores[np.arange(N)[None, :] >= ((p0 + 1) // R)[:, None]] = -np.inf
+    got = np.full((int(qsl[-1] - qsl[0]), K), 99, I32)
+    cut = len(p0) // 2
+    for r0, r1 in ((0, cut), (cut, len(p0))):  # in two chunks of tile rows, as toolkit/sparse.py calls it
+        sp.topk_blocks(scores[r0:r1], qsl, seq_lens, R, K, Q, r0, got)
+    np.testing.assert_array_equal(got, ref_topk(scores, qsl, seq_lens, R, K, Q))
+    if Q == 8:  # the rows of request 0's tile 32..39 (all long) share one selection
+        assert len({tuple(r) for r in got[12:20]}) == 1
     # a tie at the K-th score: the lower block wins
     s = np.array([[1, 3, 2, 2, 2, 0]], np.float32)
     out = np.zeros((1, 3), I32)
-    sp.topk_blocks(s, np.array([0, 1], I32), np.array([12], I32), 2, 3, 0, out)
+    sp.topk_blocks(s, np.array([0, 1], I32), np.array([12], I32), 2, 3, 1, 0, out)
     assert out[0].tolist() == [1, 2, 3]
 
 
@@ -134,7 +152,8 @@ def test_topk_short_rows_need_no_scores():
         sp.topk_blocks(None, np.array([0, 3], I32), np.array([70], I32), 2, 4)
 
 
-def test_indexer_against_reference():
+@pytest.mark.parametrize("Q", [1, 4, 64])
+def test_indexer_against_reference(Q):
     rng = np.random.default_rng(3)
     Hq, Hkv, D, R, bs = 6, 2, 8, 4, 16
     lens = [50, 23]
@@ -145,22 +164,47 @@ def test_indexer_against_reference():
     q = rng.standard_normal((50, Hq, D)).astype(np.float32)
     N = max(lens) // R
     kbar = sp.compress_keys(kc, tables, seq_lens, bs, R, N)
-    scores = np.zeros((sum(qlens), N), np.float32)
-    sp.indexer_scores(q, kbar, qsl, seq_lens, R, 0, scores)
-    t = 0
-    for b in range(2):
+    req, row, cnt, p0 = sp.tile_rows(qsl, seq_lens, Q)
+    # Q 4: positions 30-31, 32-35, .., 48-49 of request 0 and 0-3, .., 20-22 of request 1
+    assert cnt.sum() == sum(qlens) and len(req) == {1: 43, 4: 12, 64: 2}[Q]
+    qbar = sp.query_means(q, qsl, seq_lens, Q, 0, np.zeros((len(req), Hkv, D), np.float32))
+    scores = np.zeros((len(req), N), np.float32)
+    sp.indexer_scores(qbar, kbar, qsl, seq_lens, R, Q, 0, scores)
+    for i in range(len(req)):
+        b = int(req[i])
         keys = np.stack([kc[tables[b, k // bs] * bs + k % bs] for k in range(lens[b])]).astype(np.float64)
-        for i in range(qlens[b]):
-            pos = lens[b] - qlens[b] + i
-            qm = q[qsl[0] + t].astype(np.float64).reshape(Hkv, Hq // Hkv, D).mean(1)
-            for j in range(N):
-                if j >= (pos + 1) // R:
-                    assert scores[t, j] == -np.inf
-                    continue
-                km = keys[j * R:(j + 1) * R].mean(0)
-                want = sum(max(0.0, qm[g] @ km[g]) for g in range(Hkv))
-                assert abs(scores[t, j] - want) <= 1e-4 * (1 + abs(want))
-            t += 1
+        rows = q[qsl[0] + row[i]:qsl[0] + row[i] + cnt[i]].astype(np.float64)
+        assert all((p0[i] + r) // Q == p0[i] // Q for r in range(cnt[i]))  # one tile's rows
+        qm = rows.reshape(cnt[i], Hkv, Hq // Hkv, D).mean((0, 2))
+        for j in range(N):
+            if j >= (p0[i] + 1) // R:
+                assert scores[i, j] == -np.inf
+                continue
+            km = keys[j * R:(j + 1) * R].mean(0)
+            want = sum(max(0.0, qm[g] @ km[g]) for g in range(Hkv))
+            assert abs(scores[i, j] - want) <= 1e-4 * (1 + abs(want))
+
+
+def test_tile_rows_share_blocks_and_stay_exact():
+    """With Q > 1 a row past its tile's candidates still sees every key when its tile takes all of them (the
+    W - R + 2 cap puts the rest in its window), and the tile's long rows share one selection."""
+    rng = np.random.default_rng(11)
+    Hq, Hkv, D, bs, R, W = 4, 2, 16, 16, 2, 12
+    Q = query_tile(64, W, R)
+    assert Q == 12
+    lens = [96]
+    kc, vc, tables, seq_lens, qsl, q = make_attention_case(rng, lens, lens, Hq, Hkv, D, bs)
+    K = 30  # rows from position 60 on are long; the tile 60..71 has 30 candidates: all taken
+    scale = D ** -0.5
+    got, topk = run_sparse(q, kc, vc, tables, seq_lens, qsl, K, W, R, bs, scale, Q=Q)
+    dense = np.zeros_like(q)
+    prefill_attention(q, kc, vc, tables, qsl, seq_lens, bs, scale, dense)
+    base = int(qsl[0])
+    assert np.abs(got[base + 60:base + 72] - dense[base + 60:base + 72]).max() <= 1e-5
+    assert np.abs(got[base + 72:base + 96] - dense[base + 72:base + 96]).max() > 1e-3  # later tiles choose
+    assert len({tuple(r) for r in topk[72:84]}) == 1 and len({tuple(r) for r in topk[84:96]}) == 1
+    want = ref_sparse_attention(q, kc, vc, tables, seq_lens, qsl, topk, W, R, bs, scale)
+    assert np.abs(got[base:base + 96] - want[base:base + 96]).max() <= 1e-5
 
 
 # ---- sparse attention ----
@@ -172,8 +216,10 @@ def make_attention_case(rng, lens, qlens, Hq, Hkv, D, bs, base=3):
     return kc, vc, tables, np.array(lens, I32), qsl, q
 
 
-def pipeline(q, kc, tables, seq_lens, qsl, K, W, R, bs):
-    """Indexer, top-k and combine on the twins, as toolkit/sparse.py runs them: (combined, lens, M, N, topk)."""
+def pipeline(q, kc, tables, seq_lens, qsl, K, W, R, bs, Q=None):
+    """Indexer, top-k and combine on the twins, as toolkit/sparse.py runs them: (combined, lens, M, N, topk).
+    Q: the query tile (default: the engine's, query_tile(64, W, R))."""
+    Q = query_tile(64, W, R) if Q is None else Q
     T = int(qsl[-1] - qsl[0])
     N = int((seq_lens // R).max())
     gather = sp.gather_lens(qsl, seq_lens, W)
@@ -181,17 +227,19 @@ def pipeline(q, kc, tables, seq_lens, qsl, K, W, R, bs):
     topk = np.empty((T, K), I32)
     if N > K:
         kbar = sp.compress_keys(kc, tables, seq_lens, bs, R, N)
-        sp.topk_blocks(sp.indexer_scores(q, kbar, qsl, seq_lens, R, 0, np.empty((T, N), np.float32)), qsl, seq_lens,
-                       R, K, 0, topk)
+        tiles = len(sp.tile_rows(qsl, seq_lens, Q)[0])
+        qbar = sp.query_means(q, qsl, seq_lens, Q, 0, np.empty((tiles, kc.shape[1], kc.shape[2]), np.float32))
+        scores = sp.indexer_scores(qbar, kbar, qsl, seq_lens, R, Q, 0, np.empty((tiles, N), np.float32))
+        sp.topk_blocks(scores, qsl, seq_lens, R, K, Q, 0, topk)
     else:
-        sp.topk_blocks(None, qsl, seq_lens, R, K, 0, topk)
+        sp.topk_blocks(None, qsl, seq_lens, R, K, Q, 0, topk)
     combined, clens = combine_twin(topk, qsl, seq_lens, gather, W, R, K, M, N)
     return combined, clens, M, N, topk
 
 
-def run_sparse(q, kc, vc, tables, seq_lens, qsl, K, W, R, bs, scale):
+def run_sparse(q, kc, vc, tables, seq_lens, qsl, K, W, R, bs, scale, Q=None):
     """The twin pipeline as toolkit/sparse.py runs it (one chunk of rows)."""
-    combined, clens, M, N, topk = pipeline(q, kc, tables, seq_lens, qsl, K, W, R, bs)
+    combined, clens, M, N, topk = pipeline(q, kc, tables, seq_lens, qsl, K, W, R, bs, Q)
     out = np.full_like(q, 7.0)
     sp.sparse_attention(q, kc, vc, tables, qsl, seq_lens, combined, clens, M, N, W, R, bs, scale, out)
     return out, topk

@@ -2,9 +2,10 @@
 
 * The default parameters cover every block of these short prompts, so the sparse path must give dense logits;
   toolkit.sparse.DENSE_WHEN_EXACT = False forces the sparse kernels themselves to run on them.
-* A forced-sparse prefill (K=2, W=4, R=2) is compared with the same model run on a backend whose sparse ops are
-  the plain NumPy references of tests/test_sparse_kernels.py (argsort top-k, Python-set key sets, float64
-  softmax), the indexer a float64 loop over the cache: an independent implementation of the same semantics.
+* A forced-sparse prefill (K=2, W=4, R=2; query tiles of 4 and of 1) is compared with the same model run on a
+  backend whose sparse ops are the plain NumPy references of tests/test_sparse_kernels.py (argsort top-k,
+  Python-set key sets, float64 softmax), the indexer a float64 loop over the cache and the raw queries: an
+  independent implementation of the same semantics.
 * Records say which path ran: StepTiming.prefill_path and RequestStats.prefill_path.
 """
 import numpy as np
@@ -33,35 +34,47 @@ class RefBackend(CpuBackend):
     def sparse_compress_keys(self, k_cache, block_tables, seq_lens, block_size, R, kbar):
         self._cache = (k_cache, block_tables, block_size)
 
-    def sparse_scores(self, q, kbar, qsl, seq_lens, R, r0, scores, max_query_len=None):
-        kc, tables, bs = self._cache
-        Hkv = kc.shape[1]
-        t = 0
+    @staticmethod
+    def _tiles(qsl, seq_lens, Q):
+        """(request, first local row, positions) of every tile row: a request's queries grouped by pos // Q."""
+        out, t = [], 0
         for b in range(len(seq_lens)):
-            qlen = qsl[b + 1] - qsl[b]
-            for i in range(qlen):
-                pos = seq_lens[b] - qlen + i
-                if r0 <= t < r0 + len(scores):
-                    qm = q[qsl[0] + t].astype(np.float64).reshape(Hkv, -1, q.shape[2]).mean(1)
-                    for j in range(scores.shape[1]):
-                        if j < (pos + 1) // R:
-                            km = np.mean([kc[tables[b, k // bs] * bs + k % bs] for k in range(j * R, j * R + R)], 0)
-                            scores[t - r0, j] = sum(max(0.0, qm[g] @ km[g]) for g in range(Hkv))
-                        else:
-                            scores[t - r0, j] = -np.inf
-                t += 1
+            qlen = int(qsl[b + 1] - qsl[b])
+            pos = list(range(int(seq_lens[b]) - qlen, int(seq_lens[b])))
+            for p in pos:
+                if p == pos[0] or p % Q == 0:
+                    out.append((b, t + p - pos[0], []))
+                out[-1][2].append(p)
+            t += qlen
+        return out
 
-    def sparse_topk(self, scores, qsl, seq_lens, R, K, r0, topk):
-        t = 0
-        for b in range(len(seq_lens)):
-            qlen = qsl[b + 1] - qsl[b]
-            for i in range(qlen):
-                n = (seq_lens[b] - qlen + i + 1) // R
+    def sparse_query_means(self, q, qsl, seq_lens, Q, r0, qbar, max_tiles=None):
+        self._q = q  # the scores below average the raw queries themselves
+
+    def sparse_scores(self, qbar, kbar, qsl, seq_lens, R, Q, r0, scores, max_tiles=None):
+        kc, tables, bs = self._cache
+        q, Hkv = self._q, kc.shape[1]
+        for i, (b, t, pos) in enumerate(self._tiles(qsl, seq_lens, Q)[r0:r0 + len(scores)]):
+            rows = q[qsl[0] + t:qsl[0] + t + len(pos)].astype(np.float64)
+            qm = rows.reshape(len(pos), Hkv, -1, q.shape[2]).mean(axis=(0, 2))
+            for j in range(scores.shape[1]):
+                if j < (pos[0] + 1) // R:
+                    km = np.mean([kc[tables[b, k // bs] * bs + k % bs] for k in range(j * R, j * R + R)], 0)
+                    scores[i, j] = sum(max(0.0, qm[g] @ km[g]) for g in range(Hkv))
+                else:
+                    scores[i, j] = -np.inf
+
+    def sparse_topk(self, scores, qsl, seq_lens, R, K, Q, r0, topk, rows):
+        for i, (b, t, pos) in enumerate(self._tiles(qsl, seq_lens, Q)[r0:r0 + rows]):
+            nt = (pos[0] + 1) // R
+            for r, p in enumerate(pos):
+                n = (p + 1) // R
                 if n <= K:
-                    topk[t] = list(range(n)) + [-1] * (K - n)
-                elif r0 <= t < r0 + len(scores):
-                    topk[t] = sorted(np.argsort(-scores[t - r0, :n], kind="stable")[:K])
-                t += 1
+                    topk[t + r] = list(range(n)) + [-1] * (K - n)
+                elif nt <= K:
+                    topk[t + r] = list(range(nt)) + [-1] * (K - nt)
+                else:
+                    topk[t + r] = sorted(np.argsort(-scores[i, :nt], kind="stable")[:K])
         self._topk = topk
 
     def combine_topk_swa_indices(self, topk, qsl, seq_lens, gather_lens, W, R, K, M, N, out, lens):
@@ -105,7 +118,14 @@ def test_forced_sparse_matches_reference(name):
     fast.set_options(EngineOptions(sparse_prefill=False))
     assert np.abs(fast.logits(ids) - got).max() > 1e-2  # the tight setting really is approximate
     fast.set_options(EngineOptions(**TIGHT))
-    assert np.abs(fast.logits(ids, chunk=5) - got).max() <= 1e-4  # chunked prefill: same semantics
+    # Chunked prefill: the same semantics where chunks end on a multiple of the query tile (W - R + 2 = 4 here) ...
+    assert np.abs(fast.logits(ids, chunk=8) - got).max() <= 1e-4
+    # ... and anywhere with a selection per query.
+    fast.set_options(EngineOptions(**TIGHT, sparse_query_tile=1))
+    per_query = fast.logits(ids)
+    assert np.abs(fast.logits(ids, chunk=5) - per_query).max() <= 1e-4
+    ref.set_options(EngineOptions(**TIGHT, sparse_query_tile=1))
+    assert np.abs(ref.logits(ids) - per_query).max() <= 1e-4
 
 
 def test_stories_sparse(stories_dir, force_sparse):

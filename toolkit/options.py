@@ -45,6 +45,8 @@ class EngineOptions:
     sparse_topk: int = _param(512, "key blocks each query keeps (K)")
     sparse_window: int = _param(128, "sliding-window tokens each query always sees (W)")
     sparse_block: int = _param(4, "tokens per indexer key block (R, the compress ratio)")
+    sparse_query_tile: int = _param(64, "neighbouring queries (aligned to this many positions) that share one indexer "
+                                        "score and top-k selection (Q; 1 = a selection per query, at most W - R + 2)")
 
     def with_(self, **changes) -> "EngineOptions":
         return replace(self, **changes)
@@ -67,10 +69,10 @@ class EngineOptions:
         return next(f.metadata["help"] for f in fields(cls) if f.name == name)
 
     def validate(self):
-        """Raise ToolkitError naming the field for sparse parameters that cannot work (K, W, R >= 1, W >= R)."""
+        """Raise ToolkitError naming the field for sparse parameters that cannot work (K, W, R, Q >= 1, W >= R)."""
         from .sparse import validate
 
-        validate(self.sparse_topk, self.sparse_window, self.sparse_block)
+        validate(self.sparse_topk, self.sparse_window, self.sparse_block, self.sparse_query_tile)
 
     def effective(self, backend_name: str, dtype: str) -> "EngineOptions":
         """The options as they can run on this backend (unsupported switches read as off; sparse prefill runs on

@@ -3,7 +3,8 @@
     prefill rows of the step (requests nd..B-1: query_start_loc, seq_lens, block_tables; q post-RoPE, keys of
     this step already written to the cache by rope_qkv)
       compress_keys    kbar [B, N, Hkv, D]  block means of every complete key block      } "indexer"
-      scores           [rows, N] fp32 per chunk of query rows (never all of [T, N])     }
+      query_means      qbar [tiles, Hkv, D]  per query tile (pos // Q) the mean query    }
+      scores           [tiles, N] fp32 per chunk of tile rows (never all of [T, N])     }
       topk             [T, K] int32: each row's K best blocks, ascending, -1 padded      "topk"
       gather_lens, combine_topk_swa_indices -> [T, Kc] workspace row ids + lens       "combine"
       tensor cores (16-bit, head dim 64/128): kernels/sparse_attention_tc
@@ -11,7 +12,9 @@
         sparse_attention_tiled -> out rows (mma.sync over union + window span)         "sparse_attention"
       otherwise sparse_attention -> out rows (one CUDA-core block per query)           "sparse_attention"
 
-Parameters come from EngineOptions: K = sparse_topk, W = sparse_window, R = sparse_block. A row at position pos
+Parameters come from EngineOptions: K = sparse_topk, W = sparse_window, R = sparse_block, Q = sparse_query_tile
+(capped at W - R + 2: kernels/sparse_prefill.py says why). Queries of a tile share one score and one selection,
+which keeps the tensor-core kernel's 64-query unions at about K blocks on any data. A row at position pos
 has n = (pos+1)//R complete blocks; when n <= K it takes all of them and, W >= R, its key set is 0..pos: the
 result is exactly dense causal attention. When every row of the step is that short the indexer is skipped and
 (DENSE_WHEN_EXACT) the dense prefill kernel runs instead of the sparse one: same math, and the dense kernel
@@ -31,13 +34,19 @@ SCORE_BYTES = 256 << 20  # at most this much fp32 scores at once: queries are sc
 UNION_BYTES = 512 << 20  # tile-union lists above this (B * tiles * min(N, 64K) * 12 bytes): per-query kernel
 
 
-def validate(K: int, W: int, R: int):
-    for name, v in (("sparse_topk", K), ("sparse_window", W), ("sparse_block", R)):
+def validate(K: int, W: int, R: int, Q: int = 1):
+    for name, v in (("sparse_topk", K), ("sparse_window", W), ("sparse_block", R), ("sparse_query_tile", Q)):
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
             raise ToolkitError(f"{name} must be an integer >= 1, got {v!r}")
     if W < R:
         raise ToolkitError(f"sparse_window ({W}) must be >= sparse_block ({R}): the window has to cover the "
                            "partial block at the end of each query's context")
+
+
+def query_tile(Q: int, W: int, R: int) -> int:
+    """The query tile the indexer runs with: sparse_query_tile capped at W - R + 2, so that the blocks a row has
+    beyond its tile's first position all lie in its window (kernels/sparse_prefill.py: the exactness argument)."""
+    return max(1, min(int(Q), int(W) - int(R) + 2))
 
 
 def request_path(seq_len: int, options) -> str:
@@ -96,19 +105,24 @@ class SparsePrefill:
         T = sum(n for n, _ in lens)
         Hkv, D = k_cache.shape[1:]
         M = N + max(n + min(L - n, W - 1) for n, L in lens)
+        Q = query_tile(options.sparse_query_tile, W, R)
+        tiles = [(L - 1) // Q - (L - n) // Q + 1 for n, L in lens if n > 0]  # tile rows of each request
         topk = self._buf("topk", (T, K), np.int32)
         if N > K:  # some row has more blocks than it keeps: score them
             kbar = self._buf("kbar", (len(lens), N, Hkv, D), np.float32)
             be.sparse_compress_keys(k_cache, tables, seq_lens, bs, R, kbar)
-            chunk = max(1, min(T, SCORE_BYTES // (4 * N)))
-            for r0 in range(0, T, chunk):
-                scores = self._buf("scores", (min(chunk, T - r0), N), np.float32)
-                be.sparse_scores(q, kbar, qsl, seq_lens, R, r0, scores, step.max_query_len)
+            chunk = max(1, min(sum(tiles), SCORE_BYTES // (4 * N)))
+            for r0 in range(0, sum(tiles), chunk):
+                rows = min(chunk, sum(tiles) - r0)
+                qbar = self._buf("qbar", (rows, Hkv, D), np.float32)
+                be.sparse_query_means(q, qsl, seq_lens, Q, r0, qbar, max(tiles))
+                scores = self._buf("scores", (rows, N), np.float32)
+                be.sparse_scores(qbar, kbar, qsl, seq_lens, R, Q, r0, scores, max(tiles))
                 timer.lap("indexer")
-                be.sparse_topk(scores, qsl, seq_lens, R, K, r0, topk)
+                be.sparse_topk(scores, qsl, seq_lens, R, K, Q, r0, topk, rows)
                 timer.lap("topk")
         else:  # every row short: all blocks in order, no indexer
-            be.sparse_topk(None, qsl, seq_lens, R, K, 0, topk)
+            be.sparse_topk(None, qsl, seq_lens, R, K, Q, 0, topk, sum(tiles))
             timer.lap("topk")
         gather = self._buf("gather", (len(lens),), np.int32)
         be.sparse_gather_lens(qsl, seq_lens, W, gather)

@@ -103,11 +103,14 @@ class CpuBackend:
     def sparse_compress_keys(self, k_cache, block_tables, seq_lens, block_size, R, kbar):
         _sp.compress_keys(k_cache, block_tables, seq_lens, block_size, R, kbar.shape[1], kbar)
 
-    def sparse_scores(self, q, kbar, query_start_loc, seq_lens, R, r0, scores, max_query_len=None):
-        _sp.indexer_scores(q, kbar, query_start_loc, seq_lens, R, r0, scores)
+    def sparse_query_means(self, q, query_start_loc, seq_lens, Q, r0, qbar, max_tiles=None):
+        _sp.query_means(q, query_start_loc, seq_lens, Q, r0, qbar)
 
-    def sparse_topk(self, scores, query_start_loc, seq_lens, R, K, r0, topk):
-        _sp.topk_blocks(scores, query_start_loc, seq_lens, R, K, r0, topk)
+    def sparse_scores(self, qbar, kbar, query_start_loc, seq_lens, R, Q, r0, scores, max_tiles=None):
+        _sp.indexer_scores(qbar, kbar, query_start_loc, seq_lens, R, Q, r0, scores)
+
+    def sparse_topk(self, scores, query_start_loc, seq_lens, R, K, Q, r0, topk, rows=None):
+        _sp.topk_blocks(None if scores is None else scores[:rows], query_start_loc, seq_lens, R, K, Q, r0, topk)
 
     def sparse_gather_lens(self, query_start_loc, seq_lens, W, out):
         _sp.gather_lens(query_start_loc, seq_lens, W, out)

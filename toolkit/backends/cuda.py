@@ -298,11 +298,14 @@ class CudaBackend:
     def sparse_compress_keys(self, k_cache, block_tables, seq_lens, block_size, R, kbar):
         self._sparse.compress_keys(k_cache, block_tables, seq_lens, block_size, R, kbar)
 
-    def sparse_scores(self, q, kbar, query_start_loc, seq_lens, R, r0, scores, max_query_len):
-        self._sparse.scores(q, kbar, query_start_loc, seq_lens, R, r0, scores, max_query_len)
+    def sparse_query_means(self, q, query_start_loc, seq_lens, Q, r0, qbar, max_tiles):
+        self._sparse.query_means(q, query_start_loc, seq_lens, Q, r0, qbar, max_tiles)
 
-    def sparse_topk(self, scores, query_start_loc, seq_lens, R, K, r0, topk):
-        self._sparse.topk(scores, query_start_loc, seq_lens, R, K, r0, topk)
+    def sparse_scores(self, qbar, kbar, query_start_loc, seq_lens, R, Q, r0, scores, max_tiles):
+        self._sparse.scores(qbar, kbar, query_start_loc, seq_lens, R, Q, r0, scores, max_tiles)
+
+    def sparse_topk(self, scores, query_start_loc, seq_lens, R, K, Q, r0, topk, rows):
+        self._sparse.topk(scores, query_start_loc, seq_lens, R, K, Q, r0, topk, rows)
 
     def sparse_gather_lens(self, query_start_loc, seq_lens, W, out):
         self._sparse.gather_lens(query_start_loc, seq_lens, W, out)

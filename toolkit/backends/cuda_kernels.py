@@ -55,8 +55,8 @@ def kernel_names(op: str, ctype: str) -> list:
         return [f"prefill_attention<{ctype}>"] + tc
     if op == "combine":
         return []  # extern "C", int32 only (combine_flat_warp, combine_flat_block, combine_persistent, ...)
-    if op == "sparse_prefill":  # (sparse_topk is extern "C": fp32 scores)
-        return [f"sparse_compress_keys<{ctype}>", f"sparse_scores<{ctype}>"] + \
+    if op == "sparse_prefill":  # (sparse_scores and sparse_topk are extern "C": fp32 in)
+        return [f"sparse_compress_keys<{ctype}>", f"sparse_query_means<{ctype}>"] + \
             [f"sparse_attention<{ctype}, {d}, {g}>" for d in (8, 16, 32, 64, 128) for g in (8, 16)]
     if op == "sparse_attention_tc":  # (sparse_tile_union is extern "C"); the attention for 16-bit types only
         return [] if ctype == "float" else [f"sparse_attention_tc<{ctype}, {d}>" for d in TC_HEAD_DIMS]

@@ -36,26 +36,32 @@ class CudaSparse:
         f((N, B), (Hkv * D,), (k_cache, block_tables, _i32(block_tables.shape[1]), seq_lens, _i32(block_size),
                                _i32(k_cache.shape[0] // block_size), _i32(R), _i32(N), _i32(Hkv), _i32(D), kbar))
 
-    def scores(self, q, kbar, qsl, seq_lens, R, r0, out, max_query_len):
+    def query_means(self, q, qsl, seq_lens, Q, r0, qbar, max_tiles):
+        rows, Hkv, D = qbar.shape
+        B = seq_lens.shape[0]
+        if rows and B:
+            f = self._f("sparse_prefill", f"sparse_query_means<{self.k.ctype}>")
+            f((max_tiles, B, -(-Hkv * D // 32)), (32, 8), (q, qsl, _i32(B), seq_lens, _i32(Q), _i32(r0), _i32(rows),
+                                                          _i32(q.shape[1]), _i32(Hkv), _i32(D), qbar))
+
+    def scores(self, qbar, kbar, qsl, seq_lens, R, Q, r0, out, max_tiles):
         rows, N = out.shape
         B, _, Hkv, D = kbar.shape
         if not rows or not N:
             return
         smem = (32 + 64) * (D + 1) * 4
-        f = self._f("sparse_prefill", f"sparse_scores<{self.k.ctype}>", smem)
-        f((-(-max_query_len // 32), -(-N // 64), B), (256,),
-          (q, kbar, qsl, _i32(B), seq_lens, _i32(R), _i32(r0), _i32(rows), _i32(N), _i32(q.shape[1]), _i32(Hkv),
-           _i32(D), out), shared_mem=smem)
+        f = self._f("sparse_prefill", "sparse_scores", smem)
+        f((-(-max_tiles // 32), -(-N // 64), B), (256,),
+          (qbar, kbar, qsl, _i32(B), seq_lens, _i32(R), _i32(Q), _i32(r0), _i32(rows), _i32(N), _i32(Hkv), _i32(D),
+           out), shared_mem=smem)
 
-    def topk(self, scores, qsl, seq_lens, R, K, r0, topk, rows=None):
+    def topk(self, scores, qsl, seq_lens, R, K, Q, r0, topk, rows):
+        """Tile rows r0 .. r0+rows-1 (scores [rows, N], or None when every query row is short)."""
         B = seq_lens.shape[0]
-        if scores is None:  # every row short: no scores read (N = 1 is never used)
-            rows, N, scores = topk.shape[0] - r0, 1, topk
-        else:
-            rows, N = scores.shape
+        N, scores = (1, topk) if scores is None else (scores.shape[1], scores)
         if rows:
             self._f("sparse_prefill", "sparse_topk")((rows,), (512,), (
-                scores, _i32(N), qsl, _i32(B), seq_lens, _i32(R), _i32(K), _i32(r0), _i32(rows), topk))
+                scores, _i32(N), qsl, _i32(B), seq_lens, _i32(R), _i32(K), _i32(Q), _i32(r0), _i32(rows), topk))
 
     def gather_lens(self, qsl, seq_lens, W, out):
         B = seq_lens.shape[0]

@@ -46,10 +46,14 @@ class Backend(Protocol):
     # (and kernels/combine.{cu,py}); rows are the prefill requests' rows, local row t = row - qsl[0].
     def sparse_compress_keys(self, k_cache, block_tables, seq_lens, block_size: int, R: int,
                              kbar) -> None: ...  # kbar fp32[B, N, Hkv, D] = key block means (0 past seq_len//R)
-    def sparse_scores(self, q, kbar, query_start_loc, seq_lens, R: int, r0: int, scores,
-                      max_query_len: int) -> None: ...  # scores fp32[rows, N] of local rows r0.. (-inf: not visible)
-    def sparse_topk(self, scores, query_start_loc, seq_lens, R: int, K: int, r0: int,
-                    topk) -> None: ...  # topk int32[T, K] rows r0..: best K blocks ascending; scores None: all short
+    # The indexer runs per tile row: a request's queries grouped by pos // Q (kernels/sparse_prefill.py).
+    def sparse_query_means(self, q, query_start_loc, seq_lens, Q: int, r0: int, qbar,
+                           max_tiles: int) -> None: ...  # qbar fp32[rows, Hkv, D] of tile rows r0..
+    def sparse_scores(self, qbar, kbar, query_start_loc, seq_lens, R: int, Q: int, r0: int, scores,
+                      max_tiles: int) -> None: ...  # scores fp32[rows, N] of tile rows r0.. (-inf: not visible)
+    def sparse_topk(self, scores, query_start_loc, seq_lens, R: int, K: int, Q: int, r0: int, topk,
+                    rows: int) -> None: ...  # topk int32[T, K] of tile rows r0..r0+rows-1's queries: best K
+    #                                          blocks ascending; scores None: every row short, no scores read
     def sparse_gather_lens(self, query_start_loc, seq_lens, W: int, out) -> None: ...  # q_len + min(prefix, W-1)
     def combine_topk_swa_indices(self, topk, query_start_loc, seq_lens, gather_lens, W: int, R: int, K: int,
                                  M: int, N: int, out, lens) -> None: ...  # reference A.5, bounds-checked

@@ -8,10 +8,12 @@
                one fresh prompt of T tokens in the paged cache): our dense tensor-core kernel, the sparse path
                phase by phase (indexer, top-k, gather lens + combine + tile union, sparse attention) from events
                on the backend's stream, its device-synchronised wall time (a cross-check: work launched on another
-               stream would show here and not in the events), the per-query CUDA-core kernel, the mean union
-               size of a 64-query tile, and PyTorch SDPA.
+               stream would show here and not in the events), its GPU time alone (replayed from a CUDA graph: no
+               Python between the launches), the per-query CUDA-core kernel, the mean union
+               size of a 64-query tile, and PyTorch SDPA (FlashAttention backend, and cuDNN's).
     quality    stories260K: teacher-forced prefill logits of a greedy dense story, dense vs tight sparse
                (W 32, R 4, K 16): greedy (argmax) agreement and mean KL(dense || sparse) over the positions.
+    layer and quality run once per --query-tiles value (sparse_query_tile; default 64 and 1).
 """
 import argparse
 import sys
@@ -96,15 +98,16 @@ def bench_combine(be, tokens):
     return rows
 
 
-def bench_layer(be, tokens, K=512, W=128, R=4, with_torch=True):
+def bench_layer(be, tokens, K=512, W=128, R=4, query_tiles=(64, 1), with_torch=True):
     cp = be.cp
     from ..sparse import SparsePrefill
 
     Hq, Hkv, D, bs = 14, 2, 64, 16
     scale = D ** -0.5
-    rows = ["| T | dense (ours) ms | indexer ms | top-k ms | combine + union ms | sparse attn ms | sparse total ms | "
-            "sparse total, wall ms | per-query kernel ms | union blocks/tile | SDPA ms | sparse / SDPA | "
-            "dense / SDPA | gathered workspace: K+V rows, GB | gather ms |", "|---:|" + "---:|" * 14]
+    rows = ["| T | Q | dense (ours) ms | indexer ms | top-k ms | combine + union ms | sparse attn ms | "
+            "sparse total ms | sparse total, wall ms | sparse total, graph ms | per-query kernel ms | "
+            "union blocks/tile | SDPA ms | sparse / SDPA | graph / SDPA | dense / SDPA | SDPA cuDNN ms | "
+            "sparse / cuDNN | graph / cuDNN | gathered workspace: K+V rows, GB | gather ms |", "|---:|" + "---:|" * 20]
     for T in tokens:
         rng = np.random.default_rng(T)
         with be.stream:
@@ -136,6 +139,10 @@ def bench_layer(be, tokens, K=512, W=128, R=4, with_torch=True):
                 e.record(be.stream)
                 self.ev.append((name, e))
 
+        class NoLaps:
+            def lap(self, name):
+                pass
+
         class Step:
             pass
 
@@ -144,9 +151,10 @@ def bench_layer(be, tokens, K=512, W=128, R=4, with_torch=True):
         step.max_query_len = T
         from ..options import EngineOptions
 
-        opts = EngineOptions(sparse_topk=K, sparse_window=W, sparse_block=R)
+        sdpa = _sdpa_ms(q, kf, vf, Hq, Hkv) if with_torch else None
+        cudnn = _sdpa_ms(q, kf, vf, Hq, Hkv, "CUDNN_ATTENTION") if with_torch else None
 
-        def run_laps(tensor_cores, reps=3):
+        def run_laps(opts, tensor_cores, reps=3):
             """Per-section event times over `reps` runs after a warm-up (compile, workspaces), and the wall time of
             the same runs with the whole device synchronised: it also sees work that strayed off our stream."""
             laps = {}
@@ -170,25 +178,29 @@ def bench_layer(be, tokens, K=512, W=128, R=4, with_torch=True):
             cp.cuda.Device().synchronize()
             return laps, (time.perf_counter() - t0) * 1e3 / reps
 
-        laps, wall = run_laps(True)
-        total = sum(laps.values())
-        ws = sparse._ws.get("ucount")
-        union = "-"
-        if ws is not None:  # the tiled route ran: mean union size of the prompt's tiles
-            counts = ws[:-(-T // 64)].get()
-            counts = counts[counts > 0]  # covered tiles (the first K*R positions) have none: they run causal
-            union = f"{counts.mean():.0f} of N={T // R}" if len(counts) else "covered"
-        gathered, gather = _gather_ms(cp, be.stream, sparse._ws, -(-T // 64), table, bs, R, kc, vc) \
-            if ws is not None else ("-", None)
-        be.bind_thread()
-        per_query = run_laps(False, reps=1)[0].get("sparse_attention")
-        sdpa = _sdpa_ms(q, kf, vf, Hq, Hkv) if with_torch else None
-        f = lambda x: "-" if x is None else f"{x:.3f}"
-        ratio = lambda a, b: "-" if b is None else f"{a / b:.2f}"
-        rows.append(f"| {T} | {dense:.3f} | {f(laps.get('indexer', 0.0))} | {f(laps.get('topk'))} | "
-                    f"{f(laps.get('combine'))} | {f(laps.get('sparse_attention'))} | {total:.3f} | {wall:.3f} | "
-                    f"{f(per_query)} | {union} | {f(sdpa)} | {ratio(total, sdpa)} | {ratio(dense, sdpa)} | "
-                    f"{gathered} | {f(gather)} |")
+        for Q in query_tiles:
+            opts = EngineOptions(sparse_topk=K, sparse_window=W, sparse_block=R, sparse_query_tile=Q)
+            laps, wall = run_laps(opts, True)
+            total = sum(laps.values())
+            graph = _graph_us(cp, be.stream, lambda: sparse.run(step, kc, vc, bs, qb, out, 0, opts, NoLaps(), scale,
+                                                                True), replays=3) / 1e3
+            ws = sparse._ws.get("ucount")
+            union = "-"
+            if ws is not None:  # the tiled route ran: mean union size of the prompt's tiles
+                counts = ws[:-(-T // 64)].get()
+                counts = counts[counts > 0]  # covered tiles (the first K*R positions) have none: they run causal
+                union = f"{counts.mean():.0f} of N={T // R}" if len(counts) else "covered"
+            gathered, gather = _gather_ms(cp, be.stream, sparse._ws, -(-T // 64), table, bs, R, kc, vc) \
+                if ws is not None else ("-", None)
+            be.bind_thread()
+            per_query = run_laps(opts, False, reps=1)[0].get("sparse_attention")
+            f = lambda x: "-" if x is None else f"{x:.3f}"
+            ratio = lambda a, b: "-" if b is None else f"{a / b:.2f}"
+            rows.append(f"| {T} | {Q} | {dense:.3f} | {f(laps.get('indexer', 0.0))} | {f(laps.get('topk'))} | "
+                        f"{f(laps.get('combine'))} | {f(laps.get('sparse_attention'))} | {total:.3f} | {wall:.3f} | "
+                        f"{graph:.3f} | {f(per_query)} | {union} | {f(sdpa)} | {ratio(total, sdpa)} | "
+                        f"{ratio(graph, sdpa)} | {ratio(dense, sdpa)} | {f(cudnn)} | {ratio(total, cudnn)} | "
+                        f"{ratio(graph, cudnn)} | {gathered} | {f(gather)} |")
         del q, kf, vf, qb, kb, vb, kc, vc, out, sparse
         cp.get_default_memory_pool().free_all_blocks()
     return rows
@@ -214,10 +226,13 @@ def _gather_ms(cp, stream, ws, tiles, table, bs, R, kc, vc):
     return f"{slots.size / 1e6:.1f} M, {2 * wk.nbytes / 1e9:.2f}", ms
 
 
-def _sdpa_ms(q, k, v, Hq, Hkv):
+def _sdpa_ms(q, k, v, Hq, Hkv, backend="FLASH_ATTENTION"):
+    """One layer's causal attention in PyTorch SDPA with one backend (K/V heads repeated for the group), or None
+    when torch or that backend is not available here."""
     try:
         import torch
         import torch.nn.functional as F
+        from torch.nn.attention import SDPBackend, sdpa_kernel
     except ImportError:
         return None
     tq = torch.as_tensor(q, device="cuda").to(torch.bfloat16).transpose(0, 1)[None]
@@ -225,24 +240,27 @@ def _sdpa_ms(q, k, v, Hq, Hkv):
     tv = torch.as_tensor(v, device="cuda").to(torch.bfloat16).transpose(0, 1)[None]
     tk = tk.repeat_interleave(Hq // Hkv, dim=1).contiguous()
     tv = tv.repeat_interleave(Hq // Hkv, dim=1).contiguous()
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-        fn = lambda: F.scaled_dot_product_attention(tq, tk, tv, is_causal=True)
-        fn()
-        torch.cuda.synchronize()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(5):
+    try:
+        with sdpa_kernel(getattr(SDPBackend, backend)):
+            fn = lambda: F.scaled_dot_product_attention(tq, tk, tv, is_causal=True)
             fn()
-        b.record()
-        b.synchronize()
+            torch.cuda.synchronize()
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            for _ in range(5):
+                fn()
+            b.record()
+            b.synchronize()
+    except RuntimeError:  # no kernel of that backend for these inputs
+        return None
     return a.elapsed_time(b) / 5
 
 
-def bench_quality(device, stories, n_tokens=480, K=16, W=32, R=4):
+def bench_quality(device, stories, n_tokens=480, K=16, W=32, R=4, query_tiles=(64, 1)):
+    """One row per sparse_query_tile (the effective tile, capped at W - R + 2, in brackets)."""
     from ..assembly import build_engine
     from ..options import EngineOptions
+    from ..sparse import query_tile
 
     dense = build_engine(stories, device=device, max_context=512, options=EngineOptions(sparse_prefill=False),
                          warmup=False, **({"dtype": "float32"} if device == "cuda" else {}))
@@ -250,21 +268,24 @@ def bench_quality(device, stories, n_tokens=480, K=16, W=32, R=4):
     while len(ids) < n_tokens:
         ids.append(int(np.argmax(dense.logits(ids)[-1])))
     ld = dense.logits(ids).astype(np.float64)
-    dense.set_options(EngineOptions(sparse_topk=K, sparse_window=W, sparse_block=R))
-    ls = dense.logits(ids).astype(np.float64)
 
     def logsoftmax(x):
         x = x - x.max(-1, keepdims=True)
         return x - np.log(np.exp(x).sum(-1, keepdims=True))
 
-    pd, ps = logsoftmax(ld), logsoftmax(ls)
-    kl = (np.exp(pd) * (pd - ps)).sum(-1)
     approx = np.arange(len(ids)) + 1 > K * R  # positions whose query did not see every block
-    agree = (ld.argmax(-1) == ls.argmax(-1))
-    return ["| positions | greedy agreement | mean KL (nats) | max KL |", "|---|---:|---:|---:|",
-            f"| all {len(ids)} | {agree.mean():.4f} | {kl.mean():.5f} | {kl.max():.4f} |",
-            f"| approximate only ({approx.sum()}, pos+1 > K*R = {K * R}) | {agree[approx].mean():.4f} | "
-            f"{kl[approx].mean():.5f} | {kl[approx].max():.4f} |"]
+    rows = ["| query tile Q | positions | greedy agreement | mean KL (nats) | max KL |", "|---|---|---:|---:|---:|"]
+    for Q in query_tiles:
+        dense.set_options(EngineOptions(sparse_topk=K, sparse_window=W, sparse_block=R, sparse_query_tile=Q))
+        ls = dense.logits(ids).astype(np.float64)
+        pd, ps = logsoftmax(ld), logsoftmax(ls)
+        kl = (np.exp(pd) * (pd - ps)).sum(-1)
+        agree = (ld.argmax(-1) == ls.argmax(-1))
+        q = f"{Q} ({query_tile(Q, W, R)})"
+        rows += [f"| {q} | all {len(ids)} | {agree.mean():.4f} | {kl.mean():.5f} | {kl.max():.4f} |",
+                 f"| {q} | approximate only ({approx.sum()}, pos+1 > K*R = {K * R}) | {agree[approx].mean():.4f} | "
+                 f"{kl[approx].mean():.5f} | {kl[approx].max():.4f} |"]
+    return rows
 
 
 def main(argv) -> int:
@@ -273,9 +294,12 @@ def main(argv) -> int:
     p.add_argument("--tests", default="combine,layer,quality", help="comma list of combine, layer, quality")
     p.add_argument("--tokens", default="1024,4096,16384", help="combine sweep token counts")
     p.add_argument("--layer-tokens", default="4096,16384,32768", help="per-layer prompt lengths")
+    p.add_argument("--query-tiles", default="64,1", help="sparse_query_tile values for layer and quality (1: a "
+                                                         "selection per query, the issue's literal score)")
     p.add_argument("--stories", default=None, help="stories260K folder (default: ../shared/models/stories260K)")
     args = p.parse_args(argv)
     tests = args.tests.split(",")
+    tiles = tuple(int(x) for x in args.query_tiles.split(","))
     env = environment(args.device)
     print("## Environment\n")
     for k, v in env.items():
@@ -291,7 +315,7 @@ def main(argv) -> int:
             sys.stdout.flush()
         if "layer" in tests:
             print("\n## One layer's prefill attention, Qwen2.5-0.5B shape (14/2 heads, D 64, bf16), K 512 W 128 R 4\n")
-            print("\n".join(bench_layer(be, [int(x) for x in args.layer_tokens.split(",")])))
+            print("\n".join(bench_layer(be, [int(x) for x in args.layer_tokens.split(",")], query_tiles=tiles)))
             sys.stdout.flush()
     if "quality" in tests:
         from pathlib import Path
@@ -299,7 +323,7 @@ def main(argv) -> int:
         stories = args.stories or str(Path(__file__).resolve().parents[3] / "shared" / "models" / "stories260K")
         if Path(stories, "config.json").is_file():
             print("\n## Quality on stories260K: dense vs sparse W 32, R 4, K 16 (teacher-forced prefill logits)\n")
-            print("\n".join(bench_quality(args.device, stories)))
+            print("\n".join(bench_quality(args.device, stories, query_tiles=tiles)))
         else:
             print(f"\n(quality skipped: no {stories})")
     return 0
