@@ -7,6 +7,8 @@ everywhere a kernel must not read (tests/paged_cache.py), so a wrong slot shows.
 """
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from paged_cache import paged_cache
 
 from kernels import sparse_prefill as sp
@@ -205,6 +207,38 @@ def test_tile_rows_share_blocks_and_stay_exact():
     assert len({tuple(r) for r in topk[72:84]}) == 1 and len({tuple(r) for r in topk[84:96]}) == 1
     want = ref_sparse_attention(q, kc, vc, tables, seq_lens, qsl, topk, W, R, bs, scale)
     assert np.abs(got[base:base + 96] - want[base:base + 96]).max() <= 1e-5
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 90), st.integers(0, 60)), min_size=1, max_size=3),
+       st.integers(1, 12), st.integers(1, 6), st.integers(0, 20), st.integers(1, 70), st.integers(0, 2**31 - 1))
+def test_query_tiles_keep_every_key_when_the_tile_takes_all(reqs, K, R, extra, Qopt, seed):
+    """The exactness argument of the query tile, on the twin's top-k with random scores: a row whose tile takes
+    every candidate (or that is short itself) sees every key 0..pos through its blocks and its window, for any
+    K, W >= R, R and requested Q (capped by query_tile); the long rows of a tile share one selection."""
+    W = R + extra
+    Q = query_tile(Qopt, W, R)
+    qlens = [q for q, _ in reqs]
+    lens = [q + p for q, p in reqs]
+    qsl = np.concatenate([[0], np.cumsum(qlens)]).astype(I32)
+    seq_lens = np.array(lens, I32)
+    req, row, cnt, p0 = sp.tile_rows(qsl, seq_lens, Q)
+    assert (np.bincount(row.repeat(cnt) + np.concatenate([np.arange(c) for c in cnt]), minlength=qsl[-1]) == 1).all()
+    N = max(max(lens) // R, 1)
+    scores = np.random.default_rng(seed).standard_normal((len(req), N)).astype(np.float32)
+    topk = sp.topk_blocks(scores, qsl, seq_lens, R, K, Q, 0)
+    _, pos = sp.row_positions(qsl, seq_lens)
+    for i in range(len(req)):
+        long_rows = [t for t in range(row[i], row[i] + cnt[i]) if (pos[t] + 1) // R > K]
+        assert len({tuple(topk[t]) for t in long_rows}) <= 1
+        if (p0[i] + 1) // R > K:
+            continue  # the tile chooses: approximate rows
+        for t in range(row[i], row[i] + cnt[i]):
+            ws = pos[t] - min(pos[t] + 1, W) + 1
+            keys = set(range(ws, pos[t] + 1))
+            for blk in topk[t][topk[t] >= 0]:
+                keys |= set(range(blk * R, blk * R + R))
+            assert set(range(pos[t] + 1)) <= keys, (t, pos[t], Q)
 
 
 # ---- sparse attention ----
