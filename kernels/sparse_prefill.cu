@@ -136,7 +136,7 @@ sparse_scores(const float* __restrict__ qbar, const float* __restrict__ kbar, co
     const int lo = max(tb + i0, r0), hi = min(min(tb + i0 + SC_TQ, tb + nt), r0 + rows);
     if (lo >= hi) return;
     const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;  // tile rows 2ty, 2ty+1; blocks tx + 16c
-    int p_last, cnt;
+    int p_last, cnt;  // p_last: the first position of the CTA's last tile, which has the most candidates
     tile_span(qsl, seq_lens, b, Q, hi - 1 - tb, &p_last, &cnt);
     if (j0 >= (p_last + 1) / R) {  // past every tile's candidate blocks (causal): all -inf, no math
         for (int k = tid; k < (hi - lo) * SC_TN; k += 256) {

@@ -93,11 +93,14 @@ def query_means(q, query_start_loc, seq_lens, Q: int, r0: int, out):
     """out [rows, Hkv, D] fp32 for tile rows r0..r0+rows-1: the mean of the tile's queries over its rows and over
     each KV group's query heads (q [flat rows, Hq, D]; Q = 1: one row's q-bar, the issue's per-query score)."""
     rows, Hkv, D = out.shape
-    req, row, cnt, _ = tile_rows(query_start_loc, seq_lens, Q)
+    if not rows:
+        return out
+    _, row, cnt, _ = tile_rows(query_start_loc, seq_lens, Q)
+    row, cnt = row[r0:r0 + rows], cnt[r0:r0 + rows]
     base, G = int(query_start_loc[0]), q.shape[1] // Hkv
-    for i in range(rows):
-        r, c = base + int(row[r0 + i]), int(cnt[r0 + i])
-        out[i] = q[r:r + c].reshape(c, Hkv, G, D).astype(np.float64).mean(axis=(0, 2))
+    lo, hi = int(row[0]), int(row[-1] + cnt[-1])  # a chunk's tile rows cover consecutive local rows
+    per_row = q[base + lo:base + hi].reshape(hi - lo, Hkv, G, D).astype(np.float64).mean(axis=2)
+    out[:] = np.add.reduceat(per_row, row - lo, axis=0) / cnt[:, None, None]
     return out
 
 
