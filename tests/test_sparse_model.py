@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from conftest import FIXTURES
 from reference_run import FIXTURE_NAMES
-from test_sparse_kernels import ref_combine, ref_sparse_attention
+from test_sparse_kernels import ref_combine, ref_sparse_attention, ref_topk
 
 import toolkit.sparse as sparse
 from toolkit.assembly import build_engine
@@ -65,16 +65,13 @@ class RefBackend(CpuBackend):
                     scores[i, j] = -np.inf
 
     def sparse_topk(self, scores, qsl, seq_lens, R, K, Q, r0, topk, rows):
-        for i, (b, t, pos) in enumerate(self._tiles(qsl, seq_lens, Q)[r0:r0 + rows]):
-            nt = (pos[0] + 1) // R
-            for r, p in enumerate(pos):
-                n = (p + 1) // R
-                if n <= K:
-                    topk[t + r] = list(range(n)) + [-1] * (K - n)
-                elif nt <= K:
-                    topk[t + r] = list(range(nt)) + [-1] * (K - nt)
-                else:
-                    topk[t + r] = sorted(np.argsort(-scores[i, :nt], kind="stable")[:K])
+        tiles = self._tiles(qsl, seq_lens, Q)
+        full = np.zeros((len(tiles), 1 if scores is None else scores.shape[1]), np.float32)
+        if scores is not None:  # this chunk's tile rows; ref_topk reads no other row's scores for them
+            full[r0:r0 + rows] = scores[:rows]
+        want = ref_topk(full, qsl, seq_lens, R, K, Q)
+        for _, t, pos in tiles[r0:r0 + rows]:
+            topk[t:t + len(pos)] = want[t:t + len(pos)]
         self._topk = topk
 
     def combine_topk_swa_indices(self, topk, qsl, seq_lens, gather_lens, W, R, K, M, N, out, lens):
