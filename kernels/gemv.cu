@@ -5,9 +5,14 @@
 //
 // Layout (row-major, HF's [out, in] weights): x T[M, K]; w T[N, K]; y TO[M, N] (TO = T, or float for logits).
 // Requires K % (16 / sizeof(T)) == 0 and 16-byte aligned rows (the wrapper checks).
-// Launch: block 256 = 8 warps, one output row n per warp, grid ceil(N / 8). Lane l reads 16-byte chunks
-// l, l + 32, ... of w[n] (coalesced: a warp reads 512 contiguous bytes per step) and the same chunks of the M
-// x rows (tiny, L1/L2-resident), accumulates in fp32, then the warp sums its lanes with xor shuffles.
+// Launch: block 256 = 8 warps, grid ceil(N / (8 / wpr)). Each output row n gets wpr warps (1, 2, 4 or 8: the
+// wrapper's gemv_warps_per_row); lane l of the row's warp p reads 16-byte chunks p * 32 + l, + 32 * wpr, ... of
+// w[n] (coalesced: a warp reads 512 contiguous bytes per step) and the same chunks of the M x rows (tiny,
+// L1/L2-resident), accumulates in fp32, then the warp sums its lanes with xor shuffles and, with wpr > 1, warp 0
+// of the row adds the row's wpr partial sums in order (deterministic).
+// Why several warps a row: a warp keeps only a few 16-byte loads a lane in flight, so a long row (the down
+// projection's K = 4,864) on one warp leaves too few bytes in flight to cover DRAM latency: 896 rows are 896 warps,
+// under 7 an SM.
 #include "dtype.cuh"
 #include "elementwise.cuh"
 #include "pdl.cuh"
@@ -21,20 +26,22 @@
 #define GEMV_PF 4
 #endif
 
-__device__ __forceinline__ void w_prefetch(const uint4* __restrict__ wr, int KC, int lane, uint4 (&pre)[GEMV_PF]) {
+// A lane's chunks are c0, c0 + cs, c0 + 2 cs, ... (c0 = part * 32 + lane, cs = 32 * wpr).
+__device__ __forceinline__ void w_prefetch(const uint4* __restrict__ wr, int KC, int c0, int cs,
+                                           uint4 (&pre)[GEMV_PF]) {
 #pragma unroll
     for (int p = 0; p < GEMV_PF; p++) {
-        const int c = lane + 32 * p;
+        const int c = c0 + cs * p;
         pre[p] = c < KC ? __ldg(wr + c) : make_uint4(0u, 0u, 0u, 0u);
     }
 }
 
-// One warp's dot products of weight row wr with the M rows of x: lane l takes 16-byte chunks l, l + 32, ...
+// One warp's dot products of weight row wr with the M rows of x: the lane takes 16-byte chunks c0, c0 + cs, ...
 // (the first GEMV_PF of them already in pre); x_chunk(m, c) gives chunk c of x row m (global memory for gemv,
-// shared memory for gemv_fused's prologue). Returns, in every lane, the full sums (fp32, reduced over the warp
+// shared memory for gemv_fused's prologue). Returns, in every lane, the warp's sums (fp32, reduced over the warp
 // by xor shuffles).
 template <typename T, int M, typename XChunk>
-__device__ __forceinline__ void warp_dots(const uint4* __restrict__ wr, int KC, int lane,
+__device__ __forceinline__ void warp_dots(const uint4* __restrict__ wr, int KC, int c0, int cs,
                                           const uint4 (&pre)[GEMV_PF], XChunk x_chunk, float (&acc)[M]) {
     constexpr int VEC = 16 / sizeof(T);
 #pragma unroll
@@ -52,32 +59,60 @@ __device__ __forceinline__ void warp_dots(const uint4* __restrict__ wr, int KC, 
     };
 #pragma unroll
     for (int p = 0; p < GEMV_PF; p++)
-        if (lane + 32 * p < KC) dot_chunk(pre[p], lane + 32 * p);
+        if (c0 + cs * p < KC) dot_chunk(pre[p], c0 + cs * p);
     // Unrolled so each lane has several independent 16-byte weight loads in flight (latency hiding).
 #pragma unroll 4
-    for (int c = lane + 32 * GEMV_PF; c < KC; c += 32) dot_chunk(__ldg(wr + c), c);
+    for (int c = c0 + cs * GEMV_PF; c < KC; c += cs) dot_chunk(__ldg(wr + c), c);
 #pragma unroll
     for (int m = 0; m < M; m++)
         for (int o = 16; o > 0; o >>= 1) acc[m] += __shfl_xor_sync(0xffffffffu, acc[m], o);
 }
 
-template <typename T, typename TO, int M>
-__global__ void __launch_bounds__(256, 1)
-gemv(const T* __restrict__ x, const T* __restrict__ w, TO* __restrict__ y, int N, int K) {
-    constexpr int VEC = 16 / sizeof(T);
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int n = blockIdx.x * 8 + warp;
-    if (n >= N) return;  // whole warp: no barrier below, only shuffles
-    const uint4* wr = reinterpret_cast<const uint4*>(w + (size_t)n * K);
-    uint4 pre[GEMV_PF];
-    w_prefetch(wr, K / VEC, lane, pre);
-    pdl_enter();  // x comes from the previous kernel
-    float acc[M];
-    warp_dots<T, M>(wr, K / VEC, lane, pre,
-                    [&](int m, int c) { return __ldg(reinterpret_cast<const uint4*>(x + (size_t)m * K) + c); }, acc);
+// Which row and which part of it this warp takes (wpr warps a row, 8 / wpr rows a block).
+struct RowPart {
+    int n, part, c0, cs;
+    __device__ RowPart(int warp, int lane, int wpr)
+        : n(blockIdx.x * (8 / wpr) + warp / wpr), part(warp % wpr), c0(part * 32 + lane), cs(32 * wpr) {}
+};
+
+// With wpr > 1, the row's first warp adds the row's partial sums, in part order, into acc (every warp of the
+// block must call it: it has a barrier). Returns whether this warp holds the row's full sums.
+template <int M>
+__device__ __forceinline__ bool row_sums(const RowPart& r, int warp, int lane, int wpr, float (&acc)[M]) {
+    if (wpr == 1) return true;
+    __shared__ float s_part[8][M];
 #pragma unroll
     for (int m = 0; m < M; m++)
-        if (lane == 0) y[(size_t)m * N + n] = from_f32<TO>(acc[m]);
+        if (lane == 0) s_part[warp][m] = acc[m];
+    __syncthreads();
+    if (r.part) return false;
+#pragma unroll
+    for (int m = 0; m < M; m++) {
+        acc[m] = s_part[warp][m];
+        for (int p = 1; p < wpr; p++) acc[m] += s_part[warp + p][m];
+    }
+    return true;
+}
+
+template <typename T, typename TO, int M>
+__global__ void __launch_bounds__(256, 1)
+gemv(const T* __restrict__ x, const T* __restrict__ w, TO* __restrict__ y, int N, int K, int wpr) {
+    constexpr int VEC = 16 / sizeof(T);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const RowPart r(warp, lane, wpr);
+    if (wpr == 1 && r.n >= N) return;  // whole warp, and no barrier below when wpr == 1
+    // With wpr > 1 a warp past the last row still reads a real row (N - 1) and reaches row_sums' barrier.
+    const uint4* wr = reinterpret_cast<const uint4*>(w + (size_t)min(r.n, N - 1) * K);
+    uint4 pre[GEMV_PF];
+    w_prefetch(wr, K / VEC, r.c0, r.cs, pre);
+    pdl_enter();  // x comes from the previous kernel
+    float acc[M];
+    warp_dots<T, M>(wr, K / VEC, r.c0, r.cs, pre,
+                    [&](int m, int c) { return __ldg(reinterpret_cast<const uint4*>(x + (size_t)m * K) + c); }, acc);
+    if (!row_sums<M>(r, warp, lane, wpr, acc) || r.n >= N) return;
+#pragma unroll
+    for (int m = 0; m < M; m++)
+        if (lane == 0) y[(size_t)m * N + r.n] = from_f32<TO>(acc[m]);
 }
 
 // ---- gemv_fused: the same weight stream with the work around it folded in -------------------------------------
@@ -88,25 +123,25 @@ gemv(const T* __restrict__ x, const T* __restrict__ w, TO* __restrict__ y, int N
 //   PRO = GF_NONE:   x as given:                                          the o projection
 //   ADD:  y[m, n] = T(y[m, n] + T(acc)) in place, i.e. y is the residual h: o and down add into it
 // Every block computes the whole prologue into shared memory (K values a row; the inputs are a few KB in L2),
-// then streams its 8 weight rows as gemv does. The roundings are those of the unfused kernels (elementwise.cuh,
+// then streams its 8 / wpr weight rows as gemv does. The roundings are those of the unfused kernels (elementwise.cuh,
 // then a T result added in T), so only the order of the sum of squares differs.
-// ADD is race-free: element (m, n) is read and written by lane 0 of warp n only, and no prologue reads y.
+// ADD is race-free: element (m, n) is read and written by lane 0 of row n's first warp only, and no prologue reads y.
 // Each warp issues its first weight loads (w_prefetch) before the prologue, so the prologue runs while they fly.
 constexpr int GF_NONE = 0, GF_NORM = 1, GF_SWIGLU = 2;
 
 template <typename T, int M, int PRO, bool ADD>
 __global__ void __launch_bounds__(256, 1)
 gemv_fused(const T* __restrict__ x, const T* __restrict__ norm_w, float eps, const T* __restrict__ w, T* y,
-           int N, int K) {
+           int N, int K, int wpr) {
     constexpr int VEC = 16 / sizeof(T);
     extern __shared__ __align__(16) unsigned char gf_smem[];
     T* xs = reinterpret_cast<T*>(gf_smem);  // [M][K]: the prologue's output (PRO != GF_NONE)
     __shared__ float s_ss[8][M];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, KC = K / VEC;
-    const int n = blockIdx.x * 8 + warp;
-    const uint4* wr = reinterpret_cast<const uint4*>(w + (size_t)min(n, N - 1) * K);
+    const RowPart r(warp, lane, wpr);
+    const uint4* wr = reinterpret_cast<const uint4*>(w + (size_t)min(r.n, N - 1) * K);
     uint4 pre[GEMV_PF];
-    w_prefetch(wr, KC, lane, pre);  // before the prologue and the wait: the weights do not depend on them
+    w_prefetch(wr, KC, r.c0, r.cs, pre);  // before the prologue and the wait: the weights do not depend on them
     pdl_enter();
     if (PRO == GF_SWIGLU) {
         for (int c = threadIdx.x; c < M * KC; c += blockDim.x) {
@@ -156,31 +191,33 @@ gemv_fused(const T* __restrict__ x, const T* __restrict__ norm_w, float eps, con
         }
         __syncthreads();
     }
-    if (n >= N) return;  // whole warp, after the block's only barriers
+    if (wpr == 1 && r.n >= N) return;  // whole warp, after the block's prologue barriers (row_sums has none then)
     float acc[M];
-    warp_dots<T, M>(wr, KC, lane, pre, [&](int m, int c) {
+    warp_dots<T, M>(wr, KC, r.c0, r.cs, pre, [&](int m, int c) {
         return PRO == GF_NONE ? __ldg(reinterpret_cast<const uint4*>(x + (size_t)m * K) + c)
                               : *reinterpret_cast<const uint4*>(xs + m * K + c * VEC);
     }, acc);
+    if (!row_sums<M>(r, warp, lane, wpr, acc) || r.n >= N) return;
 #pragma unroll
     for (int m = 0; m < M; m++) {
         if (lane == 0) {
-            T* yp = y + (size_t)m * N + n;
+            T* yp = y + (size_t)m * N + r.n;
             *yp = ADD ? from_f32<T>(to_f32(*yp) + to_f32(from_f32<T>(acc[m]))) : from_f32<T>(acc[m]);
         }
     }
 }
 
 #define GEMV_M(T, TO)                                                                                      \
-    template __global__ void gemv<T, TO, 1>(const T*, const T*, TO*, int, int);                            \
-    template __global__ void gemv<T, TO, 2>(const T*, const T*, TO*, int, int);                            \
-    template __global__ void gemv<T, TO, 3>(const T*, const T*, TO*, int, int);                            \
-    template __global__ void gemv<T, TO, 4>(const T*, const T*, TO*, int, int);
+    template __global__ void gemv<T, TO, 1>(const T*, const T*, TO*, int, int, int);                       \
+    template __global__ void gemv<T, TO, 2>(const T*, const T*, TO*, int, int, int);                       \
+    template __global__ void gemv<T, TO, 3>(const T*, const T*, TO*, int, int, int);                       \
+    template __global__ void gemv<T, TO, 4>(const T*, const T*, TO*, int, int, int);
 GEMV_M(float, float) GEMV_M(__half, __half) GEMV_M(__half, float)
 GEMV_M(__nv_bfloat16, __nv_bfloat16) GEMV_M(__nv_bfloat16, float)
+#define GF_ARGS(T) const T*, const T*, float, const T*, T*, int, int, int
 #define GEMV_FUSED_M(T, M)                                                                                 \
-    template __global__ void gemv_fused<T, M, GF_NORM, false>(const T*, const T*, float, const T*, T*, int, int);  \
-    template __global__ void gemv_fused<T, M, GF_NONE, true>(const T*, const T*, float, const T*, T*, int, int);   \
-    template __global__ void gemv_fused<T, M, GF_SWIGLU, true>(const T*, const T*, float, const T*, T*, int, int);
+    template __global__ void gemv_fused<T, M, GF_NORM, false>(GF_ARGS(T));                                   \
+    template __global__ void gemv_fused<T, M, GF_NONE, true>(GF_ARGS(T));                                    \
+    template __global__ void gemv_fused<T, M, GF_SWIGLU, true>(GF_ARGS(T));
 #define GEMV_FUSED(T) GEMV_FUSED_M(T, 1) GEMV_FUSED_M(T, 2) GEMV_FUSED_M(T, 3) GEMV_FUSED_M(T, 4)
 GEMV_FUSED(float) GEMV_FUSED(__half) GEMV_FUSED(__nv_bfloat16)

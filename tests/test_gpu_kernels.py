@@ -312,8 +312,8 @@ def test_prefill_attention(dtype, tc, name):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
 @pytest.mark.parametrize("M", [1, 2, 4])
 @pytest.mark.parametrize("kind, N, Kw", [("norm", 1152, 896), ("norm", 9728, 896), ("add", 896, 896),
-                                         ("swiglu_add", 896, 4864)])
-def test_gemv_fused(dtype, M, kind, N, Kw):
+                                         ("swiglu_add", 896, 4864), ("swiglu_add", 37, 2048), ("norm", 37, 2048)])
+def test_gemv_fused(dtype, M, kind, N, Kw):  # (37, 2048): several warps a row, the last block part empty
     """gemv_fused at the Qwen2.5-0.5B projections (qkv, gate_up, o, down) against its twin, and against the
     unfused kernels it replaces (add_rmsnorm / silu_mul, gemv, then the residual add in T): bit-identical for the
     adds (same loop, same roundings); for the norm only the sum of squares' order differs."""
@@ -355,8 +355,11 @@ def test_gemv_fused(dtype, M, kind, N, Kw):
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
 @pytest.mark.parametrize("M, N, Kin, logits", [(1, 1152, 896, False), (4, 896, 4864, False), (3, 9728, 896, False),
-                                               (1, VOCAB, 896, True), (2, 40, 24, True)])
+                                               (1, VOCAB, 896, True), (2, 40, 24, True), (3, 37, 2048, False),
+                                               (2, 1000, 8960, False), (1, 1536, 8960, True)])
 def test_gemv(dtype, M, N, Kin, logits):
+    """Shapes for every warps-per-row choice (gemv_warps_per_row: 1 at K = 896 in bf16, up to 8 at K = 8,960),
+    and N not a multiple of the rows a block takes (37 rows, 2 or 4 a block)."""
     from kernels.gemv import gemv
 
     rng = np.random.default_rng(M * N)
@@ -367,3 +370,4 @@ def test_gemv(dtype, M, N, Kin, logits):
     K(dtype).gemv(dev(x, dtype), dev(w, dtype), out)
     check("gemv", host(out, "float32" if logits else dtype), ref, "float32" if logits and dtype == "float32"
           else dtype)
+

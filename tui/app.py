@@ -363,5 +363,6 @@ class ChatApp(App):
             self.session.cancel(self.turn)
             self.session.close()  # the engine thread stops after its current step
             self.session = None
+        self.turn = None  # chunks still queued for the cancelled turn are then dropped (they read the session)
         self.workers.cancel_all()
         self.exit(return_code=2 if self.load_error else 0)

@@ -36,6 +36,9 @@ EXTRA_OPTIONS = tuple(os.environ.get("TOOLKIT_NVRTC_DEFINES", "").split())
 DECODE_HEAD_DIMS = (8, 16, 32, 64, 128, 256)   # decode_attention<T, D> instantiations
 TC_HEAD_DIMS = (64, 128)            # prefill_attention_tc<T, D> instantiations (16-bit T only)
 GEMV_MAX_ROWS = 4                   # gemv<T, TO, M> instantiations: M = 1..4
+# Most warps per GEMV output row (gemv.cu; 1, 2, 4 or 8). TOOLKIT_GEMV_MAX_WPR=1 gives the one-warp-a-row kernel
+# back, for A/B runs.
+GEMV_MAX_WPR = int(os.environ.get("TOOLKIT_GEMV_MAX_WPR", "8"))
 # gemv_fused<T, M, PRO, ADD> instantiations: prologue (gemv.cu's GF_NONE 0 / GF_NORM 1 / GF_SWIGLU 2), add into y
 GEMV_FUSED = {"norm": (1, "false"), "add": (0, "true"), "swiglu_add": (2, "true")}
 SAMPLE_LOADS = (1, 4)                # gumbel_sample<T, NL> instantiations: 16-byte loads per thread
@@ -71,6 +74,15 @@ def kernel_names(op: str, ctype: str) -> list:
             [f"gemv_fused<{ctype}, {m}, {pro}, {add}>" for m in rows for pro, add in GEMV_FUSED.values()]
     return [{"embedding": "embedding", "rmsnorm": "add_rmsnorm", "rope": "rope_qkv",
              "activation": "silu_mul"}[op] + f"<{ctype}>"]
+
+
+def gemv_warps_per_row(kc: int) -> int:
+    """Warps per output row of gemv.cu for rows of kc 16-byte chunks: the most (up to GEMV_MAX_WPR) that still
+    leave each lane 2+ chunks, so a long row keeps more loads in flight (K = 4,864 in bf16: 8; K = 896: 1)."""
+    wpr = 1
+    while wpr < GEMV_MAX_WPR and kc >= 64 * (2 * wpr):
+        wpr *= 2
+    return wpr
 
 
 def kernel_source(op: str) -> str:
@@ -299,8 +311,9 @@ class CudaKernels:
                              f"K % {self.vec} == 0)")
         to = "float" if out.dtype == F32 else self.ctype
         self._check("gemv", F32 if to == "float" else self.storage, out)
-        self._go(self._fn("gemv", f"gemv<{self.ctype}, {to}, {M}>"), (-(-N // 8),), (256,),
-                 (x, w, out, _i32(N), _i32(K)))
+        wpr = gemv_warps_per_row(K // self.vec)
+        self._go(self._fn("gemv", f"gemv<{self.ctype}, {to}, {M}>"), (-(-N // (8 // wpr)),), (256,),
+                 (x, w, out, _i32(N), _i32(K), _i32(wpr)))
 
     def gemv_fused(self, x, w, y, kind: str, norm_weight=None, eps: float = 0.0):
         """gemv with the work around it folded in (gemv.cu), for 1 <= M <= GEMV_MAX_ROWS rows, w [N, K]:
@@ -320,8 +333,9 @@ class CudaKernels:
         pro, add = GEMV_FUSED[kind]
         smem = 0 if kind == "add" else M * K * x.itemsize  # the prologue's output, [M][K]
         f = self._fn("gemv", f"gemv_fused<{self.ctype}, {M}, {pro}, {add}>", smem)
-        self._go(f, (-(-N // 8),), (256,), (x, x if norm_weight is None else norm_weight, _f32(eps), w, y,
-                                            _i32(N), _i32(K)), smem)
+        wpr = gemv_warps_per_row(K // self.vec)
+        self._go(f, (-(-N // (8 // wpr)),), (256,), (x, x if norm_weight is None else norm_weight, _f32(eps), w, y,
+                                                     _i32(N), _i32(K), _i32(wpr)), smem)
 
     def _paged(self, op, q, k_cache, v_cache, block_tables, seq_lens, block_size, out):
         """Shared checks of the attention ops; returns (Hq, D, Hkv, M, num_blocks)."""
