@@ -115,6 +115,37 @@ gemv(const T* __restrict__ x, const T* __restrict__ w, TO* __restrict__ y, int N
         if (lane == 0) y[(size_t)m * N + r.n] = from_f32<TO>(acc[m]);
 }
 
+// ---- gemv_swiglu: the gate_up projection with SwiGLU as its epilogue -------------------------------------------
+// w is gate_up's [2I, K] (gate rows 0..I-1, then the up rows); out[m, j] = swiglu(T(x_m . w[j]), T(x_m . w[I + j])),
+// the value gemv then silu_mul store (the same sums in the same order, the same roundings), without writing and
+// re-reading the [M, 2I] gate_up row or launching silu_mul: one kernel a layer fewer in a batch-1 decode step.
+// Units j < I take gemv's rows' place (wpr warps a unit); a warp streams both of its unit's rows.
+template <typename T, int M>
+__global__ void __launch_bounds__(256, 1)
+gemv_swiglu(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ out, int I, int K, int wpr) {
+    constexpr int VEC = 16 / sizeof(T);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, KC = K / VEC;
+    const RowPart r(warp, lane, wpr);
+    if (wpr == 1 && r.n >= I) return;  // whole warp, and no barrier below when wpr == 1
+    const int j = min(r.n, I - 1);
+    const uint4* wg = reinterpret_cast<const uint4*>(w + (size_t)j * K);
+    const uint4* wu = reinterpret_cast<const uint4*>(w + (size_t)(I + j) * K);
+    uint4 pg[GEMV_PF], pu[GEMV_PF];
+    w_prefetch(wg, KC, r.c0, r.cs, pg);
+    w_prefetch(wu, KC, r.c0, r.cs, pu);
+    pdl_enter();  // x comes from the previous kernel
+    auto x_chunk = [&](int m, int c) { return __ldg(reinterpret_cast<const uint4*>(x + (size_t)m * K) + c); };
+    float ag[M], au[M], acc[2 * M];
+    warp_dots<T, M>(wg, KC, r.c0, r.cs, pg, x_chunk, ag);
+    warp_dots<T, M>(wu, KC, r.c0, r.cs, pu, x_chunk, au);
+#pragma unroll
+    for (int m = 0; m < M; m++) { acc[m] = ag[m]; acc[M + m] = au[m]; }
+    if (!row_sums<2 * M>(r, warp, lane, wpr, acc) || r.n >= I) return;
+#pragma unroll
+    for (int m = 0; m < M; m++)
+        if (lane == 0) out[(size_t)m * I + r.n] = swiglu(from_f32<T>(acc[m]), from_f32<T>(acc[M + m]));
+}
+
 // ---- gemv_fused: the same weight stream with the work around it folded in -------------------------------------
 // A decode step at batch 1 is launch-bound: each small kernel between two GEMVs costs a launch and a drain
 // for a few KB of data. gemv_fused moves that work into the GEMV that consumes or produces it:
@@ -214,6 +245,12 @@ gemv_fused(const T* __restrict__ x, const T* __restrict__ norm_w, float eps, con
     template __global__ void gemv<T, TO, 4>(const T*, const T*, TO*, int, int, int);
 GEMV_M(float, float) GEMV_M(__half, __half) GEMV_M(__half, float)
 GEMV_M(__nv_bfloat16, __nv_bfloat16) GEMV_M(__nv_bfloat16, float)
+#define GEMV_SWIGLU(T)                                                                                     \
+    template __global__ void gemv_swiglu<T, 1>(const T*, const T*, T*, int, int, int);                        \
+    template __global__ void gemv_swiglu<T, 2>(const T*, const T*, T*, int, int, int);                        \
+    template __global__ void gemv_swiglu<T, 3>(const T*, const T*, T*, int, int, int);                        \
+    template __global__ void gemv_swiglu<T, 4>(const T*, const T*, T*, int, int, int);
+GEMV_SWIGLU(float) GEMV_SWIGLU(__half) GEMV_SWIGLU(__nv_bfloat16)
 #define GF_ARGS(T) const T*, const T*, float, const T*, T*, int, int, int
 #define GEMV_FUSED_M(T, M)                                                                                 \
     template __global__ void gemv_fused<T, M, GF_NORM, false>(GF_ARGS(T));                                   \

@@ -21,6 +21,18 @@ def gemv(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
     np.matmul(x, w.T, out=out)
 
 
+def gemv_swiglu(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
+    """out[M, I] = silu(x @ w[:I].T) * (x @ w[I:].T): the gate_up projection (w [2I, K]) with SwiGLU as its
+    epilogue, as gemv.cu's gemv_swiglu does it: gemv, then silu_mul's rounding. float32, M <= MAX_ROWS."""
+    M, K = x.shape
+    I = w.shape[0] // 2
+    if w.shape != (2 * I, K) or out.shape != (M, I):
+        raise ValueError(f"gemv_swiglu: x {x.shape}, w {w.shape}, out {out.shape} (w [2I, K], out [M, I])")
+    gate_up = np.empty((M, 2 * I), np.float32)
+    gemv(x, w, gate_up)
+    silu_mul(gate_up, out)
+
+
 FUSED_KINDS = ("norm", "add", "swiglu_add")
 
 

@@ -393,6 +393,23 @@ def test_gemv_twin(rng):
 
 
 @pytest.mark.parametrize("M", [1, 4])
+def test_gemv_swiglu_twin(rng, M):
+    """gate_up projection with SwiGLU as its epilogue, against its NumPy definition: silu(x Wg^T) * (x Wu^T)."""
+    from kernels.gemv import gemv_swiglu
+
+    K, I = 40, 12
+    x, w = randn(rng, M, K), randn(rng, 2 * I, K)
+    out = np.empty((M, I), np.float32)
+    gemv_swiglu(x, w, out)
+    g, u = x.astype(np.float64) @ w[:I].T, x.astype(np.float64) @ w[I:].T
+    np.testing.assert_allclose(out, g / (1 + np.exp(-g)) * u, rtol=1e-5, atol=1e-5)
+    with pytest.raises(AssertionError):  # gate and up swapped
+        np.testing.assert_allclose(out, u / (1 + np.exp(-u)) * g, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="gemv_swiglu"):
+        gemv_swiglu(x, w, np.empty((M, 2 * I), np.float32))  # out sized like gate_up
+
+
+@pytest.mark.parametrize("M", [1, 4])
 def test_gemv_fused_twin(rng, M):
     """Each kind against its spelled-out NumPy definition (the unfused model's order of operations)."""
     from kernels.gemv import gemv_fused

@@ -66,6 +66,27 @@ def test_fused_gemv_path(name, monkeypatch):
     assert np.abs(decode - ref["decode_logits"]).max() <= 1e-4
 
 
+def test_gemv_swiglu_path(monkeypatch):
+    """One-token steps with small_batch_gemv (fused_gemv off) take Model.forward's gate_up + SwiGLU in one op
+    (linear_swiglu -> the gemv_swiglu twin): the same logits as the GEMM + silu_mul path, bit for bit. (The engine
+    turns small_batch_gemv off on the CPU; it is forced on here.)"""
+    folder = FIXTURES / "qwen2"
+    ref = np.load(folder / "reference.npz")
+    engine = build_engine(folder, device="cpu", max_context=64, warmup=False)
+    ids, decode_ids = ref["input_ids"], ref["generated_ids"][:-1]
+    plain = np.concatenate(engine.score(ids, decode_ids, chunk=1))
+    import kernels.gemv
+    import toolkit.backends.cpu as cpu
+
+    calls = []
+    monkeypatch.setattr(cpu, "gemv_swiglu", lambda *a: (calls.append(1), kernels.gemv.gemv_swiglu(*a)))
+    forced = engine.effective_options().with_(small_batch_gemv=True, fused_gemv=False, gemv_swiglu=True)
+    monkeypatch.setattr(engine, "effective_options", lambda: forced)
+    got = np.concatenate(engine.score(ids, decode_ids, chunk=1))
+    assert len(calls) == len(engine.runner.model.w.layers) * (len(ids) + len(decode_ids))
+    np.testing.assert_array_equal(got, plain)
+
+
 @pytest.mark.parametrize("name", ["qwen2", "qwen3"])
 def test_rope_in_attention_path(name, monkeypatch):
     """Decode steps with rope_in_attention (Model.forward passes rope_qkv's inputs to decode_attention instead of

@@ -99,7 +99,7 @@ class Model:
         N, B, nd = step.num_tokens, step.num_seqs, step.num_decodes
         # pdl: the decode kernels launch with programmatic dependent launch (kernels/pdl.cuh). The runner turns it
         # off for every step it does not replay from a CUDA graph, prefill steps included (host cost).
-        be = _Ops(self.be.launching(options.pdl), options.small_batch_gemv)
+        be = _Ops(self.be.launching(options.pdl), options.small_batch_gemv, options.gemv_swiglu)
         s = self.scratch.view(N)
         # A batch-1 decode step is launch-bound: with fused_gemv the residual adds, RMSNorms and SwiGLU ride
         # inside the GEMVs (gemv_fused), 6 kernels a layer instead of 9; same arithmetic, same roundings.
@@ -134,8 +134,7 @@ class Model:
                 be.gemv_fused(s.gate_up, L.down, s.h, "swiglu_add")
             else:
                 be.add_rmsnorm(s.attn_out, s.h, L.post_norm, eps, s.x)
-                be.linear(s.x, L.gate_up, s.gate_up)
-                be.silu_mul(s.gate_up, s.act)
+                be.linear_swiglu(s.x, L.gate_up, s.gate_up, s.act)  # our GEMV: SwiGLU in its epilogue
                 be.linear(s.act, L.down, s.mlp_out)
             timer.lap("mlp")
         be.add_rmsnorm(None if fused else s.mlp_out, s.h, w.final_norm, eps, s.x)
@@ -169,13 +168,17 @@ class Model:
 
 
 class _Ops:
-    """The backend with `linear` bound to this step's GEMM choice; every other op passes through."""
+    """The backend with `linear` and `linear_swiglu` bound to this step's GEMM choice; every other op passes
+    through."""
 
-    def __init__(self, backend, small_batch_gemv: bool):
-        self._be, self._gemv = backend, small_batch_gemv
+    def __init__(self, backend, small_batch_gemv: bool, gemv_swiglu: bool):
+        self._be, self._gemv, self._swiglu = backend, small_batch_gemv, small_batch_gemv and gemv_swiglu
 
     def linear(self, x, w, out):
         self._be.linear(x, w, out, self._gemv)
+
+    def linear_swiglu(self, x, w, gate_up, act):
+        self._be.linear_swiglu(x, w, gate_up, act, self._swiglu)
 
     def __getattr__(self, name):
         return getattr(self._be, name)

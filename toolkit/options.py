@@ -28,6 +28,8 @@ class EngineOptions:
     tensor_cores: bool = _switch("FlashAttention-2 prefill attention on tensor cores (GPU, 16-bit)")
     prefix_caching: bool = _switch("reuse the KV blocks of an earlier request's identical prefix")
     small_batch_gemv: bool = _switch("our GEMV kernel for the projections of a batch-1 step instead of cuBLAS (GPU)")
+    gemv_swiglu: bool = _switch("apply SwiGLU in the epilogue of our gate_up GEMV (with small_batch_gemv): one "
+                                "kernel a layer fewer, gate_up never written (GPU)")
     # Off by default: with pdl on, the unfused step measured as fast or faster (README, "Folding the small kernels").
     fused_gemv: bool = _switch("fold the RMSNorms, residual adds and SwiGLU of a batch-1 step into its GEMVs "
                                "(with small_batch_gemv; GPU)", default=False)
@@ -83,4 +85,5 @@ class EngineOptions:
         return replace(self, cuda_graphs=graphs, tensor_cores=self.tensor_cores and on_gpu and dtype != "float32",
                        rope_in_attention=self.rope_in_attention and on_gpu,
                        small_batch_gemv=gemv, fused_gemv=self.fused_gemv and gemv,
+                       gemv_swiglu=self.gemv_swiglu and gemv,
                        pdl=self.pdl and graphs)  # PDL runs in graph-replayed steps only (runner.py says why)

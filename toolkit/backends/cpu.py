@@ -20,7 +20,7 @@ from kernels import sparse_prefill as _sp
 from kernels.combine import combine_topk_swa_indices
 from kernels.decode_attention import decode_attention
 from kernels.embedding import embedding
-from kernels.gemv import gemv_fused
+from kernels.gemv import MAX_ROWS as GEMV_MAX_ROWS, gemv_fused, gemv_swiglu
 from kernels.prefill_attention import prefill_attention
 from kernels.rmsnorm import add_rmsnorm
 from kernels.rope import rope_qkv
@@ -73,6 +73,13 @@ class CpuBackend:
     def linear(self, x, w, out, small_batch_gemv=False):
         # HF layout: w is [out, in]; BLAS reads w.T without a copy. (BLAS is the GEMV twin too: kernels/gemv.py.)
         np.matmul(x, w.T, out=out)
+
+    def linear_swiglu(self, x, w, gate_up, act, small_batch_gemv=False):
+        if small_batch_gemv and x.shape[0] <= GEMV_MAX_ROWS:  # the twin of CUDA's one-kernel path
+            gemv_swiglu(x, w, act)
+            return
+        np.matmul(x, w.T, out=gate_up)
+        silu_mul(gate_up, act)
 
     def launching(self, pdl: bool) -> "CpuBackend":
         return self  # no launches to overlap

@@ -247,6 +247,17 @@ class CudaBackend:
         self._gemm(_OP_T, _OP_N, N, T, K, w.data.ptr, self._in_type, K, x.data.ptr, self._in_type, K,
                    out.data.ptr, out_type, N)
 
+    def linear_swiglu(self, x, w, gate_up, act, small_batch_gemv: bool = False):
+        """act[T, I] = silu(x @ w[:I].T) * (x @ w[I:].T) for w = gate_up [2I, K]: where our GEMV takes the
+        projection, one kernel with SwiGLU as its epilogue (gemv_swiglu; gate_up is not written), else the GEMM
+        into gate_up, then silu_mul. The same bits either way."""
+        T, K = x.shape
+        if small_batch_gemv and self._gemv_ok(T, w.shape[0], K):
+            self.kernels.gemv_swiglu(x, w, act)
+            return
+        self.linear(x, w, gate_up)
+        self.kernels.silu_mul(gate_up, act)
+
     def _gemv_ok(self, rows: int, n: int, k: int) -> bool:
         """Whether out[rows, n] = x[rows, k] @ w.T goes to our GEMV (when small_batch_gemv is on)."""
         return rows <= _GEMV_ROWS and n <= _GEMV_MAX_N and k % self.kernels.vec == 0

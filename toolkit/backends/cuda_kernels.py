@@ -71,7 +71,8 @@ def kernel_names(op: str, ctype: str) -> list:
         outs = [ctype] if ctype == "float" else [ctype, "float"]
         rows = range(1, GEMV_MAX_ROWS + 1)
         return [f"gemv<{ctype}, {o}, {m}>" for o in outs for m in rows] + \
-            [f"gemv_fused<{ctype}, {m}, {pro}, {add}>" for m in rows for pro, add in GEMV_FUSED.values()]
+            [f"gemv_fused<{ctype}, {m}, {pro}, {add}>" for m in rows for pro, add in GEMV_FUSED.values()] + \
+            [f"gemv_swiglu<{ctype}, {m}>" for m in rows]
     return [{"embedding": "embedding", "rmsnorm": "add_rmsnorm", "rope": "rope_qkv",
              "activation": "silu_mul"}[op] + f"<{ctype}>"]
 
@@ -314,6 +315,19 @@ class CudaKernels:
         wpr = gemv_warps_per_row(K // self.vec)
         self._go(self._fn("gemv", f"gemv<{self.ctype}, {to}, {M}>"), (-(-N // (8 // wpr)),), (256,),
                  (x, w, out, _i32(N), _i32(K), _i32(wpr)))
+
+    def gemv_swiglu(self, x, w, out):
+        """out[M, I] = silu(x @ w[:I].T) * (x @ w[I:].T), w = gate_up [2I, K]: gemv and silu_mul in one kernel
+        (gemv.cu's gemv_swiglu; the same bits as the two), for 1 <= M <= GEMV_MAX_ROWS."""
+        self._check("gemv_swiglu", self.storage, x, w, out)
+        M, K = x.shape
+        I = w.shape[0] // 2
+        if not 1 <= M <= GEMV_MAX_ROWS or w.shape != (2 * I, K) or out.shape != (M, I) or K % self.vec:
+            raise ValueError(f"gemv_swiglu: x {x.shape}, w {w.shape}, out {out.shape} (1 <= M <= {GEMV_MAX_ROWS}, "
+                             f"w [2I, K], out [M, I], K % {self.vec} == 0)")
+        wpr = gemv_warps_per_row(K // self.vec)
+        self._go(self._fn("gemv", f"gemv_swiglu<{self.ctype}, {M}>"), (-(-I // (8 // wpr)),), (256,),
+                 (x, w, out, _i32(I), _i32(K), _i32(wpr)))
 
     def gemv_fused(self, x, w, y, kind: str, norm_weight=None, eps: float = 0.0):
         """gemv with the work around it folded in (gemv.cu), for 1 <= M <= GEMV_MAX_ROWS rows, w [N, K]:

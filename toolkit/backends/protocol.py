@@ -25,6 +25,9 @@ class Backend(Protocol):
 
     # -- ops (kernels/<op>.cu and their CPU twins kernels/<op>.py) ------------------------------------
     def linear(self, x, w, out, small_batch_gemv: bool = False) -> None: ...  # out[T, N] = x[T, K] @ w[N, K].T
+    # act[T, I] = silu(x @ w[:I].T) * (x @ w[I:].T), w = gate_up [2I, K]: with small_batch_gemv, where the GEMV
+    # takes the projection, one kernel (gemv.cu's gemv_swiglu; gate_up untouched), else linear into gate_up + silu_mul.
+    def linear_swiglu(self, x, w, gate_up, act, small_batch_gemv: bool = False) -> None: ...
     def embedding(self, ids, table, out) -> None: ...  # out[t] = table[ids[t]] (also a row gather)
     def add_rmsnorm(self, x, residual, weight, eps: float, out) -> None: ...
     # A projection with its neighbours folded in (kernels/gemv.cu's gemv_fused): kind "norm" (y = RMSNorm(x) @ w.T),
