@@ -409,6 +409,26 @@ def test_gemv_swiglu_twin(rng, M):
         gemv_swiglu(x, w, np.empty((M, 2 * I), np.float32))  # out sized like gate_up
 
 
+def test_decode_mlp_twin(rng):
+    """The batch-1 MLP block as one op, against its NumPy definition: both residual adds, the norm, SwiGLU."""
+    from kernels.decode_mlp import decode_mlp
+
+    H, I = 24, 40
+    h0, attn, nw = randn(rng, 1, H), randn(rng, 1, H), randn(rng, H)
+    wgu, wd = randn(rng, 2 * I, H), randn(rng, H, I)
+    h, act = h0.copy(), np.empty((1, I), np.float32)
+    decode_mlp(attn, h, nw, EPS, wgu, wd, act)
+    h1 = h0 + attn
+    x = ref_rmsnorm(h1, nw).astype(np.float64)
+    g, u = x @ wgu[:I].T, x @ wgu[I:].T
+    want = h1 + (g / (1 + np.exp(-g)) * u) @ wd.T
+    np.testing.assert_allclose(h, want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(AssertionError):  # the attention output not added in
+        np.testing.assert_allclose(h, want - attn, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="decode_mlp"):
+        decode_mlp(np.zeros((2, H), np.float32), np.zeros((2, H), np.float32), nw, EPS, wgu, wd, act)
+
+
 @pytest.mark.parametrize("M", [1, 4])
 def test_gemv_fused_twin(rng, M):
     """Each kind against its spelled-out NumPy definition (the unfused model's order of operations)."""

@@ -74,6 +74,28 @@ def test_pdl_changes_no_token(tiny_bf16, batch, fused):
     assert all(r == runs[False, False] for r in runs.values())
 
 
+@pytest.mark.parametrize("pdl", [True, False])
+def test_mlp_kernel_changes_no_token(tiny_bf16, pdl, monkeypatch):
+    """The persistent MLP kernel (batch-1 steps) gives the tokens of the unfused kernels, from graphs and eagerly,
+    and runs: a batch-1 decode step launches it once a layer."""
+    eng = tiny_bf16
+    reqs = prompts(np.random.default_rng(50), eng.cfg.vocab_size, 1)
+    cls = type(eng.backend.kernels)  # the class: the PDL twin's kernels are a copy of the backend's
+    real, launches = cls.decode_mlp, []
+    monkeypatch.setattr(cls, "decode_mlp", lambda *a: (launches.append(1), real(*a)))
+    runs = {}
+    for on in (False, True):
+        for graphs in (True, False):
+            before = len(launches)
+            eng.runner.graphs.clear()
+            eng.set_options(EngineOptions(mlp_kernel=on, cuda_graphs=graphs, pdl=pdl))
+            runs[on, graphs], steps = run_batch(eng, reqs, 8)
+            assert all(s.options.mlp_kernel == on for s in steps)
+            assert (len(launches) > before) == on
+    eng.set_options(EngineOptions())
+    assert all(r == runs[False, False] for r in runs.values())
+
+
 def test_toggling_graphs_mid_request_changes_no_token(tiny_bf16):
     eng = tiny_bf16
     reqs = prompts(np.random.default_rng(7), eng.cfg.vocab_size, 5)

@@ -354,6 +354,46 @@ def test_gemv_fused(dtype, M, kind, N, Kw):  # (37, 2048): several warps a row, 
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("H, I", [(896, 4864), (1536, 8960), (200, 40), (64, 256)])
+def test_decode_mlp(dtype, H, I):
+    """The persistent MLP kernel (Qwen2.5-0.5B's and -1.5B's shapes; 200 rows leave most blocks without down rows)
+    against its twin, and bit for bit against the kernels it replaces (add_rmsnorm, gemv_swiglu, gemv, then the
+    next add_rmsnorm's residual add). Launched three times in a row: the grid barrier resets itself."""
+    from kernels.decode_mlp import decode_mlp
+
+    k = K(dtype)
+    if not k.decode_mlp_ok(H, I):
+        pytest.skip(f"decode_mlp does not fit H={H}, I={I} in {dtype} on this GPU")
+    rng = np.random.default_rng(H + I)
+    h0, attn = rounded(rng.standard_normal((1, H)), dtype), rounded(rng.standard_normal((1, H)), dtype)
+    nw = rounded(1 + 0.1 * rng.standard_normal(H), dtype)
+    wgu, wd = rounded(0.05 * rng.standard_normal((2 * I, H)), dtype), rounded(0.05 * rng.standard_normal((H, I)), dtype)
+    ref_h, ref_act = h0.copy(), np.empty((1, I), np.float32)
+    decode_mlp(attn, ref_h, nw, 1e-6, wgu, wd, ref_act)
+    d_attn, d_nw, d_wgu, d_wd = dev(attn, dtype), dev(nw, dtype), dev(wgu, dtype), dev(wd, dtype)
+    runs = []
+    for _ in range(3):
+        h, act = dev(h0, dtype), dev(np.zeros((1, I)), dtype)
+        k.decode_mlp(d_attn, h, d_nw, 1e-6, d_wgu, d_wd, act)
+        runs.append((host(h, dtype), host(act, dtype)))
+    got_h, got_act = runs[0]
+    check(f"decode_mlp(H={H}, I={I}) act", got_act, ref_act, dtype)
+    check(f"decode_mlp(H={H}, I={I}) h", got_h, ref_h, dtype)
+    for h_r, act_r in runs[1:]:
+        np.testing.assert_array_equal(h_r, got_h)
+        np.testing.assert_array_equal(act_r, got_act)
+    # The unfused kernels, as Model.forward runs them without mlp_kernel.
+    h, x = dev(h0, dtype), dev(np.zeros((1, H)), dtype)
+    act, out = dev(np.zeros((1, I)), dtype), dev(np.zeros((1, H)), dtype)
+    k.add_rmsnorm(d_attn, h, d_nw, 1e-6, x)
+    k.gemv_swiglu(x, d_wgu, act)
+    k.gemv(act, d_wd, out)
+    k.add_rmsnorm(out, h, d_nw, 1e-6, x)  # the next block's residual add (its norm output is not compared)
+    np.testing.assert_array_equal(got_act, host(act, dtype))
+    np.testing.assert_array_equal(got_h, host(h, dtype))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
 @pytest.mark.parametrize("M", [1, 2, 4])
 @pytest.mark.parametrize("I, Kin", [(4864, 896), (37, 2048), (8960, 1536)])
 def test_gemv_swiglu(dtype, M, I, Kin):

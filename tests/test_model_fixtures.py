@@ -80,11 +80,33 @@ def test_gemv_swiglu_path(monkeypatch):
 
     calls = []
     monkeypatch.setattr(cpu, "gemv_swiglu", lambda *a: (calls.append(1), kernels.gemv.gemv_swiglu(*a)))
-    forced = engine.effective_options().with_(small_batch_gemv=True, fused_gemv=False, gemv_swiglu=True)
+    forced = engine.effective_options().with_(small_batch_gemv=True, fused_gemv=False, gemv_swiglu=True,
+                                              mlp_kernel=False)
     monkeypatch.setattr(engine, "effective_options", lambda: forced)
     got = np.concatenate(engine.score(ids, decode_ids, chunk=1))
     assert len(calls) == len(engine.runner.model.w.layers) * (len(ids) + len(decode_ids))
     np.testing.assert_array_equal(got, plain)
+
+
+@pytest.mark.parametrize("name", ["qwen2", "qwen3"])
+def test_mlp_kernel_path(name, monkeypatch):
+    """One-token steps with mlp_kernel take Model.forward's one-op MLP block (decode_mlp's twin: both residual
+    adds inside, so the next RMSNorm adds nothing): the same logits as the plain path, bit for bit, and within 1e-4
+    of transformers. (The engine turns small_batch_gemv off on the CPU; it is forced on here.)"""
+    folder = FIXTURES / name
+    ref = np.load(folder / "reference.npz")
+    engine = build_engine(folder, device="cpu", max_context=64, warmup=False)
+    ids, decode_ids = ref["input_ids"], ref["generated_ids"][:-1]
+    plain = np.concatenate(engine.score(ids, decode_ids, chunk=1))
+    calls = []
+    be = engine.runner.model.be
+    monkeypatch.setattr(be, "decode_mlp", lambda *a: (calls.append(1), type(be).decode_mlp(*a)))
+    forced = engine.effective_options().with_(small_batch_gemv=True, fused_gemv=False, mlp_kernel=True)
+    monkeypatch.setattr(engine, "effective_options", lambda: forced)
+    prompt, decode = engine.score(ids, decode_ids, chunk=1)
+    assert len(calls) == len(engine.runner.model.w.layers) * (len(ids) + len(decode_ids))
+    np.testing.assert_array_equal(np.concatenate([prompt, decode]), plain)
+    assert np.abs(decode - ref["decode_logits"]).max() <= 1e-4
 
 
 @pytest.mark.parametrize("name", ["qwen2", "qwen3"])

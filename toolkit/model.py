@@ -107,6 +107,11 @@ class Model:
         # A pure decode step can do rope_qkv's work inside decode attention (one launch a layer fewer); a step with
         # prompt rows needs q and the cache written for every row before its prefill attention.
         rope_inside = options.rope_in_attention and nd == N
+        # mlp_kernel (batch 1): each MLP block is one persistent kernel (decode_mlp) that also does both residual
+        # adds, so h is complete after it and the next RMSNorm adds nothing.
+        mlp_one = (options.mlp_kernel and options.small_batch_gemv and not fused
+                   and self.be.decode_mlp_ok(N, c))
+        added = fused or mlp_one  # h already holds the MLP output when the next block starts
         timer.start()
         be.embedding(step.input_ids, w.embed, s.h)
         timer.lap("embedding")
@@ -116,7 +121,7 @@ class Model:
             if fused:  # h already holds every add: qkv = W (RMSNorm(h) * w)
                 be.gemv_fused(s.h, L.qkv, s.qkv, "norm", L.input_norm, eps)
             else:
-                be.add_rmsnorm(None if i == 0 else s.mlp_out, s.h, L.input_norm, eps, s.x)
+                be.add_rmsnorm(None if i == 0 or added else s.mlp_out, s.h, L.input_norm, eps, s.x)
                 be.linear(s.x, L.qkv, s.qkv)
             rope = (s.qkv, L.qkv_bias, L.q_norm, L.k_norm, eps, self.cos, self.sin, step.positions,
                     step.slot_mapping)
@@ -132,12 +137,14 @@ class Model:
             if fused:  # gate_up = W (RMSNorm(h) * w); h += W_down (silu(gate) * up)
                 be.gemv_fused(s.h, L.gate_up, s.gate_up, "norm", L.post_norm, eps)
                 be.gemv_fused(s.gate_up, L.down, s.h, "swiglu_add")
+            elif mlp_one:  # h += attn_out; h += W_down SwiGLU(W_gate_up RMSNorm(h)): one kernel
+                be.decode_mlp(s.attn_out, s.h, L.post_norm, eps, L.gate_up, L.down, s.act)
             else:
                 be.add_rmsnorm(s.attn_out, s.h, L.post_norm, eps, s.x)
                 be.linear_swiglu(s.x, L.gate_up, s.gate_up, s.act)  # our GEMV: SwiGLU in its epilogue
                 be.linear(s.act, L.down, s.mlp_out)
             timer.lap("mlp")
-        be.add_rmsnorm(None if fused else s.mlp_out, s.h, w.final_norm, eps, s.x)
+        be.add_rmsnorm(None if added else s.mlp_out, s.h, w.final_norm, eps, s.x)
         if all_rows:
             be.linear(s.x, w.lm_head, logits[:N])
         elif nd == N:  # every request fed one token: row b is request b's last row already

@@ -30,6 +30,10 @@ class EngineOptions:
     small_batch_gemv: bool = _switch("our GEMV kernel for the projections of a batch-1 step instead of cuBLAS (GPU)")
     gemv_swiglu: bool = _switch("apply SwiGLU in the epilogue of our gate_up GEMV (with small_batch_gemv): one "
                                 "kernel a layer fewer, gate_up never written (GPU)")
+    # Off by default: measured slower than the kernels it replaces (README, "One kernel for the MLP block").
+    mlp_kernel: bool = _switch("run each MLP block of a batch-1 decode step as one persistent kernel (add + RMSNorm, "
+                               "gate_up + SwiGLU, a grid barrier, down + residual add; the down weights copied to "
+                               "shared memory meanwhile; with small_batch_gemv; GPU, Hopper+)", default=False)
     # Off by default: with pdl on, the unfused step measured as fast or faster (README, "Folding the small kernels").
     fused_gemv: bool = _switch("fold the RMSNorms, residual adds and SwiGLU of a batch-1 step into its GEMVs "
                                "(with small_batch_gemv; GPU)", default=False)
@@ -85,5 +89,5 @@ class EngineOptions:
         return replace(self, cuda_graphs=graphs, tensor_cores=self.tensor_cores and on_gpu and dtype != "float32",
                        rope_in_attention=self.rope_in_attention and on_gpu,
                        small_batch_gemv=gemv, fused_gemv=self.fused_gemv and gemv,
-                       gemv_swiglu=self.gemv_swiglu and gemv,
+                       gemv_swiglu=self.gemv_swiglu and gemv, mlp_kernel=self.mlp_kernel and gemv,
                        pdl=self.pdl and graphs)  # PDL runs in graph-replayed steps only (runner.py says why)

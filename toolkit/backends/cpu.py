@@ -19,6 +19,7 @@ from kernels import sparse_attention_tc as _satc
 from kernels import sparse_prefill as _sp
 from kernels.combine import combine_topk_swa_indices
 from kernels.decode_attention import decode_attention
+from kernels.decode_mlp import decode_mlp
 from kernels.embedding import embedding
 from kernels.gemv import MAX_ROWS as GEMV_MAX_ROWS, gemv_fused, gemv_swiglu
 from kernels.prefill_attention import prefill_attention
@@ -87,7 +88,11 @@ class CpuBackend:
     def fused_gemv_ok(self, rows: int, cfg) -> bool:
         return rows == 1  # as the CUDA backend decides (its GEMV path is for batch 1); the twins take any shape
 
+    def decode_mlp_ok(self, rows: int, cfg) -> bool:
+        return rows == 1  # as the CUDA backend decides for the shapes it fits
+
     embedding = staticmethod(embedding)
+    decode_mlp = staticmethod(decode_mlp)
     gemv_fused = staticmethod(gemv_fused)
     add_rmsnorm = staticmethod(add_rmsnorm)
     silu_mul = staticmethod(silu_mul)

@@ -269,6 +269,13 @@ class CudaBackend:
         H, I, Q = cfg.hidden_size, cfg.intermediate_size, cfg.num_heads * cfg.head_dim
         return all(self._gemv_ok(rows, n, k) for n, k in ((cfg.qkv_size, H), (H, Q), (2 * I, H), (H, I)))
 
+    def decode_mlp_ok(self, rows: int, cfg) -> bool:
+        """Whether a step of `rows` tokens can run its MLP blocks as decode_mlp (batch 1, Hopper+, the shape fits)."""
+        return rows == 1 and self.kernels.decode_mlp_ok(cfg.hidden_size, cfg.intermediate_size)
+
+    def decode_mlp(self, attn, h, norm_w, eps, w_gate_up, w_down, act):
+        self.kernels.decode_mlp(attn, h, norm_w, eps, w_gate_up, w_down, act)
+
     def gemv_fused(self, x, w, y, kind, norm_weight=None, eps=0.0):
         self.kernels.gemv_fused(x, w, y, kind, norm_weight, eps)
 

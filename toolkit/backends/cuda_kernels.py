@@ -73,8 +73,8 @@ def kernel_names(op: str, ctype: str) -> list:
         return [f"gemv<{ctype}, {o}, {m}>" for o in outs for m in rows] + \
             [f"gemv_fused<{ctype}, {m}, {pro}, {add}>" for m in rows for pro, add in GEMV_FUSED.values()] + \
             [f"gemv_swiglu<{ctype}, {m}>" for m in rows]
-    return [{"embedding": "embedding", "rmsnorm": "add_rmsnorm", "rope": "rope_qkv",
-             "activation": "silu_mul"}[op] + f"<{ctype}>"]
+    return [{"embedding": "embedding", "rmsnorm": "add_rmsnorm", "rope": "rope_qkv", "activation": "silu_mul",
+             "decode_mlp": "decode_mlp"}[op] + f"<{ctype}>"]
 
 
 def gemv_warps_per_row(kc: int) -> int:
@@ -187,7 +187,11 @@ class CudaKernels:
         self.vec = 16 // self.itemsize  # elements per 16-byte chunk
         self._fns = {}          # name -> cupy Function
         self._decode_plans = {} # (B, Hq, Hkv, D, max_seq_len) -> kernels, grid, splits, workspace
-        self._n_sm = None
+        dev = cupy.cuda.Device()
+        self.cc = int(dev.compute_capability)
+        self.num_sms = dev.attributes["MultiProcessorCount"]
+        self.smem_optin = dev.attributes["MaxSharedMemoryPerBlockOptin"]  # static + dynamic, one block
+        self._mlp_bar = None    # decode_mlp's grid barrier, allocated at its first launch
         self._smem_optin = {}   # name -> dynamic shared memory opted in
         self._names = {op: kernel_names(op, ct) for op in ("embedding", "rmsnorm", "rope", "activation")}
         self.pdl = False  # see with_pdl
@@ -329,6 +333,31 @@ class CudaKernels:
         self._go(self._fn("gemv", f"gemv_swiglu<{self.ctype}, {M}>"), (-(-I // (8 // wpr)),), (256,),
                  (x, w, out, _i32(I), _i32(K), _i32(wpr)))
 
+    def decode_mlp_ok(self, H: int, I: int) -> bool:
+        """Whether decode_mlp.cu runs an MLP block of hidden size H and intermediate size I on this GPU: Hopper+
+        (TMA bulk copies), one pass over the row (H * itemsize <= 8 KB), and a block's down rows in shared memory."""
+        if self.cc < 90 or H % self.vec or I % self.vec or H * self.itemsize > 8192:
+            return False
+        rows = -(-H // self.num_sms)
+        return rows * I * self.itemsize + 8192 + 1024 <= self.smem_optin
+
+    def decode_mlp(self, attn, h, norm_w, eps, w_gate_up, w_down, act):
+        """The MLP block of a batch-1 decode step in one persistent kernel (decode_mlp.cu): h += attn, then
+        h += W_down SwiGLU(W_gate_up RMSNorm(h)); act is scratch. Bit for bit add_rmsnorm, gemv_swiglu, gemv and
+        the next add_rmsnorm's add."""
+        self._check("decode_mlp", self.storage, attn, h, norm_w, w_gate_up, w_down, act)
+        H, I = h.shape[-1], w_down.shape[1]
+        if (h.shape != (1, H) or attn.shape != (1, H) or norm_w.shape != (H,) or w_gate_up.shape != (2 * I, H)
+                or w_down.shape != (H, I) or act.shape != (1, I) or not self.decode_mlp_ok(H, I)):
+            raise ValueError(f"decode_mlp: h {h.shape}, attn {attn.shape}, norm_w {norm_w.shape}, w_gate_up "
+                             f"{w_gate_up.shape}, w_down {w_down.shape}, act {act.shape} (one row; decode_mlp_ok)")
+        if self._mlp_bar is None:  # grid barrier count and generation; the kernel leaves the count at zero
+            self._mlp_bar = self.cp.zeros(2, self.cp.uint32)
+        smem = -(-H // self.num_sms) * I * self.itemsize
+        self._go(self._fn("decode_mlp", f"decode_mlp<{self.ctype}>", smem), (self.num_sms,), (512,),
+                 (h, attn, norm_w, _f32(eps), w_gate_up, w_down, act, self._mlp_bar, _i32(H), _i32(I),
+                  _i32(gemv_warps_per_row(H // self.vec)), _i32(gemv_warps_per_row(I // self.vec))), smem)
+
     def gemv_fused(self, x, w, y, kind: str, norm_weight=None, eps: float = 0.0):
         """gemv with the work around it folded in (gemv.cu), for 1 <= M <= GEMV_MAX_ROWS rows, w [N, K]:
         kind "norm": y = RMSNorm(x) * norm_weight @ w.T (x = the residual h [M, K]); "add": y += x @ w.T
@@ -434,10 +463,8 @@ class CudaKernels:
         """Kernels, grid, split count and workspace for one plan: made once, so decode steps allocate nothing."""
         if D not in DECODE_HEAD_DIMS:
             raise ValueError(f"decode_attention: head dim {D} not in {DECODE_HEAD_DIMS}")
-        if self._n_sm is None:
-            self._n_sm = self.cp.cuda.Device().attributes["MultiProcessorCount"]
         group = Hq // Hkv
-        n = decode_splits(B, Hkv, group, D, self.itemsize, self._n_sm, max(1, max_seq_len))
+        n = decode_splits(B, Hkv, group, D, self.itemsize, self.num_sms, max(1, max_seq_len))
         ws_ml = self.cp.empty((B, Hq, n, 2), self.cp.float32)
         ws_acc = self.cp.empty((B, Hq, n, D), self.cp.float32)
         grid = (Hkv * -(-group // 8), n, B)
