@@ -9,7 +9,8 @@
 // Here the down projection's weights (8.7 MB for Qwen2.5-0.5B) are copied into shared memory by the TMA unit
 // (cp.async.bulk) from the kernel's first instruction, while the gate_up rows stream through registers; one grid
 // barrier separates act (written by every block) from the down projection, which then reads its weights from
-// shared memory.
+// shared memory. It measured slower than the kernels it replaces (README, "One kernel for the MLP block"), so
+// EngineOptions.mlp_kernel is off by default.
 //
 // Layout: h, attn T[H] (h in place); norm_w T[H]; w_gu T[2I, H] (gate rows, then up rows); w_down T[H, I];
 // act T[I] (scratch, written); bar u32[2] (grid barrier count and generation: zero once; the kernel leaves the

@@ -141,7 +141,7 @@ class Model:
                 be.decode_mlp(s.attn_out, s.h, L.post_norm, eps, L.gate_up, L.down, s.act)
             else:
                 be.add_rmsnorm(s.attn_out, s.h, L.post_norm, eps, s.x)
-                be.linear_swiglu(s.x, L.gate_up, s.gate_up, s.act)  # our GEMV: SwiGLU in its epilogue
+                be.linear_swiglu(s.x, L.gate_up, s.gate_up, s.act)  # one kernel where our GEMV takes it
                 be.linear(s.act, L.down, s.mlp_out)
             timer.lap("mlp")
         be.add_rmsnorm(None if added else s.mlp_out, s.h, w.final_norm, eps, s.x)
