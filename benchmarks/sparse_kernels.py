@@ -62,7 +62,7 @@ for T in [int(x) for x in sys.argv[1:]] or [16384, 32768]:
             ub, um, uc = ws["ublk"], ws["umask"], ws["ucount"][:tl]
             cap = ub.size // ws["ucount"].size
             ub, um = ub[:tl * cap].reshape(tl, cap), um[:tl * cap].reshape(tl, cap)
-            ops["tile_union"] = lambda: be.sparse_tile_union(qsl, seq_lens, comb, clens, M, N, W, R, K, ub, um, uc)
+            ops["tile_union"] = lambda: be.sparse_tile_union(qsl, seq_lens, comb, clens, M, N, W, R, K, Q, ub, um, uc)
             ops["attention_tc"] = lambda: be.sparse_attention_tiled(q, kc, vc, table, qsl, seq_lens, ub, um, uc, W,
                                                                     R, K, bs, D ** -0.5, out)
         ops["whole path"] = lambda: sp.run(Step, kc, vc, bs, q, out, 0, opts, NoLaps(), D ** -0.5, True)

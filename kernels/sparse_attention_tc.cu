@@ -11,10 +11,13 @@
 // 1. sparse_tile_union          grid (tiles, B), block 256, dynamic smem min(N, UN_CAP) * 8 bytes.
 //    A shared bitmap of 64-bit query masks over the blocks [j0, j0 + UN_CAP) (several passes when N is wider):
 //    each warp walks a row's combined entries and ORs bit r into the mask of every selected block that has a
-//    token before that row's window (blocks wholly inside it come from the window pass). Block scans compact
-//    the non-zero masks into the tile's ascending list: ublk[tile, e] = block, umask[tile, e] = query mask,
-//    ucount[tile] = e's count. A tile whose last row is covered ((pos+1)/R <= K: every block selected, so every
-//    row's key set is 0..pos) gets count 0: it is plain causal attention.
+//    token before that row's window (blocks wholly inside it come from the window pass). The long rows of one
+//    query tile (Q, toolkit/sparse.py) share sparse_topk's selection, so one of them (the last in this tile)
+//    walks it and sets, per block, the bits of every such row whose window starts after the block: 64 rows'
+//    walks become one with Q = 64 (37 -> 11 us a layer at 4,096 tokens; sparse_kernels_union_topk*.log).
+//    Block scans compact the non-zero masks into the tile's ascending list: ublk[tile, e] = block,
+//    umask[tile, e] = query mask, ucount[tile] = e's count. A tile whose last row is covered ((pos+1)/R <= K:
+//    every block selected, so every row's key set is 0..pos) gets count 0: it is plain causal attention.
 // 2. sparse_attention_tc<T, D>  grid (Hq, B, tiles) (tiles in reverse: the heaviest go first), block 128,
 //    dynamic smem 5 * 64 * (D + 8) * 2 bytes. prefill_attention_tc's FlashAttention-2 loop (warp w owns rows
 //    16w..16w+15, cp.async double buffering, S = Q K^T and O += P V on m16n8k16) over a list of 64-key chunks:
@@ -40,8 +43,8 @@ constexpr int TQ = 64, TK = 64, UN_THREADS = 256, UN_CAP = 8192;
 // ---------------------------------------------------------------------------------------------------------
 extern "C" __global__ void __launch_bounds__(UN_THREADS)
 sparse_tile_union(const int* __restrict__ qsl, const int* __restrict__ seq_lens, const int* __restrict__ combined,
-                  int Kc, const int* __restrict__ lens, int M, int N, int W, int R, int K, int tiles, int cap,
-                  int* __restrict__ ublk, unsigned long long* __restrict__ umask, int* __restrict__ ucount) {
+                  int Kc, const int* __restrict__ lens, int M, int N, int W, int R, int K, int Q, int tiles,
+                  int cap, int* __restrict__ ublk, unsigned long long* __restrict__ umask, int* __restrict__ ucount) {
     extern __shared__ unsigned long long bits[];  // [min(N, UN_CAP)]
     __shared__ int warp_sums[UN_THREADS / 32];
     const int b = blockIdx.y, tile = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -60,7 +63,17 @@ sparse_tile_union(const int* __restrict__ qsl, const int* __restrict__ seq_lens,
         for (int j = tid; j < span; j += UN_THREADS) bits[j] = 0ull;
         __syncthreads();
         for (int r = warp; r < rows; r += UN_THREADS / 32) {
-            const int t = qs + q0 + r, pos = start + q0 + r, ws = pos - min(pos + 1, W) + 1;
+            const int t = qs + q0 + r, pos = start + q0 + r;
+            // Rows r_lo..r take their bits from this row's entries. The long rows ((pos+1)/R > K) of one query
+            // tile (pos / Q) hold the same K top-k entries, sparse_topk's one selection for the tile: only the
+            // tile's last row in this 64-row tile walks them, for all of them. Their window entries fall out below
+            // (j >= nmax), as for every row.
+            int r_lo = r;
+            if ((pos + 1) / R > K) {
+                if (r + 1 < rows && (pos + 1) / Q == pos / Q) continue;  // not the tile's last row here
+                r_lo = max(r - pos % Q, max(0, (K + 1) * R - 1 - start - q0));  // its first long row here
+            }
+            const unsigned long long upto = r == 63 ? ~0ull : (1ull << (r + 1)) - 1ull;  // rows <= r
             const int* crow = combined + (size_t)t * Kc;
             const int ne = min(lens[t], Kc);
             // Rows of a query tile (toolkit/sparse.py) hold the same blocks: each warp starts at another entry,
@@ -79,8 +92,12 @@ sparse_tile_union(const int* __restrict__ qsl, const int* __restrict__ seq_lens,
                 for (int u = 0; u < 8; u++) {
                     if (v[u] < 0) continue;
                     const long long j = (long long)v[u] - off;  // window entries (>= N), other requests' ids fall out
-                    if (j < j0 || j >= j0 + span || j >= nmax || (int)j * R >= ws) continue;
-                    atomicOr(&bits[j - j0], 1ull << r);
+                    if (j < j0 || j >= j0 + span || j >= nmax) continue;
+                    // Row rr sees block j before its window iff j R < ws(rr) = pos(rr) - W + 1, i.e. from row
+                    // j R + W - start - q0 on (ws is 0 for the first W positions: no row then).
+                    const int rmin = max(r_lo, (int)j * R + W - start - q0);
+                    if (rmin > r) continue;
+                    atomicOr(&bits[j - j0], upto & ~((1ull << rmin) - 1ull));
                 }
             }
         }

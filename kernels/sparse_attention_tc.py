@@ -30,8 +30,11 @@ def union_cap(N: int, K: int) -> int:
     return max(1, min(int(N), TQ * int(K)))
 
 
-def tile_union(query_start_loc, seq_lens, combined, lens, M: int, N: int, W: int, R: int, K: int, tiles: int,
-               cap: int, ublk=None, umask=None, ucount=None):
+def tile_union(query_start_loc, seq_lens, combined, lens, M: int, N: int, W: int, R: int, K: int, Q: int,
+               tiles: int, cap: int, ublk=None, umask=None, ucount=None):
+    """Every row's entries, one row at a time. Q (the query tile sparse_topk selected with) only matters to the GPU
+    kernel, which reads one row for the long rows of a query tile, whose top-k entries are the same: for combined
+    rows made from sparse_topk's output with that Q the two agree bit for bit (tests/test_gpu_sparse.py)."""
     B = seq_lens.shape[0]
     if ublk is None:
         ublk = np.full((B * tiles, cap), -1, np.int32)

@@ -18,9 +18,10 @@
 //                             candidate blocks (half of a fresh prompt's) only writes -inf.
 // 4. sparse_topk              grid tile rows, block 512: the tile's short rows ((pos+1)/R <= K) write 0..n-1;
 //                             for the long ones a 4-pass 8-bit radix select of the K-th largest score (float ->
-//                             order-preserving uint), then one pass in index order with block scans that keeps
-//                             every score above it and the lowest-indexed ties (ascending block order, as the
-//                             CPU twin's stable argsort), written to the first long row and copied to the others.
+//                             order-preserving uint; per pass a histogram and a block scan over its bins), then
+//                             one pass in index order with block scans that keeps every score above it and the
+//                             lowest-indexed ties (ascending block order, as the CPU twin's stable argsort),
+//                             written to the first long row and copied to the others.
 // 5. sparse_attention<T,D,GM> grid (T, Hkv), block 128: one query and one kv head, the group's G <= GM heads
 //                             together. The combined row's entries are expanded (block scan over 128 entries at a
 //                             time) into a list of cache slots in smem: a block's tokens before the window start,
@@ -253,14 +254,17 @@ sparse_topk(const float* __restrict__ scores, int N, const int* __restrict__ qsl
                 if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255], 1);
             }
             __syncthreads();
-            if (tid == 0) {
-                int acc = 0, d = 255;
-                for (; d > 0; d--) {
-                    if (acc + hist[d] >= need) break;
-                    acc += hist[d];
-                }
-                s_prefix = prefix | ((unsigned)d << shift);
-                s_need = need - acc;
+            // The digit d holding the need-th largest key: a block scan over the bins from 255 down (thread h
+            // holds bin 255 - h), so d is the one bin whose keys above it number < need <= those up to it. Digit
+            // 0 takes what is left when the bins hold fewer than need keys (bad input). Thread 0 walking the 256
+            // bins one by one was a chain of dependent shared-memory loads: 4 passes of it were about half of
+            // this kernel's 39 us a layer at 4,096 tokens (benchmarks/results/sparse_kernels_4k.log).
+            const int c = tid < 256 ? hist[255 - tid] : 0;
+            int all;
+            const int above = block_scan<TK_THREADS>(c, warp_sums, &all);
+            if (tid < 256 && above < need && (above + c >= need || tid == 255)) {
+                s_prefix = prefix | ((unsigned)(255 - tid) << shift);
+                s_need = need - above;
             }
             __syncthreads();
             prefix = s_prefix;

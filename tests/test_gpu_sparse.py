@@ -13,6 +13,7 @@ from test_sparse_kernels import pipeline, random_combine_case
 from kernels import sparse_prefill as sp
 from kernels.combine import combine_topk_swa_indices as combine_twin
 from kernels.prefill_attention import prefill_attention
+from toolkit.sparse import query_tile
 
 pytestmark = pytest.mark.gpu
 I32 = np.int32
@@ -160,7 +161,7 @@ def test_engine_sparse_gpu_matches_cpu(stories_dir, monkeypatch):
 
 # ---- the tensor-core route: tile unions + sparse_attention_tc ----
 
-def tiled_gpu(cp, be, dev, combined, clens, M, N, W, R, K, qlens, bs, scale, out_rows):
+def tiled_gpu(cp, be, dev, combined, clens, M, N, W, R, K, Q, qlens, bs, scale, out_rows):
     from kernels.sparse_attention_tc import n_tiles, union_cap
 
     B = len(qlens)
@@ -168,7 +169,7 @@ def tiled_gpu(cp, be, dev, combined, clens, M, N, W, R, K, qlens, bs, scale, out
     ublk = cp.full((B * tiles, cap), -7, cp.int32)  # dirty buffers: the kernels must not rely on zeros
     umask = cp.full((B * tiles, cap), 5, cp.uint64)
     ucount = cp.full(B * tiles, -7, cp.int32)
-    be.sparse_tile_union(dev["qsl"], dev["seq_lens"], cp.asarray(combined), cp.asarray(clens), M, N, W, R, K, ublk,
+    be.sparse_tile_union(dev["qsl"], dev["seq_lens"], cp.asarray(combined), cp.asarray(clens), M, N, W, R, K, Q, ublk,
                          umask, ucount)
     dout = cp.zeros((out_rows,) + tuple(dev["q"].shape[1:]), cp.uint16)
     be.sparse_attention_tiled(dev["q"], dev["k"], dev["v"], dev["tables"], dev["qsl"], dev["seq_lens"], ublk, umask,
@@ -193,9 +194,10 @@ def test_sparse_attention_tiled(cuda, K, W, R, lens, qlens, Q):
     dev, (q, kc, vc, tables, qsl, seq_lens) = case(rng, cp, lens, qlens)
     bs, scale = 16, 64 ** -0.5
     combined, clens, M, N, _ = pipeline(q, kc, tables, seq_lens, qsl, K, W, R, bs, Q)
-    (ublk, umask, ucount), got, tiles, cap = tiled_gpu(cp, be, dev, combined, clens, M, N, W, R, K, qlens, bs, scale,
-                                                       q.shape[0])
-    wb, wm, wc = tc.tile_union(qsl, seq_lens, combined, clens, M, N, W, R, K, tiles, cap)
+    Q = query_tile(64, W, R) if Q is None else Q  # the union kernel reads one row per query tile's long rows
+    (ublk, umask, ucount), got, tiles, cap = tiled_gpu(cp, be, dev, combined, clens, M, N, W, R, K, Q, qlens, bs,
+                                                       scale, q.shape[0])
+    wb, wm, wc = tc.tile_union(qsl, seq_lens, combined, clens, M, N, W, R, K, Q, tiles, cap)
     for b, n in enumerate(qlens):  # the union lists are bit-identical to the twin's on every existing tile
         for ti in range(b * tiles, b * tiles + tc.n_tiles(n)):
             assert ucount[ti] == wc[ti]

@@ -12,6 +12,7 @@ from test_sparse_kernels import make_attention_case, pipeline
 from kernels import sparse_attention_tc as tc
 from kernels import sparse_prefill as sp
 from kernels.combine import combine_topk_swa_indices as combine_twin
+from toolkit.sparse import query_tile
 
 I32 = np.int32
 
@@ -55,7 +56,7 @@ def test_tiled_equals_per_query_twin(lens, qlens, K, W, R):
     scale = D ** -0.5
     combined, clens, M, N, topk = pipeline(q, kc, tables, seq_lens, qsl, K, W, R, bs)
     tiles, cap = tc.n_tiles(max(qlens)), tc.union_cap(N, K)
-    ublk, umask, ucount = tc.tile_union(qsl, seq_lens, combined, clens, M, N, W, R, K, tiles, cap)
+    ublk, umask, ucount = tc.tile_union(qsl, seq_lens, combined, clens, M, N, W, R, K, 1, tiles, cap)
     want_u = ref_union(qsl, seq_lens, topk, W, R, K, tiles)
     for ti, u in want_u.items():
         n = int(ucount[ti])
@@ -72,6 +73,28 @@ def test_tiled_equals_per_query_twin(lens, qlens, K, W, R):
     assert (got[:qsl[0]] == 7.0).all() and (got[qsl[-1]:] == 7.0).all()
 
 
+@pytest.mark.parametrize("lens,qlens,K,W,R", CASES)
+@pytest.mark.parametrize("Q", [None, 1, 2])
+def test_long_rows_of_a_query_tile_share_their_topk_entries(lens, qlens, K, W, R, Q):
+    """What sparse_tile_union's GPU kernel relies on: the long rows ((pos+1)//R > K) of one query tile have the
+    same first K combined entries, so the kernel walks one of them for all (kernels/sparse_attention_tc.cu)."""
+    rng = np.random.default_rng(sum(lens) + K + (Q or 0))
+    kc, vc, tables, seq_lens, qsl, q = make_attention_case(rng, lens, qlens, 6, 2, 16, 16, base=5)
+    combined, clens, M, N, topk = pipeline(q, kc, tables, seq_lens, qsl, K, W, R, 16, Q)
+    Q = query_tile(64, W, R) if Q is None else Q  # as pipeline() ran it
+    for b in range(len(seq_lens)):
+        n = qsl[b + 1] - qsl[b]
+        start = seq_lens[b] - n
+        groups = {}
+        for r in range(n):
+            pos = start + r
+            if (pos + 1) // R > K:
+                groups.setdefault(pos // Q, []).append(qsl[b] - qsl[0] + r)
+        for rows in groups.values():
+            for t in rows[1:]:
+                np.testing.assert_array_equal(combined[t, :K], combined[rows[0], :K])
+
+
 def test_union_is_about_k_blocks_when_neighbours_agree():
     """Rows that select the same blocks give a union of K blocks with full masks, whatever N is: the point of
     tiling (on random data neighbours disagree and the union approaches every block: see the README)."""
@@ -85,7 +108,7 @@ def test_union_is_about_k_blocks_when_neighbours_agree():
     gather = sp.gather_lens(qsl, seq_lens, W)
     M = N + int(gather.max())
     combined, clens = combine_twin(topk, qsl, seq_lens, gather, W, R, K, M, N)
-    ublk, umask, ucount = tc.tile_union(qsl, seq_lens, combined, clens, M, N, W, R, K, 4, tc.union_cap(N, K))
+    ublk, umask, ucount = tc.tile_union(qsl, seq_lens, combined, clens, M, N, W, R, K, 1, 4, tc.union_cap(N, K))
     for ti in (1, 2, 3):
         assert ucount[ti] == K and ublk[ti, :K].tolist() == list(range(0, 2 * K, 2))
         assert (umask[ti, :K] == np.uint64(2**64 - 1)).all()

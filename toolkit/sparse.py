@@ -23,7 +23,8 @@ shares each K/V tile among 64 queries where the sparse one gathers per query. Th
 
 N = max over the requests of seq_len // R and M = N + max gather_len, the reference document's workspace
 pitch; these and the chunking are host ints from the step's host-side lengths (DeviceStep.prefill_lens), so
-nothing here synchronises with the device. Workspaces grow to the largest step seen and are then reused.
+nothing here synchronises with the device. Workspaces grow to the largest step seen and are then reused. That host
+work is the same for every layer of a step: the first layer makes it into a _Plan, the others only launch.
 """
 import numpy as np
 
@@ -71,12 +72,27 @@ def merge_paths(old: str, new: str) -> str:
     return max(old, new, key=order.index)
 
 
+class _Plan:
+    """What every layer of one step shares: host ints, device slices and workspace views (made once a step)."""
+
+    def __init__(self, step, key, **kw):
+        self.step, self.key = step, key  # the step object is held: its id cannot be reused while cached
+        self.gathered = False  # gather_lens is the same for every layer: launched by the first one
+        self.chunks, self.ublk = (), None
+        self.__dict__.update(kw)
+
+
 class SparsePrefill:
-    """Workspaces and the per-layer driver; one per Model."""
+    """Workspaces and the per-layer driver; one per Model.
+
+    The host work of a layer (lengths, tile counts, slicing the step's arrays and the workspaces) is the same for
+    all layers of a step, so it is done once, into a _Plan, and the other layers only launch kernels: an eager
+    4,096-token prefill is bound by the host's launches (README, "Sparse prefill")."""
 
     def __init__(self, backend):
         self.be = backend
         self._ws = {}  # name -> flat buffer, grown on demand
+        self._plan = None  # the last step's _Plan
 
     def _buf(self, name: str, shape, dtype):
         n = int(np.prod(shape))
@@ -89,61 +105,82 @@ class SparsePrefill:
             self.be.bind_thread()
         return buf[:n].reshape(shape)
 
+    def plan(self, step, k_cache, nd: int, options, tensor_cores: bool) -> _Plan:
+        K, W, R = options.sparse_topk, options.sparse_window, options.sparse_block
+        lens = step.prefill_lens  # host (q_len, seq_len) of each prefill request
+        Hkv, D = k_cache.shape[1:]
+        key = (tuple(lens), nd, K, W, R, options.sparse_query_tile, Hkv, D, tensor_cores, DENSE_WHEN_EXACT)
+        p = self._plan
+        if p is not None and p.step is step and p.key == key:
+            return p
+        N = max(L // R for _, L in lens)
+        qsl, seq_lens, tables = step.query_start_loc[nd:], step.seq_lens[nd:], step.block_tables[nd:]
+        p = _Plan(step, key, N=N, qsl=qsl, seq_lens=seq_lens, tables=tables, dense=N <= K and DENSE_WHEN_EXACT)
+        self._plan = p
+        if p.dense:
+            return p
+        T = sum(n for n, _ in lens)
+        p.M = N + max(n + min(L - n, W - 1) for n, L in lens)
+        p.Q = Q = query_tile(options.sparse_query_tile, W, R)
+        tiles = [(L - 1) // Q - (L - n) // Q + 1 for n, L in lens if n > 0]  # tile rows of each request
+        p.max_tiles, p.rows = max(tiles), sum(tiles)
+        p.topk = self._buf("topk", (T, K), np.int32)
+        if N > K:  # some row has more blocks than it keeps: score them, in chunks of tile rows
+            p.kbar = self._buf("kbar", (len(lens), N, Hkv, D), np.float32)
+            chunk = max(1, min(p.rows, SCORE_BYTES // (4 * N)))
+            p.chunks = tuple((r0, min(chunk, p.rows - r0),
+                              self._buf("qbar", (min(chunk, p.rows - r0), Hkv, D), np.float32),
+                              self._buf("scores", (min(chunk, p.rows - r0), N), np.float32))
+                             for r0 in range(0, p.rows, chunk))
+        p.gather = self._buf("gather", (len(lens),), np.int32)
+        Kc = -(-(K + W) // 128) * 128
+        p.combined, p.clens = self._buf("combined", (T, Kc), np.int32), self._buf("clens", (T,), np.int32)
+        if tensor_cores and self.be.sparse_tiled_ok(D):
+            from kernels.sparse_attention_tc import n_tiles, union_cap
+
+            tc_tiles, cap = n_tiles(max(n for n, _ in lens)), union_cap(N, K)
+            if len(lens) * tc_tiles * cap * 12 <= UNION_BYTES:
+                p.ublk = self._buf("ublk", (len(lens) * tc_tiles, cap), np.int32)
+                p.umask = self._buf("umask", (len(lens) * tc_tiles, cap), np.uint64)
+                p.ucount = self._buf("ucount", (len(lens) * tc_tiles,), np.int32)
+        return p
+
     def run(self, step, k_cache, v_cache, bs: int, q, out, nd: int, options, timer, scale: float,
             tensor_cores: bool):
         be = self.be
         K, W, R = options.sparse_topk, options.sparse_window, options.sparse_block
-        lens = step.prefill_lens  # host (q_len, seq_len) of each prefill request
-        qsl, seq_lens, tables = step.query_start_loc[nd:], step.seq_lens[nd:], step.block_tables[nd:]
-        N = max(L // R for _, L in lens)
+        p = self.plan(step, k_cache, nd, options, tensor_cores)
+        qsl, seq_lens, tables = p.qsl, p.seq_lens, p.tables
         timer.lap("attention")  # qkv, RoPE and the decode rows so far
-        if N <= K and DENSE_WHEN_EXACT:
+        if p.dense:
             be.prefill_attention(q, k_cache, v_cache, tables, qsl, seq_lens, bs, scale, out, step.max_query_len,
                                  tensor_cores)
             timer.lap("sparse_attention")
             return
-        T = sum(n for n, _ in lens)
-        Hkv, D = k_cache.shape[1:]
-        M = N + max(n + min(L - n, W - 1) for n, L in lens)
-        Q = query_tile(options.sparse_query_tile, W, R)
-        tiles = [(L - 1) // Q - (L - n) // Q + 1 for n, L in lens if n > 0]  # tile rows of each request
-        topk = self._buf("topk", (T, K), np.int32)
-        if N > K:  # some row has more blocks than it keeps: score them
-            kbar = self._buf("kbar", (len(lens), N, Hkv, D), np.float32)
-            be.sparse_compress_keys(k_cache, tables, seq_lens, bs, R, kbar)
-            chunk = max(1, min(sum(tiles), SCORE_BYTES // (4 * N)))
-            for r0 in range(0, sum(tiles), chunk):
-                rows = min(chunk, sum(tiles) - r0)
-                qbar = self._buf("qbar", (rows, Hkv, D), np.float32)
-                be.sparse_query_means(q, qsl, seq_lens, Q, r0, qbar, max(tiles))
-                scores = self._buf("scores", (rows, N), np.float32)
-                be.sparse_scores(qbar, kbar, qsl, seq_lens, R, Q, r0, scores, max(tiles))
+        N, M, Q = p.N, p.M, p.Q
+        if p.chunks:
+            be.sparse_compress_keys(k_cache, tables, seq_lens, bs, R, p.kbar)
+            for r0, rows, qbar, scores in p.chunks:
+                be.sparse_query_means(q, qsl, seq_lens, Q, r0, qbar, p.max_tiles)
+                be.sparse_scores(qbar, p.kbar, qsl, seq_lens, R, Q, r0, scores, p.max_tiles)
                 timer.lap("indexer")
-                be.sparse_topk(scores, qsl, seq_lens, R, K, Q, r0, topk, rows)
+                be.sparse_topk(scores, qsl, seq_lens, R, K, Q, r0, p.topk, rows)
                 timer.lap("topk")
         else:  # every row short: all blocks in order, no indexer
-            be.sparse_topk(None, qsl, seq_lens, R, K, Q, 0, topk, sum(tiles))
+            be.sparse_topk(None, qsl, seq_lens, R, K, Q, 0, p.topk, p.rows)
             timer.lap("topk")
-        gather = self._buf("gather", (len(lens),), np.int32)
-        be.sparse_gather_lens(qsl, seq_lens, W, gather)
-        Kc = -(-(K + W) // 128) * 128
-        combined = self._buf("combined", (T, Kc), np.int32)
-        clens = self._buf("clens", (T,), np.int32)
-        be.combine_topk_swa_indices(topk, qsl, seq_lens, gather, W, R, K, M, N, combined, clens)
-        if tensor_cores and be.sparse_tiled_ok(D):
-            from kernels.sparse_attention_tc import n_tiles, union_cap
-
-            tiles, cap = n_tiles(max(n for n, _ in lens)), union_cap(N, K)
-            if len(lens) * tiles * cap * 12 <= UNION_BYTES:
-                ublk = self._buf("ublk", (len(lens) * tiles, cap), np.int32)
-                umask = self._buf("umask", (len(lens) * tiles, cap), np.uint64)
-                ucount = self._buf("ucount", (len(lens) * tiles,), np.int32)
-                be.sparse_tile_union(qsl, seq_lens, combined, clens, M, N, W, R, K, ublk, umask, ucount)
-                timer.lap("combine")
-                be.sparse_attention_tiled(q, k_cache, v_cache, tables, qsl, seq_lens, ublk, umask, ucount, W, R, K,
-                                          bs, scale, out)
-                timer.lap("sparse_attention")
-                return
+        if not p.gathered:
+            be.sparse_gather_lens(qsl, seq_lens, W, p.gather)
+            p.gathered = True
+        be.combine_topk_swa_indices(p.topk, qsl, seq_lens, p.gather, W, R, K, M, N, p.combined, p.clens)
+        if p.ublk is not None:
+            be.sparse_tile_union(qsl, seq_lens, p.combined, p.clens, M, N, W, R, K, Q, p.ublk, p.umask, p.ucount)
+            timer.lap("combine")
+            be.sparse_attention_tiled(q, k_cache, v_cache, tables, qsl, seq_lens, p.ublk, p.umask, p.ucount, W, R,
+                                      K, bs, scale, out)
+            timer.lap("sparse_attention")
+            return
         timer.lap("combine")
-        be.sparse_attention(q, k_cache, v_cache, tables, qsl, seq_lens, combined, clens, M, N, W, R, bs, scale, out)
+        be.sparse_attention(q, k_cache, v_cache, tables, qsl, seq_lens, p.combined, p.clens, M, N, W, R, bs, scale,
+                            out)
         timer.lap("sparse_attention")

@@ -138,9 +138,9 @@ class CpuBackend:
     def sparse_tiled_ok(self, head_dim):
         return False  # the CPU keeps the per-query reference; the tiled twins are for tests
 
-    def sparse_tile_union(self, query_start_loc, seq_lens, combined, lens, M, N, W, R, K, ublk, umask, ucount):
+    def sparse_tile_union(self, query_start_loc, seq_lens, combined, lens, M, N, W, R, K, Q, ublk, umask, ucount):
         B = seq_lens.shape[0]
-        _satc.tile_union(query_start_loc, seq_lens, combined, lens, M, N, W, R, K, ublk.shape[0] // max(B, 1),
+        _satc.tile_union(query_start_loc, seq_lens, combined, lens, M, N, W, R, K, Q, ublk.shape[0] // max(B, 1),
                          ublk.shape[1], ublk, umask, ucount)
 
     def sparse_attention_tiled(self, q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, ublk, umask,

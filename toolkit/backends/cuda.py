@@ -339,8 +339,8 @@ class CudaBackend:
     def sparse_tiled_ok(self, head_dim):
         return self._sparse.tiled_ok(head_dim)
 
-    def sparse_tile_union(self, query_start_loc, seq_lens, combined, lens, M, N, W, R, K, ublk, umask, ucount):
-        self._sparse.tile_union(query_start_loc, seq_lens, combined, lens, M, N, W, R, K, ublk, umask, ucount)
+    def sparse_tile_union(self, query_start_loc, seq_lens, combined, lens, M, N, W, R, K, Q, ublk, umask, ucount):
+        self._sparse.tile_union(query_start_loc, seq_lens, combined, lens, M, N, W, R, K, Q, ublk, umask, ucount)
 
     def sparse_attention_tiled(self, q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, ublk, umask,
                                ucount, W, R, K, block_size, scale, out):

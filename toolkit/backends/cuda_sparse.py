@@ -107,7 +107,7 @@ class CudaSparse:
     def tiled_ok(self, head_dim: int) -> bool:
         return self.k.dtype != "float32" and head_dim in TC_HEAD_DIMS
 
-    def tile_union(self, qsl, seq_lens, combined, lens, M, N, W, R, K, ublk, umask, ucount):
+    def tile_union(self, qsl, seq_lens, combined, lens, M, N, W, R, K, Q, ublk, umask, ucount):
         B = seq_lens.shape[0]
         tiles, cap = ublk.shape[0] // max(B, 1), ublk.shape[1]
         if not B or not tiles or combined.shape[0] == 0:
@@ -115,7 +115,7 @@ class CudaSparse:
         smem = min(max(N, 1), UNION_CAP) * 8
         f = self._f("sparse_attention_tc", "sparse_tile_union", smem)
         f((tiles, B), (256,), (qsl, seq_lens, combined, _i32(combined.shape[1]), lens, _i32(M), _i32(N), _i32(W),
-                               _i32(R), _i32(K), _i32(tiles), _i32(cap), ublk, umask, ucount), shared_mem=smem)
+                               _i32(R), _i32(K), _i32(Q), _i32(tiles), _i32(cap), ublk, umask, ucount), shared_mem=smem)
 
     def attention_tiled(self, q, k_cache, v_cache, block_tables, qsl, seq_lens, ublk, umask, ucount, W, R, K,
                         block_size, scale, out):
