@@ -52,3 +52,27 @@ def test_fused_equals_rope_then_attention(dtype, variant, name):
     np.testing.assert_array_equal(out1, out0)
     np.testing.assert_array_equal(k1, k0)  # NaN == NaN here: the untouched slots stay as they were
     np.testing.assert_array_equal(v1, v0)
+
+
+@pytest.mark.parametrize("bad", ["cos", "positions", "q_norm"])
+def test_bad_rope_inputs_are_refused_by_both_paths(bad):
+    """rope_qkv and decode attention's rope variant share one input check: the same bad input is a one-line
+    ValueError naming the op, before any launch."""
+    hq, hkv, hd, bs = 14, 2, 64, 16
+    B, NH, dtype = 3, hq + 2 * hkv, "bfloat16"
+    qkv = dev(np.zeros((B, NH * hd)), dtype)
+    cos, sin = rope_tables(64, hd)
+    if bad == "cos":
+        cos, sin = cos[:, :hd // 4], sin[:, :hd // 4]
+    positions = ints(np.zeros(B - 1 if bad == "positions" else B, np.int32))
+    qn = dev(np.ones(hd + 2 if bad == "q_norm" else hd), dtype)
+    rope = (qkv, None, qn, dev(np.ones(hd), dtype), 1e-6, cp.asarray(cos), cp.asarray(sin), positions,
+            ints(np.arange(B, dtype=np.int32)))
+    k = K(dtype)
+    kc, vc = dev(np.zeros((64, hkv, hd)), dtype), dev(np.zeros((64, hkv, hd)), dtype)
+    with pytest.raises(ValueError, match="^rope_qkv: "):
+        k.rope_qkv(*rope, hq, hkv, dev(np.zeros((B, hq, hd)), dtype), kc, vc)
+    table, seq_lens = ints(np.arange(4, dtype=np.int32).reshape(1, 4).repeat(B, 0)), ints(np.ones(B, np.int32))
+    with pytest.raises(ValueError, match=r"^decode_attention\(rope\): "):
+        k.decode_attention(dev(np.zeros((B, hq, hd)), dtype), kc, vc, table, seq_lens, bs, 0.125,
+                           dev(np.zeros((B, hq, hd)), dtype), 64, rope)

@@ -234,6 +234,25 @@ class CudaKernels:
             if a is not None and ((a.dtype is not dtype and a.dtype != dtype) or not a._c_contiguous):
                 raise _bad(op, dtype, arrays)
 
+    def _check_rope(self, op, rows, n_heads, n_kv_heads, D, qkv, bias, q_norm, k_norm, cos, sin, positions,
+                    slot_mapping):
+        """RoPE's inputs for `rows` tokens (rope_qkv, and decode attention doing its work): dtypes, then shapes."""
+        self._check(op, self.storage, qkv, bias, q_norm, k_norm)
+        self._check(op, F32, cos, sin)
+        self._check(op, I32, positions, slot_mapping)
+        NH = n_heads + 2 * n_kv_heads
+        if qkv.shape[0] < rows or qkv.shape[1] != NH * D or D % 2 or D > 256:
+            raise ValueError(f"{op}: qkv {qkv.shape} for {rows} tokens, Hq={n_heads}, Hkv={n_kv_heads}, D={D} "
+                             "(D even, <= 256)")
+        if positions.shape[0] < rows or slot_mapping.shape[0] < rows:
+            raise ValueError(f"{op}: positions {positions.shape} / slot_mapping {slot_mapping.shape} must cover "
+                             f"{rows} tokens")
+        if sin.shape != cos.shape or cos.shape[1] != D // 2:
+            raise ValueError(f"{op}: cos {cos.shape} / sin {sin.shape} must be [positions, D/2={D // 2}]")
+        if ((bias is not None and bias.shape != (NH * D,)) or (q_norm is not None and q_norm.shape != (D,))
+                or (k_norm is not None and k_norm.shape != (D,))):
+            raise ValueError(f"{op}: bias / q_norm / k_norm must be [{NH * D}] / [{D}] / [{D}]")
+
     # -- ops ----------------------------------------------------------------------------------------------
     def embedding(self, ids, table, out):
         """out[t] = table[ids[t]]; ids int32[T], table [V, H], out [T, H]. Out-of-range ids give zero rows."""
@@ -267,25 +286,15 @@ class CudaKernels:
         """Bias, optional q/k norm, rotary embedding; token t at position positions[t]: q -> q_out[t], k/v ->
         caches[slot_mapping[t]] ([num_slots, Hkv, D]). A slot < 0 (padding row) writes q only; a position
         outside the cos table or a slot >= num_slots skips the writes (never out of bounds)."""
-        self._check("rope_qkv", self.storage, qkv, bias, q_norm, k_norm, q_out, k_cache, v_cache)
-        self._check("rope_qkv", F32, cos, sin)
-        self._check("rope_qkv", I32, positions, slot_mapping)
         T = qkv.shape[0]
         num_slots, Hkv, D = kshape = k_cache.shape
-        NH = n_heads + 2 * n_kv_heads
-        if (Hkv != n_kv_heads or qkv.shape[1] != NH * D or q_out.shape != (T, n_heads, D)
-                or v_cache.shape != kshape or D % 2 or D > 256):
+        self._check_rope("rope_qkv", T, n_heads, n_kv_heads, D, qkv, bias, q_norm, k_norm, cos, sin, positions,
+                         slot_mapping)
+        self._check("rope_qkv", self.storage, q_out, k_cache, v_cache)
+        if Hkv != n_kv_heads or q_out.shape != (T, n_heads, D) or v_cache.shape != kshape:
             raise ValueError(f"rope_qkv: qkv {qkv.shape}, q_out {q_out.shape}, k_cache {kshape}, "
-                             f"v_cache {v_cache.shape}, Hq={n_heads}, Hkv={n_kv_heads} (D even, <= 256)")
-        if positions.shape != (T,) or slot_mapping.shape != (T,):
-            raise ValueError(f"rope_qkv: positions {positions.shape} / slot_mapping {slot_mapping.shape} "
-                             f"must be [{T}]")
-        cshape = cos.shape
-        if sin.shape != cshape or cshape[1] != D // 2:
-            raise ValueError(f"rope_qkv: cos {cshape} / sin {sin.shape} must be [positions, D/2={D // 2}]")
-        if ((bias is not None and bias.shape != (NH * D,)) or (q_norm is not None and q_norm.shape != (D,))
-                or (k_norm is not None and k_norm.shape != (D,))):
-            raise ValueError(f"rope_qkv: bias / q_norm / k_norm must be [{NH * D}] / [{D}] / [{D}]")
+                             f"v_cache {v_cache.shape}, Hq={n_heads}, Hkv={n_kv_heads}")
+        NH, cshape = n_heads + 2 * n_kv_heads, cos.shape
         if T:
             self._go(
                 self._fn("rope", self._names["rope"][0]), (-(-T * NH // 4),), (128,),
@@ -443,16 +452,8 @@ class CudaKernels:
             extra = _NO_ROPE
         else:
             qkv, bias, q_norm, k_norm, eps, cos, sin, positions, slot_mapping = rope
-            self._check("decode_attention", self.storage, qkv, bias, q_norm, k_norm)
-            self._check("decode_attention", F32, cos, sin)
-            self._check("decode_attention", I32, positions, slot_mapping)
-            NH = Hq + 2 * Hkv
-            if (qkv.shape[0] < B or qkv.shape[1] != NH * D or positions.shape[0] < B or slot_mapping.shape[0] < B
-                    or cos.shape != sin.shape or cos.shape[1] != D // 2 or D > 256
-                    or (bias is not None and bias.shape != (NH * D,))):
-                raise ValueError(f"decode_attention(rope): qkv {qkv.shape}, cos {cos.shape}, positions "
-                                 f"{positions.shape}, slot_mapping {slot_mapping.shape} for B={B}, Hq={Hq}, "
-                                 f"Hkv={Hkv}, D={D}")
+            self._check_rope("decode_attention(rope)", B, Hq, Hkv, D, qkv, bias, q_norm, k_norm, cos, sin,
+                             positions, slot_mapping)
             extra = (qkv, bias, q_norm, k_norm, _f32(eps), cos, sin, positions, slot_mapping, _i32(cos.shape[0]),
                      _i32(k_cache.shape[0]))
         self._go(fns[rope is not None], grid, (128,),
