@@ -11,6 +11,7 @@ from toolkit.backends.cuda import CudaBackend
 from toolkit.bench.sparse import _graph_us
 from toolkit.options import EngineOptions
 from toolkit.sparse import SparsePrefill, query_tile
+from toolkit.timings import NullTimer
 
 be = CudaBackend("bfloat16")
 be.bind_thread()
@@ -32,14 +33,10 @@ for T in [int(x) for x in sys.argv[1:]] or [16384, 32768]:
         prefill_lens, max_query_len = ((T, T),), T
         query_start_loc, seq_lens, block_tables = qsl, seq_lens, table
 
-    class NoLaps:
-        def lap(self, name):
-            pass
-
     for Qopt in (64, 1):
         opts = EngineOptions(sparse_topk=K, sparse_window=W, sparse_block=R, sparse_query_tile=Qopt)
         sp = SparsePrefill(be)
-        sp.run(Step, kc, vc, bs, q, out, 0, opts, NoLaps(), D ** -0.5, True)
+        sp.run(Step, kc, vc, bs, q, out, 0, opts, NullTimer(), D ** -0.5, True)
         ws, Q, N = sp._ws, query_tile(Qopt, W, R), T // R
         tiles = -(-T // Q)
         rows = min(tiles, ws["scores"].size // N)  # the first chunk of tile rows (scores are chunked at 256 MB)
@@ -65,6 +62,6 @@ for T in [int(x) for x in sys.argv[1:]] or [16384, 32768]:
             ops["tile_union"] = lambda: be.sparse_tile_union(qsl, seq_lens, comb, clens, M, N, W, R, K, Q, ub, um, uc)
             ops["attention_tc"] = lambda: be.sparse_attention_tiled(q, kc, vc, table, qsl, seq_lens, ub, um, uc, W,
                                                                     R, K, bs, D ** -0.5, out)
-        ops["whole path"] = lambda: sp.run(Step, kc, vc, bs, q, out, 0, opts, NoLaps(), D ** -0.5, True)
+        ops["whole path"] = lambda: sp.run(Step, kc, vc, bs, q, out, 0, opts, NullTimer(), D ** -0.5, True)
         for name, fn in ops.items():
             print(f"T={T} Q={Qopt} {name:14s} {_graph_us(cp, be.stream, fn, replays=5):9.1f} us", flush=True)

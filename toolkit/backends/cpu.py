@@ -79,7 +79,7 @@ class CpuBackend:
         if small_batch_gemv and x.shape[0] <= GEMV_MAX_ROWS:  # the twin of CUDA's one-kernel path
             gemv_swiglu(x, w, act)
             return
-        np.matmul(x, w.T, out=gate_up)
+        self.linear(x, w, gate_up)
         silu_mul(gate_up, act)
 
     def launching(self, pdl: bool) -> "CpuBackend":

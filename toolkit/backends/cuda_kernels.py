@@ -325,9 +325,13 @@ class CudaKernels:
                              f"K % {self.vec} == 0)")
         to = "float" if out.dtype == F32 else self.ctype
         self._check("gemv", F32 if to == "float" else self.storage, out)
+        grid, wpr = self._gemv_grid(N, K)
+        self._go(self._fn("gemv", f"gemv<{self.ctype}, {to}, {M}>"), grid, (256,), (x, w, out, _i32(N), _i32(K), wpr))
+
+    def _gemv_grid(self, rows: int, K: int) -> tuple:
+        """gemv.cu's launch for `rows` output rows of K inputs: (grid, wpr), 8 / wpr rows a 256-thread block."""
         wpr = gemv_warps_per_row(K // self.vec)
-        self._go(self._fn("gemv", f"gemv<{self.ctype}, {to}, {M}>"), (-(-N // (8 // wpr)),), (256,),
-                 (x, w, out, _i32(N), _i32(K), _i32(wpr)))
+        return (-(-rows // (8 // wpr)),), _i32(wpr)
 
     def gemv_swiglu(self, x, w, out):
         """out[M, I] = silu(x @ w[:I].T) * (x @ w[I:].T), w = gate_up [2I, K]: gemv and silu_mul in one kernel
@@ -338,9 +342,8 @@ class CudaKernels:
         if not 1 <= M <= GEMV_MAX_ROWS or w.shape != (2 * I, K) or out.shape != (M, I) or K % self.vec:
             raise ValueError(f"gemv_swiglu: x {x.shape}, w {w.shape}, out {out.shape} (1 <= M <= {GEMV_MAX_ROWS}, "
                              f"w [2I, K], out [M, I], K % {self.vec} == 0)")
-        wpr = gemv_warps_per_row(K // self.vec)
-        self._go(self._fn("gemv", f"gemv_swiglu<{self.ctype}, {M}>"), (-(-I // (8 // wpr)),), (256,),
-                 (x, w, out, _i32(I), _i32(K), _i32(wpr)))
+        grid, wpr = self._gemv_grid(I, K)
+        self._go(self._fn("gemv", f"gemv_swiglu<{self.ctype}, {M}>"), grid, (256,), (x, w, out, _i32(I), _i32(K), wpr))
 
     def decode_mlp_ok(self, H: int, I: int) -> bool:
         """Whether decode_mlp.cu runs an MLP block of hidden size H and intermediate size I on this GPU: Hopper+
@@ -385,9 +388,9 @@ class CudaKernels:
         pro, add = GEMV_FUSED[kind]
         smem = 0 if kind == "add" else M * K * x.itemsize  # the prologue's output, [M][K]
         f = self._fn("gemv", f"gemv_fused<{self.ctype}, {M}, {pro}, {add}>", smem)
-        wpr = gemv_warps_per_row(K // self.vec)
-        self._go(f, (-(-N // (8 // wpr)),), (256,), (x, x if norm_weight is None else norm_weight, _f32(eps), w, y,
-                                                     _i32(N), _i32(K), _i32(wpr)), smem)
+        grid, wpr = self._gemv_grid(N, K)
+        self._go(f, grid, (256,), (x, x if norm_weight is None else norm_weight, _f32(eps), w, y, _i32(N), _i32(K),
+                                   wpr), smem)
 
     def _paged(self, op, q, k_cache, v_cache, block_tables, seq_lens, block_size, out):
         """Shared checks of the attention ops; returns (Hq, D, Hkv, M, num_blocks)."""
