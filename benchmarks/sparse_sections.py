@@ -10,7 +10,8 @@ e = build_engine(shape="qwen2.5-0.5b", device="cuda", max_context=32100, kv_cach
 rng = np.random.default_rng(0)
 for T in (4096, 16384, 32000):
     for on, Q in ((True, 64), (True, 1), (False, 64)):
-        e.set_options(EngineOptions(cuda_graphs=False, sparse_prefill=on, prefix_caching=False, sparse_query_tile=Q))
+        e.set_options(EngineOptions(cuda_graphs=False, sparse_prefill=on, prefix_caching=False, sparse_query_tile=Q,
+                                    sparse_max_keep_pct=100))  # the sparse kernels at every length
         for rep in range(2):
             ids = rng.integers(0, 1000, T).tolist()
             outs = list(e.generate(ids, SamplingParams(max_tokens=1, ignore_eos=True)))

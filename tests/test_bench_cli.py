@@ -215,7 +215,7 @@ def test_tiny_shape_json_and_markdown(capsys):
                                    "mlp_kernel": False, "pdl": False,
                                    "rope_in_attention": False, "sampler_fast_path": True, "sparse_prefill": True,
                                    "sparse_topk": 512, "sparse_window": 128, "sparse_block": 4,
-                                   "sparse_query_tile": 64}
+                                   "sparse_query_tile": 64, "sparse_max_keep_pct": 50}
     assert data["environment"]["backend"] == "cpu" and data["notes"] == []
     assert main(["bench", "--shape", "tiny", *SMALL[:-4], "-r", "1", "--depth", "0"]) == 0
     out = capsys.readouterr().out

@@ -147,7 +147,7 @@ def test_engine_sparse_gpu_matches_cpu(stories_dir, monkeypatch):
 
     monkeypatch.setattr(sparse, "DENSE_WHEN_EXACT", False)
     ids = list(np.random.default_rng(0).integers(1, 512, 300))
-    tight = EngineOptions(sparse_topk=8, sparse_window=16, sparse_block=4)
+    tight = EngineOptions(sparse_topk=8, sparse_window=16, sparse_block=4, sparse_max_keep_pct=100)
     got = build_engine(stories_dir, device="cuda", dtype="float32", max_context=512, options=tight,
                        warmup=False).logits(ids)
     want = build_engine(stories_dir, device="cpu", max_context=512, options=tight, warmup=False).logits(ids)
@@ -237,7 +237,7 @@ def test_tiled_matches_per_query_kernel_at_4k(cuda, Q):
     for tc_route in (True, False):
         out = cp.zeros(dev["q"].shape, cp.uint16)
         sparse.SparsePrefill(be).run(Step, dev["k"], dev["v"], 16, dev["q"], out, 0,
-                                     EngineOptions(sparse_query_tile=Q), NullTimer(), 64 ** -0.5, tc_route)
+                                     EngineOptions(sparse_query_tile=Q, sparse_max_keep_pct=100), NullTimer(), 64 ** -0.5, tc_route)
         outs.append(be.to_host(out))
     rows = slice(qsl[0], qsl[-1])
     assert np.abs(outs[0][rows] - outs[1][rows]).max() <= 2e-2 * max(1.0, np.abs(outs[1][rows]).max())

@@ -17,7 +17,7 @@ from kernels.prefill_attention import prefill_attention
 from toolkit.errors import ToolkitError
 from toolkit.ops import combine_topk_swa_indices
 from toolkit.options import EngineOptions
-from toolkit.sparse import query_tile
+from toolkit.sparse import approximates, kept_keys, query_tile, step_path
 
 I32 = np.int32
 
@@ -340,8 +340,40 @@ def test_sparse_against_reference_when_not_covered(K, W, R):
 
 @pytest.mark.parametrize("changes,field", [({"sparse_topk": 0}, "sparse_topk"), ({"sparse_window": 0}, "sparse_window"),
                                            ({"sparse_block": -1}, "sparse_block"),
-                                           ({"sparse_window": 2, "sparse_block": 4}, "sparse_window")])
+                                           ({"sparse_window": 2, "sparse_block": 4}, "sparse_window"),
+                                           ({"sparse_max_keep_pct": 0}, "sparse_max_keep_pct")])
 def test_bad_parameters_are_clear_errors(changes, field):
     with pytest.raises(ToolkitError, match=field):
         EngineOptions().with_(**changes).validate()
     EngineOptions().validate()
+
+
+# ---- where the sparse kernels run: the kept-key count and sparse_max_keep_pct ----
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 300), st.integers(0, 300)), min_size=1, max_size=4),
+       st.integers(1, 40), st.integers(1, 8), st.integers(0, 40))
+def test_kept_keys_counts_every_row(reqs, K, R, extra):
+    """kept_keys' closed form against a loop over the rows: a row at position p keeps min(p + 1, K*R + W)."""
+    W = R + extra
+    opts = EngineOptions(sparse_topk=K, sparse_block=R, sparse_window=W)
+    lens = tuple((n, n + cached) for n, cached in reqs)
+    rows = [p for n, L in lens for p in range(L - n, L)]
+    assert kept_keys(lens, opts) == (sum(min(p + 1, K * R + W) for p in rows), sum(p + 1 for p in rows))
+
+
+def test_sparse_runs_only_where_the_selection_drops_most_keys():
+    """Default K 512, W 128, R 4: a row keeps at most 2,176 keys. A 4,096-token prompt keeps 78% of its causal
+    keys (dense runs: "sparse-skipped"), 16K keeps 25% (sparse); 2,048 tokens see every block (exact)."""
+    opts = EngineOptions()
+    kept, causal = kept_keys(((4096, 4096),), opts)
+    assert round(100 * kept / causal) == 78
+    assert [step_path(((T, T),), opts) for T in (2048, 4096, 16384)] == ["sparse-exact", "sparse-skipped",
+                                                                          "sparse-approx"]
+    assert step_path(((4096, 4096),), opts.with_(sparse_max_keep_pct=100)) == "sparse-approx"
+    assert step_path(((16384, 16384),), opts.with_(sparse_max_keep_pct=1)) == "sparse-skipped"
+    assert step_path(((4096, 4096),), opts.with_(sparse_prefill=False)) == "dense" and step_path((), opts) == ""
+    # The last 1,024 tokens of a 16K prompt (a chunk after a cached prefix) keep few keys: sparse.
+    assert approximates(((1024, 16384),), opts) and not approximates(((4096, 4096),), opts)
+    # The step's requests are counted together: a short prompt beside a long one does not turn the long one dense.
+    assert approximates(((16384, 16384), (2048, 2048)), opts)

@@ -20,7 +20,7 @@ from toolkit.backends.cpu import CpuBackend
 from toolkit.engine import SamplingParams
 from toolkit.options import EngineOptions
 
-TIGHT = dict(sparse_topk=2, sparse_window=4, sparse_block=2)
+TIGHT = dict(sparse_topk=2, sparse_window=4, sparse_block=2, sparse_max_keep_pct=100)  # sparse wherever approximate
 
 
 @pytest.fixture
@@ -131,7 +131,7 @@ def test_stories_sparse(stories_dir, force_sparse):
     dense = fast.logits(ids)
     fast.set_options(EngineOptions())
     assert np.abs(fast.logits(ids) - dense).max() <= 1e-4
-    tight = EngineOptions(sparse_topk=8, sparse_window=16, sparse_block=4)
+    tight = EngineOptions(sparse_topk=8, sparse_window=16, sparse_block=4, sparse_max_keep_pct=100)
     fast.set_options(tight)
     ref.set_options(tight)
     got = fast.logits(ids[:120])
@@ -143,10 +143,27 @@ def test_records_say_which_path_ran():
     folder = FIXTURES / "qwen3"
     ids = np.load(folder / "reference.npz")["input_ids"].tolist()
     engine = build_engine(folder, device="cpu", max_context=64, warmup=False)
+    skip = dict(TIGHT, sparse_max_keep_pct=10)  # the tight selection keeps more than 10% of these keys
     for options, want in ((EngineOptions(), "sparse-exact"), (EngineOptions(**TIGHT), "sparse-approx"),
-                          (EngineOptions(sparse_prefill=False), "dense")):
+                          (EngineOptions(sparse_prefill=False), "dense"), (EngineOptions(**skip), "sparse-skipped")):
         engine.set_options(options)
         outs = list(engine.generate(ids, SamplingParams(max_tokens=2, ignore_eos=True)))
         assert outs[-1].stats.prefill_path == want
         assert outs[-1].stats.as_dict()["prefill_path"] == want
         assert outs[0].step.prefill_path == want and outs[-1].step.prefill_path == ""  # then a decode step
+
+
+def test_skipped_sparse_is_dense():
+    """Where the selection would keep more than sparse_max_keep_pct of the causal keys the dense kernel runs: the
+    logits are dense ones, and the same prompt at 100% is approximate (so the switch really chose)."""
+    folder = FIXTURES / "llama"
+    ids = np.load(folder / "reference.npz")["input_ids"]
+    engine = build_engine(folder, device="cpu", max_context=64, options=EngineOptions(sparse_prefill=False),
+                          warmup=False)
+    dense = engine.logits(ids)
+    kept, causal = sparse.kept_keys(((len(ids), len(ids)),), EngineOptions(**TIGHT))
+    below = 100 * kept // causal - 1  # just under this prompt's share: skipped
+    engine.set_options(EngineOptions(**dict(TIGHT, sparse_max_keep_pct=below)))
+    assert np.array_equal(engine.logits(ids), dense)
+    engine.set_options(EngineOptions(**dict(TIGHT, sparse_max_keep_pct=below + 2)))
+    assert np.abs(engine.logits(ids) - dense).max() > 1e-2

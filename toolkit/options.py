@@ -53,6 +53,9 @@ class EngineOptions:
     sparse_block: int = _param(4, "tokens per indexer key block (R, the compress ratio)")
     sparse_query_tile: int = _param(64, "neighbouring queries (aligned to this many positions) that share one indexer "
                                         "score and top-k selection (Q; 1 = a selection per query, at most W - R + 2)")
+    sparse_max_keep_pct: int = _param(50, "run the sparse kernels only where the selection keeps at most this % of "
+                                          "the step's causal keys; above it the dense kernel is faster, and exact "
+                                          "(100: wherever the selection approximates)")
 
     def with_(self, **changes) -> "EngineOptions":
         return replace(self, **changes)
@@ -75,10 +78,12 @@ class EngineOptions:
         return next(f.metadata["help"] for f in fields(cls) if f.name == name)
 
     def validate(self):
-        """Raise ToolkitError naming the field for sparse parameters that cannot work (K, W, R, Q >= 1, W >= R)."""
+        """Raise ToolkitError naming the field for sparse parameters that cannot work (K, W, R, Q >= 1, W >= R,
+        keep % >= 1)."""
         from .sparse import validate
 
-        validate(self.sparse_topk, self.sparse_window, self.sparse_block, self.sparse_query_tile)
+        validate(self.sparse_topk, self.sparse_window, self.sparse_block, self.sparse_query_tile,
+                 self.sparse_max_keep_pct)
 
     def effective(self, backend_name: str, dtype: str) -> "EngineOptions":
         """The options as they can run on this backend (unsupported switches read as off; sparse prefill runs on

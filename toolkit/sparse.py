@@ -21,6 +21,12 @@ result is exactly dense causal attention. When every row of the step is that sho
 shares each K/V tile among 64 queries where the sparse one gathers per query. The step is then reported as
 "sparse-exact" (README, "Sparse prefill"). Decode rows never come here: decode stays dense.
 
+Sparse attention pays only where the selection leaves out most keys. A row keeps at most K*R + W of its pos + 1
+causal keys, so in a 4,096-token prompt (K*R + W = 2,176) the selection still holds 78% of the causal keys, and the
+sparse path (indexer, top-k, unions, masked tiles) was slower than the dense kernel there. kept_keys counts both
+over the step's rows; above sparse_max_keep_pct of the causal keys the dense kernel runs (exact, and faster: the
+crossover was measured, README "Where sparse pays") and the step is reported as "sparse-skipped".
+
 N = max over the requests of seq_len // R and M = N + max gather_len, the reference document's workspace
 pitch; these and the chunking are host ints from the step's host-side lengths (DeviceStep.prefill_lens), so
 nothing here synchronises with the device. Workspaces grow to the largest step seen and are then reused. That host
@@ -35,8 +41,9 @@ SCORE_BYTES = 256 << 20  # at most this much fp32 scores at once: queries are sc
 UNION_BYTES = 512 << 20  # tile-union lists above this (B * tiles * min(N, 64K) * 12 bytes): per-query kernel
 
 
-def validate(K: int, W: int, R: int, Q: int = 1):
-    for name, v in (("sparse_topk", K), ("sparse_window", W), ("sparse_block", R), ("sparse_query_tile", Q)):
+def validate(K: int, W: int, R: int, Q: int = 1, keep_pct: int = 100):
+    for name, v in (("sparse_topk", K), ("sparse_window", W), ("sparse_block", R), ("sparse_query_tile", Q),
+                    ("sparse_max_keep_pct", keep_pct)):
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
             raise ToolkitError(f"{name} must be an integer >= 1, got {v!r}")
     if W < R:
@@ -50,25 +57,57 @@ def query_tile(Q: int, W: int, R: int) -> int:
     return max(1, min(int(Q), int(W) - int(R) + 2))
 
 
-def request_path(seq_len: int, options) -> str:
-    """The prefill path one request's step ran: exact when its last query sees every complete block."""
+def kept_keys(lens, options) -> tuple:
+    """(keys the sparse selection keeps at most, causal keys), summed over the rows of the prefill requests
+    `lens` = ((q_len, seq_len), ...). The rows of a request see a+1 .. b causal keys (a = seq_len - q_len,
+    b = seq_len); a row keeps all of them up to C = K*R + W, then C (K blocks of R tokens and the window)."""
+    C = options.sparse_topk * options.sparse_block + options.sparse_window
+    kept = causal = 0
+    for n, L in lens:
+        a, b = L - n, L
+        m = min(max(a, C), b)  # rows with m or fewer keys keep them all
+        causal += _sum_to(b) - _sum_to(a)
+        kept += _sum_to(m) - _sum_to(a) + (b - m) * C
+    return kept, causal
+
+
+def _sum_to(x: int) -> int:
+    return x * (x + 1) // 2
+
+
+def approximates(lens, options) -> bool:
+    """Whether the step's sparse prefill runs the sparse kernels on approximate rows: some row has more complete
+    blocks than K, and the selection keeps at most sparse_max_keep_pct of the step's causal keys."""
+    if not options.sparse_prefill or not lens or max(L // options.sparse_block for _, L in lens) <= options.sparse_topk:
+        return False
+    kept, causal = kept_keys(lens, options)
+    return 100 * kept <= options.sparse_max_keep_pct * causal
+
+
+def step_path(lens, options) -> str:
+    """StepTiming.prefill_path of a step whose prefill requests are `lens`: "" for a pure decode step, else
+    dense (sparse prefill off) / sparse-exact (every row saw every block) / sparse-approx / sparse-skipped (rows
+    beyond K blocks, but the selection would keep so many keys that the dense kernel ran: exact)."""
+    if not lens:
+        return ""
     if not options.sparse_prefill:
         return "dense"
-    return "sparse-exact" if seq_len // options.sparse_block <= options.sparse_topk else "sparse-approx"
+    if max(L // options.sparse_block for _, L in lens) <= options.sparse_topk:
+        return "sparse-exact"
+    return "sparse-approx" if approximates(lens, options) else "sparse-skipped"
 
 
-def step_path(batch, options) -> str:
-    """StepTiming.prefill_path: "" for a pure decode step, else dense / sparse-exact / sparse-approx."""
-    nd = batch.num_decodes
-    if nd == batch.num_seqs:
-        return ""
-    paths = {request_path(int(L), options) for L in batch.seq_lens[nd:]}
-    return "sparse-approx" if "sparse-approx" in paths else paths.pop()
+def request_path(seq_len: int, options, path: str) -> str:
+    """The prefill path of one request in a step whose path is `path`: exact when its last query sees every
+    complete block, else the step's."""
+    if path != "dense" and seq_len // options.sparse_block <= options.sparse_topk:
+        return "sparse-exact"
+    return path
 
 
 def merge_paths(old: str, new: str) -> str:
-    """A request prefilled over several steps: approximate if any step was."""
-    order = ("", "dense", "sparse-exact", "sparse-approx")
+    """A request prefilled over several steps: approximate if any step was (then skipped, then exact)."""
+    order = ("", "dense", "sparse-exact", "sparse-skipped", "sparse-approx")
     return max(old, new, key=order.index)
 
 
@@ -109,13 +148,16 @@ class SparsePrefill:
         K, W, R = options.sparse_topk, options.sparse_window, options.sparse_block
         lens = step.prefill_lens  # host (q_len, seq_len) of each prefill request
         Hkv, D = k_cache.shape[1:]
-        key = (tuple(lens), nd, K, W, R, options.sparse_query_tile, Hkv, D, tensor_cores, DENSE_WHEN_EXACT)
+        key = (tuple(lens), nd, K, W, R, options.sparse_query_tile, options.sparse_max_keep_pct, Hkv, D, tensor_cores,
+               DENSE_WHEN_EXACT)
         p = self._plan
         if p is not None and p.step is step and p.key == key:
             return p
         N = max(L // R for _, L in lens)
         qsl, seq_lens, tables = step.query_start_loc[nd:], step.seq_lens[nd:], step.block_tables[nd:]
-        p = _Plan(step, key, N=N, qsl=qsl, seq_lens=seq_lens, tables=tables, dense=N <= K and DENSE_WHEN_EXACT)
+        # Dense where every row sees every block (same result) or where the selection keeps too many keys.
+        dense = DENSE_WHEN_EXACT if N <= K else not approximates(lens, options)
+        p = _Plan(step, key, N=N, qsl=qsl, seq_lens=seq_lens, tables=tables, dense=dense)
         self._plan = p
         if p.dense:
             return p

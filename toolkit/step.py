@@ -52,6 +52,12 @@ class StepBatch:
         return int(np.diff(self.query_start_loc).max()) if self.num_seqs else 0
 
     @property
+    def prefill_lens(self) -> tuple:
+        """Host (q_len, seq_len) of each prefill request (toolkit/sparse.py sizes and chooses its path from it)."""
+        nd = self.num_decodes
+        return tuple(zip(np.diff(self.query_start_loc[nd:]).tolist(), self.seq_lens[nd:].tolist()))
+
+    @property
     def kind(self) -> str:
         if self.num_decodes == self.num_seqs:
             return "decode"
@@ -141,5 +147,4 @@ class StepStager:
             logits_rows=r(d, "logits_rows")[:Bp], num_tokens=Np, num_seqs=Bp,
             num_decodes=batch.num_decodes + (Bp - B), max_query_len=max(batch.max_query_len, 1),
             context_bucket=batch.context_bucket,
-            prefill_lens=tuple(zip(np.diff(batch.query_start_loc[batch.num_decodes:]).tolist(),
-                                   batch.seq_lens[batch.num_decodes:].tolist())))
+            prefill_lens=batch.prefill_lens)

@@ -43,7 +43,9 @@ class StepTiming:
     sampler_why: str = ""  # why the slow path ran: the first request's parameter that needs it, or "switched off"
     sampler_bytes: int = 0  # FP32 logits bytes the sampler materialised this step (0 on the fast path)
     # Prefill attention of the step (toolkit/sparse.py): "dense", "sparse-exact" (every query saw every complete
-    # block: the result is dense attention), "sparse-approx" (some query kept only its top-k), "" (pure decode).
+    # block: the result is dense attention), "sparse-approx" (some query kept only its top-k), "sparse-skipped"
+    # (some query had more blocks than it keeps, but the selection kept so many keys that the dense kernel ran:
+    # exact; EngineOptions.sparse_max_keep_pct), "" (pure decode).
     prefill_path: str = ""
 
     @property
@@ -70,7 +72,7 @@ class RequestStats:
     decode_ms_total: float = 0.0  # wall time of the decode steps that produced its tokens
     decode_steps: int = 0
     preemptions: int = 0
-    prefill_path: str = ""  # dense / sparse-exact / sparse-approx (the least exact of its prefill steps)
+    prefill_path: str = ""  # dense / sparse-exact / sparse-skipped / sparse-approx (the least exact of its steps)
 
     @property
     def prefill_tps(self) -> float:

@@ -176,7 +176,8 @@ def bench_layer(be, tokens, K=512, W=128, R=4, query_tiles=(64, 1), with_torch=T
             return laps, (time.perf_counter() - t0) * 1e3 / reps
 
         for Q in query_tiles:
-            opts = EngineOptions(sparse_topk=K, sparse_window=W, sparse_block=R, sparse_query_tile=Q)
+            opts = EngineOptions(sparse_topk=K, sparse_window=W, sparse_block=R, sparse_query_tile=Q,
+                                 sparse_max_keep_pct=100)
             laps, wall = run_laps(opts, True)
             total = sum(laps.values())
             graph = _graph_us(cp, be.stream, lambda: sparse.run(step, kc, vc, bs, qb, out, 0, opts, NullTimer(), scale,
@@ -273,7 +274,8 @@ def bench_quality(device, stories, n_tokens=480, K=16, W=32, R=4, query_tiles=(6
     approx = np.arange(len(ids)) + 1 > K * R  # positions whose query did not see every block
     rows = ["| query tile Q | positions | greedy agreement | mean KL (nats) | max KL |", "|---|---|---:|---:|---:|"]
     for Q in query_tiles:
-        dense.set_options(EngineOptions(sparse_topk=K, sparse_window=W, sparse_block=R, sparse_query_tile=Q))
+        dense.set_options(EngineOptions(sparse_topk=K, sparse_window=W, sparse_block=R, sparse_query_tile=Q,
+                                        sparse_max_keep_pct=100))
         ls = dense.logits(ids).astype(np.float64)
         pd, ps = logsoftmax(ld), logsoftmax(ls)
         kl = (np.exp(pd) * (pd - ps)).sum(-1)

@@ -183,10 +183,11 @@ class LLMEngine:
             t_detok += time.perf_counter() - td
             produced.append((seq, int(tok), text, finish, lp))
         wall = (time.perf_counter() - t0) * 1e3
+        path = step_path(batch.prefill_lens, options)
         timing = StepTiming(self._step_index, batch.kind, batch.num_tokens, batch.num_seqs, wall, res.gpu_ms,
                             res.sections, res.graph, res.options, sched.cached_tokens, t_detok * 1e3,
                             res.sampler_path, res.sampler_why, res.sampler_bytes,
-                            prefill_path=step_path(batch, options))
+                            prefill_path=path)
         self._step_index += 1
         now = time.perf_counter()
         for seq, is_decode in zip(seqs, decoding):
@@ -196,7 +197,7 @@ class LLMEngine:
                 st.decode_steps += 1
             else:
                 st.prefill_ms += wall
-                st.prefill_path = merge_paths(st.prefill_path, request_path(seq.num_computed, options))
+                st.prefill_path = merge_paths(st.prefill_path, request_path(seq.num_computed, options, path))
         for seq, tok, text, finish, lp in produced:
             if seq.stats.generated_tokens == 0 and seq.stats.ttft_ms == 0:
                 seq.stats.ttft_ms = (now - seq.stats.arrival) * 1e3
