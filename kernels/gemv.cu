@@ -43,9 +43,16 @@ gemv(const T* __restrict__ x, const T* __restrict__ w, TO* __restrict__ y, int N
 // w is gate_up's [2I, K] (gate rows 0..I-1, then the up rows); out[m, j] = swiglu(T(x_m . w[j]), T(x_m . w[I + j])),
 // the value gemv then silu_mul store (the same sums in the same order, the same roundings), without writing and
 // re-reading the [M, 2I] gate_up row or launching silu_mul: one kernel a layer fewer in a batch-1 decode step.
-// Units j < I take gemv's rows' place (wpr warps a unit); a warp streams both of its unit's rows.
+// Units j < I take gemv's rows' place (wpr warps a unit); a warp streams both of its unit's rows, one x chunk for
+// both. At batch 1 the grid (I / 8 blocks: 608 for Qwen2.5-0.5B) must fit the GPU in one wave: at 62 registers a
+// thread only 4 blocks of 256 fit an SM (528 on an H200), and the last 80 blocks' weight loads started only when
+// the first blocks finished. The launch bound (5 blocks an SM, <= 48 registers) keeps it to one wave; bf16 only,
+// the dtype decode runs in (fp16 and fp32 would spill a register at 48).
+template <typename T, int M> struct SwigluMinBlocks { static constexpr int v = 1; };
+template <> struct SwigluMinBlocks<__nv_bfloat16, 1> { static constexpr int v = 5; };
+
 template <typename T, int M>
-__global__ void __launch_bounds__(256, 1)
+__global__ void __launch_bounds__(256, SwigluMinBlocks<T, M>::v)
 gemv_swiglu(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ out, int I, int K, int wpr) {
     constexpr int VEC = 16 / sizeof(T);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, KC = K / VEC;
@@ -58,12 +65,32 @@ gemv_swiglu(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ ou
     w_prefetch(wg, KC, r.c0, r.cs, pg);
     w_prefetch(wu, KC, r.c0, r.cs, pu);
     pdl_enter();  // x comes from the previous kernel
-    auto x_chunk = [&](int m, int c) { return __ldg(reinterpret_cast<const uint4*>(x + (size_t)m * K) + c); };
-    float ag[M], au[M], acc[2 * M];
-    warp_dots<T, M>(wg, KC, r.c0, r.cs, pg, x_chunk, ag);
-    warp_dots<T, M>(wu, KC, r.c0, r.cs, pu, x_chunk, au);
+    // acc[m] = gate row . x_m, acc[M + m] = up row . x_m: each summed in warp_dots' order (chunk by chunk, element
+    // by element, then the same shuffles), so the bits are gemv's.
+    float acc[2 * M];
 #pragma unroll
-    for (int m = 0; m < M; m++) { acc[m] = ag[m]; acc[M + m] = au[m]; }
+    for (int m = 0; m < 2 * M; m++) acc[m] = 0.0f;
+    auto dot2 = [&](uint4 g, uint4 u, int c) {
+        Chunk<T> gc, uc;
+        gc.u = g, uc.u = u;
+#pragma unroll
+        for (int m = 0; m < M; m++) {
+            Chunk<T> xc;
+            xc.u = __ldg(reinterpret_cast<const uint4*>(x + (size_t)m * K) + c);
+#pragma unroll
+            for (int e = 0; e < VEC; e++) acc[m] += to_f32(gc.e[e]) * to_f32(xc.e[e]);
+#pragma unroll
+            for (int e = 0; e < VEC; e++) acc[M + m] += to_f32(uc.e[e]) * to_f32(xc.e[e]);
+        }
+    };
+#pragma unroll
+    for (int p = 0; p < GEMV_PF; p++)
+        if (r.c0 + r.cs * p < KC) dot2(pg[p], pu[p], r.c0 + r.cs * p);
+#pragma unroll 4
+    for (int c = r.c0 + r.cs * GEMV_PF; c < KC; c += r.cs) dot2(__ldg(wg + c), __ldg(wu + c), c);
+#pragma unroll
+    for (int m = 0; m < 2 * M; m++)
+        for (int o = 16; o > 0; o >>= 1) acc[m] += __shfl_xor_sync(0xffffffffu, acc[m], o);
     if (!row_sums<2 * M>(r, warp, lane, wpr, acc) || r.n >= I) return;
 #pragma unroll
     for (int m = 0; m < M; m++)

@@ -130,14 +130,20 @@ class ModelRunner:
         t0 = time.perf_counter()
         sb = sampler.prepare(states, batch.seq_lens, due, bucket or B, options.sampler_fast_path)
         gate_ms = (time.perf_counter() - t0) * 1e3
-        clock = self._clock
-        clock.start()
         step = self.stager.stage(batch, pad_to=bucket)
         sampler.stage(sb)
         timer = NullTimer() if use_graph else self._timer
+        # The step's clock: events around the launch (graph replay, or the eager forward and sampling). Staging
+        # (the host packs the step's ints, then one copy each for the step and the sampler) comes before it, as
+        # the torch peer's input updates come outside its timed region; while the host packs, the GPU idles, and
+        # a clock started before staging counted that idle time (README, "Where a decode step's time goes").
+        clock = self._clock
         if use_graph:
-            be.replay(self._graph(bucket, step, sb, options))
+            graph = self._graph(bucket, step, sb, options)
+            clock.start()
+            be.replay(graph)
         else:
+            clock.start()
             self.model.forward(step, self.kv, self.logits, options, timer)
             sampler.sample(self.logits, sb, timer)
         lp = sampler.logprobs(self.logits, sb, timer) if sb.logprobs >= 0 else None

@@ -1,0 +1,112 @@
+"""Where a graph-replayed decode step's time goes, without a timeline profiler (the H200 image has no nsys):
+capture the step (model.forward + sampling, as the runner does) with one family of kernels left out, replay it,
+and take the difference from the whole step. A kernel's cost inside the graph includes what it adds to the
+critical path (its launch, the wait for its inputs, PDL overlap), which Nsight Compute's serialised, cold-L2 times
+do not show. Leaving kernels out makes the step's values garbage; only the times are read.
+
+Qwen2.5-0.5B shape, random bf16 weights, default options (PDL on), depth 0 (each request has one cached token).
+Run from the repo root on the GPU: `PYTHONPATH=. python3 benchmarks/decode_attribution.py [batches] [names]`,
+names a ";"-separated list of prefixes of the variants to run (default: all; the whole step always runs)."""
+import statistics
+import sys
+
+import numpy as np
+
+from toolkit.assembly import build_engine
+from toolkit.backends import cuda as cuda_backend
+from toolkit.backends.cuda_kernels import CudaKernels
+from toolkit.bench.env import environment
+from toolkit.sampler.sampler import ALL_STAGES
+from toolkit.step import StepBatch
+from toolkit.timings import NullTimer
+
+batches = [int(b) for b in (sys.argv[1] if len(sys.argv) > 1 else "1,32").split(",")]
+only = sys.argv[2].split(";") if len(sys.argv) > 2 else [""]
+e = build_engine(shape="qwen2.5-0.5b", device="cuda", max_context=1024, max_num_seqs=max(batches))
+r, be, vocab = e.runner, e.runner.be, e.cfg.vocab_size
+opts = e.effective_options()
+print("  ".join(f"{k}: {v}" for k, v in environment("cuda").items()))
+print(f"options: pdl={opts.pdl} small_batch_gemv={opts.small_batch_gemv} gemv_swiglu={opts.gemv_swiglu}")
+gemm_cls = type(be._gemm)
+gemm_call = gemm_cls.__call__
+
+
+def noop(*args, **kwargs):
+    pass
+
+
+def gemm_without(lm_head: bool):
+    """cuBLAS calls with the lm_head (lm_head=True) or the layers' projections (False) left out."""
+    def call(self, transa, transb, m, *rest):
+        if (m == vocab) != lm_head:
+            gemm_call(self, transa, transb, m, *rest)
+    return call
+
+
+VARIANTS = {  # name -> (class, attribute, replacement) patched while the graph is captured
+    "whole step": [],
+    "add_rmsnorm": [(CudaKernels, "add_rmsnorm", noop)],
+    "rope_qkv": [(CudaKernels, "rope_qkv", noop)],
+    "decode_attention": [(CudaKernels, "decode_attention", noop)],
+    "gemv (qkv, o, down at 1-4 rows)": [(CudaKernels, "gemv", noop)],
+    "gemv_swiglu (gate_up at 1-4 rows)": [(CudaKernels, "gemv_swiglu", noop)],
+    "silu_mul": [(CudaKernels, "silu_mul", noop)],
+    "cuBLAS projections": [(gemm_cls, "__call__", gemm_without(lm_head=False))],
+    "lm_head (cuBLAS)": [(gemm_cls, "__call__", gemm_without(lm_head=True))],
+    "embedding": [(CudaKernels, "embedding", noop)],
+    "sampling": [(type(r.sampler), "sample", noop)],
+    "all but projections and lm_head": [(CudaKernels, n, noop) for n in ("add_rmsnorm", "rope_qkv",
+                                                                         "decode_attention", "silu_mul",
+                                                                         "embedding")]
+                                       + [(type(r.sampler), "sample", noop)],
+}
+
+
+def replay_us(graph, replays=200, repeats=5):
+    cp = be.cp
+    start, end = cp.cuda.Event(), cp.cuda.Event()
+    for _ in range(20):
+        be.replay(graph)
+    out = []
+    for _ in range(repeats):
+        start.record(be.stream)
+        for _ in range(replays):
+            be.replay(graph)
+        end.record(be.stream)
+        end.synchronize()
+        out.append(cp.cuda.get_elapsed_time(start, end) * 1e3 / replays)
+    return statistics.median(out), statistics.pstdev(out)
+
+
+print("| batch | left out | step µs | ± | µs it took |")
+print("|---:|---|---:|---:|---:|")
+for B in batches:
+    bs = r.kv.block_size
+    batch = StepBatch(np.zeros(B, np.int32), np.zeros(B, np.int32), (np.arange(B) * bs).astype(np.int32),
+                      np.arange(B + 1, dtype=np.int32), np.ones(B, np.int32),
+                      np.arange(B, dtype=np.int32)[:, None], B, r.context_buckets[0])
+    be.bind_thread()
+    sb = r.sampler.prepare([None] * B, batch.seq_lens, np.ones(B, bool), B, True)
+    step = r.stager.stage(batch)
+    r.sampler.stage(sb)
+
+    def body():
+        r.model.forward(step, r.kv, r.logits, opts, NullTimer())
+        r.sampler.sample(r.logits, sb, NullTimer(), stages=ALL_STAGES)
+
+    whole = None
+    for name, patches in VARIANTS.items():
+        if name != "whole step" and not any(name.startswith(o) for o in only):
+            continue
+        saved = [(cls, attr, cls.__dict__[attr]) for cls, attr, _ in patches]
+        try:
+            for cls, attr, fn in patches:
+                setattr(cls, attr, fn)
+            body()  # eager first: workspaces and cuBLAS's algorithm choice stay outside the capture
+            graph = be.capture(body)
+        finally:
+            for cls, attr, fn in saved:
+                setattr(cls, attr, fn)
+        us, sd = replay_us(graph)
+        whole = us if whole is None else whole
+        print(f"| {B} | {name} | {us:.1f} | {sd:.1f} | {whole - us:.1f} |", flush=True)
