@@ -6,7 +6,9 @@ do not show. Leaving kernels out makes the step's values garbage; only the times
 
 Qwen2.5-0.5B shape, random bf16 weights, default options (PDL on), depth 0 (each request has one cached token).
 Run from the repo root on the GPU: `PYTHONPATH=. python3 benchmarks/decode_attribution.py [batches] [names]`,
-names a ";"-separated list of prefixes of the variants to run (default: all; the whole step always runs)."""
+names a ";"-separated list of prefixes of the variants to run (default: all; the whole step always runs), and
+the context length of every request (default 1). "from idle" times the whole step as the engine's step clock does:
+events around one replay on an idle GPU (after a synchronisation), so the graph's launch is inside."""
 import statistics
 import sys
 
@@ -22,6 +24,7 @@ from toolkit.timings import NullTimer
 
 batches = [int(b) for b in (sys.argv[1] if len(sys.argv) > 1 else "1,32").split(",")]
 only = sys.argv[2].split(";") if len(sys.argv) > 2 else [""]
+length = int(sys.argv[3]) if len(sys.argv) > 3 else 1
 e = build_engine(shape="qwen2.5-0.5b", device="cuda", max_context=1024, max_num_seqs=max(batches))
 r, be, vocab = e.runner, e.runner.be, e.cfg.vocab_size
 opts = e.effective_options()
@@ -62,6 +65,20 @@ VARIANTS = {  # name -> (class, attribute, replacement) patched while the graph 
 }
 
 
+def idle_us(graph, replays=50):
+    """Median µs of one replay between events, the GPU idle before each (as an engine step)."""
+    cp = be.cp
+    start, end, out = cp.cuda.Event(), cp.cuda.Event(), []
+    for _ in range(replays):
+        be.stream.synchronize()
+        start.record(be.stream)
+        be.replay(graph)
+        end.record(be.stream)
+        end.synchronize()
+        out.append(cp.cuda.get_elapsed_time(start, end) * 1e3)
+    return statistics.median(out)
+
+
 def replay_us(graph, replays=200, repeats=5):
     cp = be.cp
     start, end = cp.cuda.Event(), cp.cuda.Event()
@@ -78,13 +95,17 @@ def replay_us(graph, replays=200, repeats=5):
     return statistics.median(out), statistics.pstdev(out)
 
 
+print(f"context length {length}")
 print("| batch | left out | step µs | ± | µs it took |")
 print("|---:|---|---:|---:|---:|")
 for B in batches:
     bs = r.kv.block_size
-    batch = StepBatch(np.zeros(B, np.int32), np.zeros(B, np.int32), (np.arange(B) * bs).astype(np.int32),
-                      np.arange(B + 1, dtype=np.int32), np.ones(B, np.int32),
-                      np.arange(B, dtype=np.int32)[:, None], B, r.context_buckets[0])
+    nb = -(-length // bs)  # each request its own blocks; the new token at position length - 1
+    tables = np.arange(B * nb, dtype=np.int32).reshape(B, nb)
+    batch = StepBatch(np.zeros(B, np.int32), np.full(B, length - 1, np.int32),
+                      (tables[:, (length - 1) // bs] * bs + (length - 1) % bs).astype(np.int32),
+                      np.arange(B + 1, dtype=np.int32), np.full(B, length, np.int32), tables, B,
+                      r.context_bucket(length))
     be.bind_thread()
     sb = r.sampler.prepare([None] * B, batch.seq_lens, np.ones(B, bool), B, True)
     step = r.stager.stage(batch)
@@ -109,4 +130,5 @@ for B in batches:
                 setattr(cls, attr, fn)
         us, sd = replay_us(graph)
         whole = us if whole is None else whole
-        print(f"| {B} | {name} | {us:.1f} | {sd:.1f} | {whole - us:.1f} |", flush=True)
+        idle = f" (from idle: {idle_us(graph):.1f})" if name == "whole step" else ""
+        print(f"| {B} | {name}{idle} | {us:.1f} | {sd:.1f} | {whole - us:.1f} |", flush=True)

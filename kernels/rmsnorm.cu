@@ -8,7 +8,7 @@
 // Launch: grid (rows), block = a multiple of 32 (the wrapper sizes it so one pass covers the row in 16-byte
 // chunks: 128 threads for H = 896 bf16). Math in fp32. Two passes over the row: the first adds and sums
 // squares, the second re-reads the residual it just wrote (same thread, same addresses, so no barrier is
-// needed) -- the row is a few KB and comes back from L1/L2, so holding it in registers would only cap H.
+// needed), except the thread's first chunk, kept in registers (the only one at the wrapper's block size).
 #include "dtype.cuh"
 #include "elementwise.cuh"
 #include "pdl.cuh"
@@ -39,24 +39,30 @@ template <typename T>
 __global__ void add_rmsnorm(const T* x, T* residual, const T* __restrict__ weight, T* out, float eps, int H) {
     // No __restrict__ on x/residual/out: callers may alias out with x or residual (each element is read before
     // the same thread writes it, so aliasing is safe as long as the compiler is not told otherwise).
-    pdl_enter();  // (pdl.cuh) a no-op unless launched with PDL
     constexpr int VEC = 16 / sizeof(T);  // elements per 16-byte chunk
     const size_t row = (size_t)blockIdx.x * H;
     const T* xr = x ? x + row : nullptr;
     T* rr = residual + row;
     T* orow = out + row;
     const bool vec = H % VEC == 0 && aligned16(rr) && aligned16(orow) && aligned16(weight) && (!xr || aligned16(xr));
+    // The thread's first chunk (with the wrapper's block size, its only one): the weight is a constant, so it is
+    // loaded before the wait (pdl.cuh), and the residual chunk stays in registers for pass 2. Same values, same bits.
+    const int i0 = threadIdx.x * VEC;
+    Chunk<T> w0, r0;
+    if (vec && i0 < H) w0.u = __ldg(reinterpret_cast<const uint4*>(weight + i0));
+    pdl_enter();  // (pdl.cuh) a no-op unless launched with PDL
 
     // Pass 1: residual add, write back, sum of squares (of the rounded values, like HF's fp32 upcast of T).
     float ss = 0.0f;
     if (vec) {
-        for (int i = threadIdx.x * VEC; i < H; i += blockDim.x * VEC) {
+        for (int i = i0; i < H; i += blockDim.x * VEC) {
             Chunk<T> rv, xv;
             rv.u = *reinterpret_cast<const uint4*>(rr + i);
             if (xr) xv.u = *reinterpret_cast<const uint4*>(xr + i);
 #pragma unroll
             for (int j = 0; j < VEC; j++) { float v = add_one(rv.e[j], xr ? xv.e : nullptr, j); ss += v * v; }
             if (xr) *reinterpret_cast<uint4*>(rr + i) = rv.u;
+            if (i == i0) r0 = rv;
         }
     } else {
         for (int i = threadIdx.x; i < H; i += blockDim.x) {
@@ -70,10 +76,12 @@ __global__ void add_rmsnorm(const T* x, T* residual, const T* __restrict__ weigh
 
     // Pass 2: normalise, round to T, scale by the weight, round again.
     if (vec) {
-        for (int i = threadIdx.x * VEC; i < H; i += blockDim.x * VEC) {
-            Chunk<T> rv, wv, ov;
-            rv.u = *reinterpret_cast<const uint4*>(rr + i);
-            wv.u = *reinterpret_cast<const uint4*>(weight + i);
+        for (int i = i0; i < H; i += blockDim.x * VEC) {
+            Chunk<T> rv = r0, wv = w0, ov;
+            if (i != i0) {
+                rv.u = *reinterpret_cast<const uint4*>(rr + i);
+                wv.u = *reinterpret_cast<const uint4*>(weight + i);
+            }
 #pragma unroll
             for (int j = 0; j < VEC; j++)
                 ov.e[j] = rms_scale(to_f32(rv.e[j]), inv, wv.e[j]);
