@@ -136,7 +136,7 @@ class ModelRunner:
         # The step's clock: events around the launch (graph replay, or the eager forward and sampling). Staging
         # (the host packs the step's ints, then one copy each for the step and the sampler) comes before it, as
         # the torch peer's input updates come outside its timed region; while the host packs, the GPU idles, and
-        # a clock started before staging counted that idle time (README, "Where a decode step's time goes").
+        # a clock started before staging counted that idle time (README, "The step clock").
         clock = self._clock
         if use_graph:
             graph = self._graph(bucket, step, sb, options)
