@@ -15,7 +15,6 @@ import sys
 import numpy as np
 
 from toolkit.assembly import build_engine
-from toolkit.backends import cuda as cuda_backend
 from toolkit.backends.cuda_kernels import CudaKernels
 from toolkit.bench.env import environment
 from toolkit.sampler.sampler import ALL_STAGES

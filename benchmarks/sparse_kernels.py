@@ -34,7 +34,8 @@ for T in [int(x) for x in sys.argv[1:]] or [16384, 32768]:
         query_start_loc, seq_lens, block_tables = qsl, seq_lens, table
 
     for Qopt in (64, 1):
-        opts = EngineOptions(sparse_topk=K, sparse_window=W, sparse_block=R, sparse_query_tile=Qopt, sparse_max_keep_pct=100)
+        opts = EngineOptions(sparse_topk=K, sparse_window=W, sparse_block=R, sparse_query_tile=Qopt,
+                             sparse_max_keep_pct=100)
         sp = SparsePrefill(be)
         sp.run(Step, kc, vc, bs, q, out, 0, opts, NullTimer(), D ** -0.5, True)
         ws, Q, N = sp._ws, query_tile(Qopt, W, R), T // R

@@ -236,8 +236,9 @@ def test_tiled_matches_per_query_kernel_at_4k(cuda, Q):
     outs = []
     for tc_route in (True, False):
         out = cp.zeros(dev["q"].shape, cp.uint16)
-        sparse.SparsePrefill(be).run(Step, dev["k"], dev["v"], 16, dev["q"], out, 0,
-                                     EngineOptions(sparse_query_tile=Q, sparse_max_keep_pct=100), NullTimer(), 64 ** -0.5, tc_route)
+        opts = EngineOptions(sparse_query_tile=Q, sparse_max_keep_pct=100)  # the sparse kernels at 4K
+        sparse.SparsePrefill(be).run(Step, dev["k"], dev["v"], 16, dev["q"], out, 0, opts, NullTimer(), 64 ** -0.5,
+                                     tc_route)
         outs.append(be.to_host(out))
     rows = slice(qsl[0], qsl[-1])
     assert np.abs(outs[0][rows] - outs[1][rows]).max() <= 2e-2 * max(1.0, np.abs(outs[1][rows]).max())
