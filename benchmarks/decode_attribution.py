@@ -4,11 +4,11 @@ and take the difference from the whole step. A kernel's cost inside the graph in
 critical path (its launch, the wait for its inputs, PDL overlap), which Nsight Compute's serialised, cold-L2 times
 do not show. Leaving kernels out makes the step's values garbage; only the times are read.
 
-Qwen2.5-0.5B shape, random bf16 weights, default options (PDL on), depth 0 (each request has one cached token).
-Run from the repo root on the GPU: `PYTHONPATH=. python3 benchmarks/decode_attribution.py [batches] [names]`,
-names a ";"-separated list of prefixes of the variants to run (default: all; the whole step always runs), and
-the context length of every request (default 1). "from idle" times the whole step as the engine's step clock does:
-events around one replay on an idle GPU (after a synchronisation), so the graph's launch is inside."""
+Qwen2.5-0.5B shape, random bf16 weights, default options (PDL on). Run from the repo root on the GPU:
+`PYTHONPATH=. python3 benchmarks/decode_attribution.py [batches] [names] [context]`: batches "1,32" by default;
+names a ";"-separated list of prefixes of the variants to run (default: all; the whole step always runs); context
+the length of every request, its new token included (default 1). "from idle" times the whole step as the engine's
+step clock does: events around one replay on an idle GPU (after a synchronisation), so the graph's launch is inside."""
 import statistics
 import sys
 
