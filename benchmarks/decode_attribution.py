@@ -17,9 +17,7 @@ import numpy as np
 from toolkit.assembly import build_engine
 from toolkit.backends.cuda_kernels import CudaKernels
 from toolkit.bench.env import environment
-from toolkit.sampler.sampler import ALL_STAGES
 from toolkit.step import StepBatch
-from toolkit.timings import NullTimer
 
 batches = [int(b) for b in (sys.argv[1] if len(sys.argv) > 1 else "1,32").split(",")]
 only = sys.argv[2].split(";") if len(sys.argv) > 2 else [""]
@@ -110,9 +108,7 @@ for B in batches:
     step = r.stager.stage(batch)
     r.sampler.stage(sb)
 
-    def body():
-        r.model.forward(step, r.kv, r.logits, opts, NullTimer())
-        r.sampler.sample(r.logits, sb, NullTimer(), stages=ALL_STAGES)
+    body = r.graph_body(step, sb, opts)  # what the runner captures
 
     whole = None
     for name, patches in VARIANTS.items():

@@ -75,10 +75,15 @@ def _sum_to(x: int) -> int:
     return x * (x + 1) // 2
 
 
+def covered(seq_len: int, options) -> bool:
+    """Whether a query at the end of seq_len tokens keeps every complete block (its result is dense attention)."""
+    return seq_len // options.sparse_block <= options.sparse_topk
+
+
 def approximates(lens, options) -> bool:
     """Whether the step's sparse prefill runs the sparse kernels on approximate rows: some row has more complete
     blocks than K, and the selection keeps at most sparse_max_keep_pct of the step's causal keys."""
-    if not options.sparse_prefill or not lens or max(L // options.sparse_block for _, L in lens) <= options.sparse_topk:
+    if not options.sparse_prefill or all(covered(L, options) for _, L in lens):
         return False
     kept, causal = kept_keys(lens, options)
     return 100 * kept <= options.sparse_max_keep_pct * causal
@@ -92,7 +97,7 @@ def step_path(lens, options) -> str:
         return ""
     if not options.sparse_prefill:
         return "dense"
-    if max(L // options.sparse_block for _, L in lens) <= options.sparse_topk:
+    if all(covered(L, options) for _, L in lens):
         return "sparse-exact"
     return "sparse-approx" if approximates(lens, options) else "sparse-skipped"
 
@@ -100,7 +105,7 @@ def step_path(lens, options) -> str:
 def request_path(seq_len: int, options, path: str) -> str:
     """The prefill path of one request in a step whose path is `path`: exact when its last query sees every
     complete block, else the step's."""
-    if path != "dense" and seq_len // options.sparse_block <= options.sparse_topk:
+    if path != "dense" and covered(seq_len, options):
         return "sparse-exact"
     return path
 

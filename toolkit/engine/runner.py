@@ -201,15 +201,20 @@ class ModelRunner:
         key = self._graph_key(bucket, step.context_bucket, options, sb.fast)
         g = self.graphs.get(key)
         if g is None:
-            def body():
-                self.model.forward(step, self.kv, self.logits, options, NullTimer())
-                self.sampler.sample(self.logits, sb, NullTimer(), stages=ALL_STAGES)
-
+            body = self.graph_body(step, sb, options)
             # One eager run first: kernels get compiled and loaded, per-shape workspaces allocated and
             # cuBLAS picks its algorithms outside the capture (none of that may happen inside it).
             body()
             g = self.graphs[key] = self.be.capture(body)
         return g
+
+    def graph_body(self, step, sb, options):
+        """What a decode graph holds: the forward, then the sampling with every stage (eagerly the sampler runs
+        only the stages the batch needs; a graph is replayed for later batches too)."""
+        def body():
+            self.model.forward(step, self.kv, self.logits, options, NullTimer())
+            self.sampler.sample(self.logits, sb, NullTimer(), stages=ALL_STAGES)
+        return body
 
     def capture_all(self, options):
         """Capture every batch bucket now (at start-up) at the smallest context bucket, fast and slow sampler
