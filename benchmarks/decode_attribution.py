@@ -5,10 +5,11 @@ critical path (its launch, the wait for its inputs, PDL overlap), which Nsight C
 do not show. Leaving kernels out makes the step's values garbage; only the times are read.
 
 Qwen2.5-0.5B shape, random bf16 weights, default options (PDL on). Run from the repo root on the GPU:
-`PYTHONPATH=. python3 benchmarks/decode_attribution.py [batches] [names] [context]`: batches "1,32" by default;
-names a ";"-separated list of prefixes of the variants to run (default: all; the whole step always runs); context
-the length of every request, its new token included (default 1). "from idle" times the whole step as the engine's
-step clock does: events around one replay on an idle GPU (after a synchronisation), so the graph's launch is inside."""
+`PYTHONPATH=. python3 benchmarks/decode_attribution.py [batches] [names] [contexts]`: batches "1,32" by default;
+names a ";"-separated list of prefixes of the variants to run (default: all; the whole step always runs); contexts
+a comma-separated list of lengths of every request, its new token included (default 1), one table each.
+"from idle" times the whole step as the engine's step clock does: events around one replay on an idle GPU (after
+a synchronisation), so the graph's launch is inside."""
 import statistics
 import sys
 
@@ -21,8 +22,9 @@ from toolkit.step import StepBatch
 
 batches = [int(b) for b in (sys.argv[1] if len(sys.argv) > 1 else "1,32").split(",")]
 only = sys.argv[2].split(";") if len(sys.argv) > 2 else [""]
-length = int(sys.argv[3]) if len(sys.argv) > 3 else 1
-e = build_engine(shape="qwen2.5-0.5b", device="cuda", max_context=1024, max_num_seqs=max(batches))
+lengths = [int(n) for n in (sys.argv[3] if len(sys.argv) > 3 else "1").split(",")]
+e = build_engine(shape="qwen2.5-0.5b", device="cuda", max_context=max(1024, max(lengths)),
+                 max_num_seqs=max(batches))
 r, be, vocab = e.runner, e.runner.be, e.cfg.vocab_size
 opts = e.effective_options()
 print("  ".join(f"{k}: {v}" for k, v in environment("cuda").items()))
@@ -92,38 +94,39 @@ def replay_us(graph, replays=200, repeats=5):
     return statistics.median(out), statistics.pstdev(out)
 
 
-print(f"context length {length}")
-print("| batch | left out | step µs | ± | µs it took |")
-print("|---:|---|---:|---:|---:|")
-for B in batches:
-    bs = r.kv.block_size
-    nb = -(-length // bs)  # each request its own blocks; the new token at position length - 1
-    tables = np.arange(B * nb, dtype=np.int32).reshape(B, nb)
-    batch = StepBatch(np.zeros(B, np.int32), np.full(B, length - 1, np.int32),
-                      (tables[:, (length - 1) // bs] * bs + (length - 1) % bs).astype(np.int32),
-                      np.arange(B + 1, dtype=np.int32), np.full(B, length, np.int32), tables, B,
-                      r.context_bucket(length))
-    be.bind_thread()
-    sb = r.sampler.prepare([None] * B, batch.seq_lens, np.ones(B, bool), B, True)
-    step = r.stager.stage(batch)
-    r.sampler.stage(sb)
+for length in lengths:
+    print(f"context length {length}")
+    print("| batch | left out | step µs | ± | µs it took |")
+    print("|---:|---|---:|---:|---:|")
+    for B in batches:
+        bs = r.kv.block_size
+        nb = -(-length // bs)  # each request its own blocks; the new token at position length - 1
+        tables = np.arange(B * nb, dtype=np.int32).reshape(B, nb)
+        batch = StepBatch(np.zeros(B, np.int32), np.full(B, length - 1, np.int32),
+                          (tables[:, (length - 1) // bs] * bs + (length - 1) % bs).astype(np.int32),
+                          np.arange(B + 1, dtype=np.int32), np.full(B, length, np.int32), tables, B,
+                          r.context_bucket(length))
+        be.bind_thread()
+        sb = r.sampler.prepare([None] * B, batch.seq_lens, np.ones(B, bool), B, True)
+        step = r.stager.stage(batch)
+        r.sampler.stage(sb)
 
-    body = r.graph_body(step, sb, opts)  # what the runner captures
+        body = r.graph_body(step, sb, opts)  # what the runner captures
 
-    whole = None
-    for name, patches in VARIANTS.items():
-        if name != "whole step" and not any(name.startswith(o) for o in only):
-            continue
-        saved = [(cls, attr, cls.__dict__[attr]) for cls, attr, _ in patches]
-        try:
-            for cls, attr, fn in patches:
-                setattr(cls, attr, fn)
-            body()  # eager first: workspaces and cuBLAS's algorithm choice stay outside the capture
-            graph = be.capture(body)
-        finally:
-            for cls, attr, fn in saved:
-                setattr(cls, attr, fn)
-        us, sd = replay_us(graph)
-        whole = us if whole is None else whole
-        idle = f" (from idle: {idle_us(graph):.1f})" if name == "whole step" else ""
-        print(f"| {B} | {name}{idle} | {us:.1f} | {sd:.1f} | {whole - us:.1f} |", flush=True)
+        whole = None
+        for name, patches in VARIANTS.items():
+            if name != "whole step" and not any(name.startswith(o) for o in only):
+                continue
+            saved = [(cls, attr, cls.__dict__[attr]) for cls, attr, _ in patches]
+            try:
+                for cls, attr, fn in patches:
+                    setattr(cls, attr, fn)
+                body()  # eager first: workspaces and cuBLAS's algorithm choice stay outside the capture
+                graph = be.capture(body)
+            finally:
+                for cls, attr, fn in saved:
+                    setattr(cls, attr, fn)
+            us, sd = replay_us(graph)
+            whole = us if whole is None else whole
+            idle = f" (from idle: {idle_us(graph):.1f})" if name == "whole step" else ""
+            print(f"| {B} | {name}{idle} | {us:.1f} | {sd:.1f} | {whole - us:.1f} |", flush=True)

@@ -11,10 +11,14 @@
 // units, sum of exps), ws_acc f32[B, Hq, n_splits, D] = unnormalised partial output; counters u32[B, grid.x],
 // zeroed once (the kernel leaves them zeroed, so launches can be captured in a CUDA graph and replayed).
 //
-// One kernel (decode_attention<T, D>): grid (Hkv * ceil(G / 8), n_splits, B), block 128 (4 warps).
-//   A block owns up to 8 q heads of one GQA group of one sequence, so every K/V byte is read once for the whole
-//   group. The sequence's keys are divided evenly over the splits (chunk = ceil(len / n_splits), rounded up to a
-//   tile), so the work spreads over the GPU at any length; splits past the end exit at once. A block sweeps its
+// One kernel (decode_attention<T, D>): grid (Hkv * n_hg, n_splits, B), block 128 (4 warps).
+//   A block owns gpb = ceil(G / n_hg) <= 8 q heads of one GQA group of one sequence. With n_hg = ceil(G / 8) (a
+//   big batch or a long context) every K/V byte is read once for the whole group; a small batch at a short context
+//   takes more blocks a group (the wrapper's decode_head_blocks), each re-reading the K/V (from L2) for fewer heads,
+//   because there the time goes to each block's chain of math per key tile, not to the bytes.
+//   The sequence's keys are divided evenly over the splits (chunk = ceil(len / n_splits), rounded up to a tile; a
+//   sequence of up to ONE_SPLIT_TILES tiles is one split), so the work spreads over the GPU at any length; splits
+//   past the end exit at once. A block sweeps its
 //   chunk in tiles of KT keys:
 //     - LPK lanes share one key row, each reading a 16-byte chunk (D=64 bf16: 8 lanes/key, 4 keys per warp);
 //       key group kg = warp * KPW + lane / LPK reads keys tile + j * KPG + kg, j < 4 (each a 16-byte-aligned
@@ -44,6 +48,13 @@
 
 constexpr int MAXG = 8;        // q heads per block; a larger GQA group is spread over several blocks
 constexpr int KPT = 4;         // keys per thread per tile
+// A sequence of up to ONE_SPLIT_TILES tiles is swept by one block; longer ones are split into tiles. Measured on the
+// H200 (Qwen2.5-0.5B, batch 1, a layer): a second split's merge (workspace, fence, counter, second pass) costs
+// ~2.3 us, a block's second tile ~1 us. So two tiles in one block beat two splits and a merge, and past that
+// one-tile splits (the merge paid once) beat longer ones.
+#ifndef ONE_SPLIT_TILES
+#define ONE_SPLIT_TILES 2
+#endif
 
 template <typename T, int D>
 struct Shape {
@@ -60,8 +71,9 @@ struct Shape {
 // Keys per split: the length spread evenly over the splits, rounded up to whole tiles. Every block computes it
 // from the device-side length, so splits 0..ceil(length / chunk)-1 are exactly the non-empty ones.
 __device__ __forceinline__ int split_chunk(int length, int n_splits, int kt) {
+    if (length <= ONE_SPLIT_TILES * kt) return ONE_SPLIT_TILES * kt;  // one split: no merge
     const int c = (length + n_splits - 1) / n_splits;
-    return max(kt, (c + kt - 1) / kt * kt);  // >= kt: never 0, even for a bogus length <= 0
+    return max(kt, (c + kt - 1) / kt * kt);  // >= kt: never 0, even for a bogus length
 }
 
 // Tokens of sequence b to attend: seq_lens[b] clamped to what its block-table row can address.
@@ -139,10 +151,12 @@ decode_attention(const T* __restrict__ q, const T* k_cache, const T* v_cache,
     using Sh = Shape<T, D>;
     constexpr int VEC = Sh::VEC, LPK = Sh::LPK, NV = Sh::NV, KPW = Sh::KPW, KPG = Sh::KPG, KT = Sh::KT;
     constexpr int X = NV * VEC;                        // output dims per lane
-    const int G = Hq / Hkv, n_hg = (G + MAXG - 1) / MAXG;
+    // The wrapper picks how many blocks share a GQA group (grid.x = Hkv * n_hg): each takes gpb <= MAXG heads.
+    const int G = Hq / Hkv, n_hg = gridDim.x / Hkv, gpb = min(MAXG, (G + n_hg - 1) / n_hg);
     const int kvh = blockIdx.x / n_hg, hg = blockIdx.x % n_hg;
-    const int h0 = kvh * G + hg * MAXG;                // first q head of this block
-    const int Gb = min(MAXG, G - hg * MAXG);           // q heads in this block (uniform: guards never diverge)
+    const int h0 = kvh * G + hg * gpb;                 // first q head of this block
+    const int Gb = min(gpb, G - hg * gpb);             // q heads in this block (uniform: guards never diverge)
+    if (Gb <= 0) return;                               // a spare block (the wrapper launches none)
     const int split = blockIdx.y, b = blockIdx.z;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int slice = lane % LPK;                      // this lane reads chunks slice, slice + LPK, ... of a row

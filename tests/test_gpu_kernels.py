@@ -183,6 +183,11 @@ DECODE_CASES = {  # name: (Hq, Hkv, D, lens, max_seq_len, block_size)
     "b32x4096": (HQ, HKV, 64, [4096] * 31 + [0], 4096, 16),
     "d128": (HQ, HKV, 128, [777, 1, 5000], 8192, 16),
     "group16": (32, 2, 128, [1500, 3], 2048, 32),   # GQA group 16 > 8 q heads per block
+    # Short plans at a small batch: a GQA group over several blocks (decode_head_blocks), lengths around one split
+    # of ONE_SPLIT_TILES tiles (bf16 D=64: 128 keys, fp32: 64) and past it.
+    "short_b1": (HQ, HKV, 64, [100], 512, 16),
+    "short_ragged": (HQ, HKV, 64, [1, 65, 129, 256], 256, 16),
+    "group16_short": (32, 2, 128, [3, 130], 256, 32),
     "d256": (8, 2, 256, [1000, 3, 0], 1024, 16),
     "d32_bs7": (4, 4, 32, [5, 300, 64], 512, 7),    # tiny-model head dim; blocks that do not divide a tile
 }

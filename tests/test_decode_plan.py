@@ -1,0 +1,39 @@
+"""Decode attention's launch plan (toolkit/backends/cuda_kernels.py), on the CPU: how many blocks share a GQA
+group and how many splits a sequence gets. The kernel derives each block's heads from grid.x alone, so a plan
+must never leave a block without heads or give one more than 8 (MAXG in kernels/decode_attention.cu)."""
+import math
+
+from hypothesis import given, strategies as st
+
+from toolkit.backends.cuda_kernels import HEAD_SPLIT_KV_BYTES, MAX_SPLITS, decode_head_blocks, decode_splits
+
+QWEN05 = dict(n_kv_heads=2, group=7)  # Qwen2.5-0.5B: 14 q heads over 2 kv heads
+
+
+@given(st.integers(1, 256), st.integers(1, 16), st.integers(1, 32), st.integers(1, 200),
+       st.integers(0, 4 * HEAD_SPLIT_KV_BYTES))
+def test_every_block_gets_between_one_and_eight_heads(batch, n_kv_heads, group, n_sm, kv_bytes):
+    blocks = decode_head_blocks(batch, n_kv_heads, group, n_sm, kv_bytes)
+    per_block = math.ceil(group / blocks)  # what the kernel computes from gridDim.x / Hkv
+    assert 1 <= per_block <= 8
+    assert math.ceil(group / per_block) == blocks  # no spare block: the last one has heads too
+    if kv_bytes > HEAD_SPLIT_KV_BYTES:
+        assert blocks == math.ceil(group / 8)  # long K/V: read once per group (or per 8 heads)
+
+
+def test_small_batch_short_context_spreads_a_group():
+    # Batch 1, a 512-key plan: a block a head (14 blocks instead of 2 for all the model's heads).
+    assert decode_head_blocks(1, **QWEN05, n_sm=132, kv_bytes=2 * 512 * 2 * 64 * 2) == 7
+    # Batch 32 fills the GPU with whole groups, and its 512-key K/V (8.4 MB) is past the limit anyway.
+    assert decode_head_blocks(32, **QWEN05, n_sm=132, kv_bytes=2 * 32 * 512 * 2 * 64 * 2) == 1
+    # Batch 32 at a small K/V: enough blocks for about one per SM, no more (3 heads a block, 192 blocks).
+    assert decode_head_blocks(32, **QWEN05, n_sm=132, kv_bytes=1 << 20) == 3
+    # A group of 16 needs two blocks even when it may not spread.
+    assert decode_head_blocks(1, n_kv_heads=2, group=16, n_sm=132, kv_bytes=1 << 30) == 2
+
+
+@given(st.integers(1, 256), st.integers(1, 16), st.integers(1, 4), st.sampled_from([32, 64, 128, 256]),
+       st.sampled_from([2, 4]), st.integers(1, 1 << 17))
+def test_split_count_is_bounded(batch, n_kv_heads, head_blocks, D, itemsize, max_seq_len):
+    n = decode_splits(batch, n_kv_heads, head_blocks, D, itemsize, 132, max_seq_len)
+    assert 1 <= n <= MAX_SPLITS
