@@ -18,8 +18,7 @@
 //   because there the time goes to each block's chain of math per key tile, not to the bytes.
 //   The sequence's keys are divided evenly over the splits (chunk = ceil(len / n_splits), rounded up to a tile; a
 //   sequence of up to ONE_SPLIT_TILES tiles is one split), so the work spreads over the GPU at any length; splits
-//   past the end exit at once. A block sweeps its
-//   chunk in tiles of KT keys:
+//   past the end exit at once. A block sweeps its chunk in tiles of KT keys:
 //     - LPK lanes share one key row, each reading a 16-byte chunk (D=64 bf16: 8 lanes/key, 4 keys per warp);
 //       key group kg = warp * KPW + lane / LPK reads keys tile + j * KPG + kg, j < 4 (each a 16-byte-aligned
 //       row of D elements in its slot). K and V of the tile are loaded together so both DRAM round trips
