@@ -120,9 +120,10 @@ def decode_head_blocks(batch: int, n_kv_heads: int, group: int, n_sm: int, kv_by
     Fewer heads a block means more blocks re-reading the same K/V (from L2), but a shorter chain of math per key
     tile, which is what a small batch at a short context waits on: at batch 1 a Qwen2.5-0.5B layer has 2 kv
     heads, so 2 blocks of 7 heads did all the work on 2 of 132 SMs (a block a head: 140 -> 74 us a step at
-    context 1, 245 -> 143 at 100; decode_heads_ab_A.log / _B.log). So when the plan's K/V (kv_bytes, at its max_seq_len) is small: the most heads
-    a block (the least re-reading) that still gives about a block per SM. Past HEAD_SPLIT_KV_BYTES the re-reads
-    cost more than they save (batch 32, 8.4 MB at 512 keys: 409 -> 464 us a step), and a group is one block."""
+    context 1, 245 -> 143 at 100; decode_heads_ab_A.log / _B.log). So when the plan's K/V (kv_bytes, at its
+    max_seq_len) is small: the most heads a block (the least re-reading) that still gives about a block per SM.
+    Past HEAD_SPLIT_KV_BYTES the re-reads cost more than they save (batch 32, 8.4 MB at 512 keys: 409 -> 464 us
+    a step), and a group is one block."""
     fewest = math.ceil(group / 8)
     if kv_bytes > HEAD_SPLIT_KV_BYTES:
         return fewest
