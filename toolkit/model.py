@@ -99,7 +99,7 @@ class Model:
         N, B, nd = step.num_tokens, step.num_seqs, step.num_decodes
         # pdl: the decode kernels launch with programmatic dependent launch (kernels/pdl.cuh). The runner turns it
         # off for every step it does not replay from a CUDA graph, prefill steps included (host cost).
-        be = _Ops(self.be.launching(options.pdl), options.small_batch_gemv, options.gemv_swiglu)
+        be = _Ops(self.be.launching(options.pdl), options.small_batch_gemv, options.gemv_swiglu, options.skinny_gemm)
         s = self.scratch.view(N)
         # A batch-1 decode step is launch-bound: with fused_gemv the residual adds, RMSNorms and SwiGLU ride
         # inside the GEMVs (gemv_fused), 6 kernels a layer instead of 9; same arithmetic, same roundings.
@@ -178,14 +178,15 @@ class _Ops:
     """The backend with `linear` and `linear_swiglu` bound to this step's GEMM choice; every other op passes
     through."""
 
-    def __init__(self, backend, small_batch_gemv: bool, gemv_swiglu: bool):
+    def __init__(self, backend, small_batch_gemv: bool, gemv_swiglu: bool, skinny_gemm: bool = False):
         self._be, self._gemv, self._swiglu = backend, small_batch_gemv, small_batch_gemv and gemv_swiglu
+        self._skinny = skinny_gemm
 
     def linear(self, x, w, out):
-        self._be.linear(x, w, out, self._gemv)
+        self._be.linear(x, w, out, self._gemv, self._skinny)
 
     def linear_swiglu(self, x, w, gate_up, act):
-        self._be.linear_swiglu(x, w, gate_up, act, self._swiglu)
+        self._be.linear_swiglu(x, w, gate_up, act, self._swiglu, self._skinny)
 
     def __getattr__(self, name):
         return getattr(self._be, name)

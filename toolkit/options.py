@@ -44,6 +44,9 @@ class EngineOptions:
     rope_in_attention: bool = _switch("in a pure decode step, apply RoPE and write the new K/V inside the decode "
                                       "attention kernel instead of a separate rope_qkv launch: one kernel a layer "
                                       "fewer (GPU)", default=False)
+    # Off by default: with it on, one PDL test gave other tokens (README, "A tensor-core GEMM for 2-32 rows").
+    skinny_gemm: bool = _switch("our tensor-core GEMM (gemm_skinny) for the small projections (qkv, o) of a "
+                                "decode step of 2-32 rows instead of cuBLAS (GPU, 16-bit)", default=False)
     sampler_fast_path: bool = _switch("skip the FP32 logits copy when no request in the batch needs logits processing")
     sparse_prefill: bool = _switch("prefill attention over the sliding window + the indexer's top-k key blocks "
                                    "(exact when it covers every block)")
@@ -93,6 +96,7 @@ class EngineOptions:
         graphs = self.cuda_graphs and on_gpu
         return replace(self, cuda_graphs=graphs, tensor_cores=self.tensor_cores and on_gpu and dtype != "float32",
                        rope_in_attention=self.rope_in_attention and on_gpu,
-                       small_batch_gemv=gemv, fused_gemv=self.fused_gemv and gemv,
+                       small_batch_gemv=gemv, skinny_gemm=self.skinny_gemm and on_gpu and dtype != "float32",
+                       fused_gemv=self.fused_gemv and gemv,
                        gemv_swiglu=self.gemv_swiglu and gemv, mlp_kernel=self.mlp_kernel and gemv,
                        pdl=self.pdl and graphs)  # PDL runs in graph-replayed steps only (runner.py says why)

@@ -31,6 +31,12 @@ _WORKSPACE_BYTES = 32 << 20  # cuBLAS workspace set on the handle (capture forbi
 # whole batch-1 step went from 1.049 to 0.990 ms; at 2 and 4 rows, and for the 151,936-row lm_head (86.8 us
 # against 67.4 us), cuBLAS is faster, so those stay on cuBLAS.
 _GEMV_ROWS, _GEMV_MAX_N = 1, 32768
+# From 2 to 32 rows (skinny_gemm) the small projections go to gemm_skinny (tensor cores, kernels/gemm_skinny.cu;
+# a gate_up projection there takes SwiGLU in its epilogue): weights of up to _SKINNY_MAX_WEIGHTS elements. Measured
+# on the H200 at Qwen2.5-0.5B (benchmarks/results/gemm_skinny.log): qkv and o (1.0M and 0.8M weights) take 2.5-3.7
+# us against cuBLAS's 3.7-4.2; gate_up (8.7M), down (4.4M) and the lm_head are faster on cuBLAS, whose kernels
+# for big matrices reach 2.4-4 TB/s to our 1.1-3.
+_SKINNY_ROWS, _SKINNY_MAX_WEIGHTS = (2, 32), 4 << 20
 
 
 class CudaTimer:
@@ -232,8 +238,9 @@ class CudaBackend:
         return dev[:n].get(stream=self.stream)
 
     # -- ops --------------------------------------------------------------------
-    def linear(self, x, w, out, small_batch_gemv: bool = False):
-        """out[T, N] = x[T, K] @ w[N, K].T, fp32 accumulation: our GEMV for T <= 4 when asked, else cuBLAS.
+    def linear(self, x, w, out, small_batch_gemv: bool = False, skinny_gemm: bool = False):
+        """out[T, N] = x[T, K] @ w[N, K].T, fp32 accumulation: where asked and the shape fits, our GEMV (one row)
+        or our tensor-core gemm_skinny (2-32 rows); else cuBLAS.
 
         cuBLAS is column-major: our row-major w[N, K] is its K x N matrix, so we ask
         for C(N x T) = op_T(w) @ x, which is exactly the row-major out[T, N].
@@ -243,17 +250,23 @@ class CudaBackend:
         if small_batch_gemv and self._gemv_ok(T, N, K):
             self.kernels.gemv(x, w, out)
             return
+        if skinny_gemm and self._skinny_ok(T, N, K):
+            self.kernels.gemm_skinny(x, w, out)
+            return
         out_type = 0 if out.dtype == np.float32 else self._in_type
         self._gemm(_OP_T, _OP_N, N, T, K, w.data.ptr, self._in_type, K, x.data.ptr, self._in_type, K,
                    out.data.ptr, out_type, N)
 
-    def linear_swiglu(self, x, w, gate_up, act, small_batch_gemv: bool = False):
-        """act[T, I] = silu(x @ w[:I].T) * (x @ w[I:].T) for w = gate_up [2I, K]: where our GEMV takes the
-        projection, one kernel with SwiGLU as its epilogue (gemv_swiglu; gate_up is not written), else the GEMM
-        into gate_up, then silu_mul. The same bits either way."""
+    def linear_swiglu(self, x, w, gate_up, act, small_batch_gemv: bool = False, skinny_gemm: bool = False):
+        """act[T, I] = silu(x @ w[:I].T) * (x @ w[I:].T) for w = gate_up [2I, K]: where our GEMV or gemm_skinny
+        takes the projection, one kernel with SwiGLU as its epilogue (gate_up is not written), else the GEMM into
+        gate_up, then silu_mul. The same roundings either way."""
         T, K = x.shape
         if small_batch_gemv and self._gemv_ok(T, w.shape[0], K):
             self.kernels.gemv_swiglu(x, w, act)
+            return
+        if skinny_gemm and self._skinny_ok(T, w.shape[0], K):
+            self.kernels.gemm_skinny(x, w, act, swiglu=True)
             return
         self.linear(x, w, gate_up)
         self.kernels.silu_mul(gate_up, act)
@@ -261,6 +274,12 @@ class CudaBackend:
     def _gemv_ok(self, rows: int, n: int, k: int) -> bool:
         """Whether out[rows, n] = x[rows, k] @ w.T goes to our GEMV (when small_batch_gemv is on)."""
         return rows <= _GEMV_ROWS and n <= _GEMV_MAX_N and k % self.kernels.vec == 0
+
+    def _skinny_ok(self, rows: int, n: int, k: int) -> bool:
+        """Whether out[rows, n] = x[rows, k] @ w.T goes to gemm_skinny (when skinny_gemm is on): 16-bit types, a
+        small weight matrix."""
+        lo, hi = _SKINNY_ROWS
+        return lo <= rows <= hi and n * k <= _SKINNY_MAX_WEIGHTS and k % 32 == 0 and self.kernels.itemsize == 2
 
     def fused_gemv_ok(self, rows: int, cfg) -> bool:
         """Whether a step of `rows` tokens runs its projections as gemv_fused (the batch-1 GEMV path, with the

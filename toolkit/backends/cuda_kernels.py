@@ -25,6 +25,9 @@ import numpy as np
 
 import kernels as _kernels_pkg
 
+from .cuda_gemm import gemm_skinny as _gemm_skinny
+from .cuda_gemm import kernel_names as _skinny_names
+
 KERNEL_DIR = Path(_kernels_pkg.__file__).parent
 CTYPES = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16"}
 STORAGE = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}
@@ -68,6 +71,8 @@ def kernel_names(op: str, ctype: str) -> list:
         f32 = ["add_entries", "apply_penalties", "temperature_max", "min_p_mask", "top_k_top_p"]
         sample = [f"gumbel_sample<{ctype}, {nl}>" for nl in SAMPLE_LOADS]
         return sample + [f"{k}<{ctype}>" for k in ["to_fp32", "logprobs"] + (f32 if ctype == "float" else [])]
+    if op == "gemm_skinny":
+        return _skinny_names(ctype)
     if op == "gemv":
         outs = [ctype] if ctype == "float" else [ctype, "float"]
         rows = range(1, GEMV_MAX_ROWS + 1)
@@ -206,6 +211,7 @@ class CudaKernels:
         self.vec = 16 // self.itemsize  # elements per 16-byte chunk
         self._fns = {}          # name -> cupy Function
         self._decode_plans = {} # (B, Hq, Hkv, D, max_seq_len) -> kernels, grid, splits, workspace
+        self._gemm_plans = {}   # (M, N, K, swiglu, out type) -> gemm_skinny's launch (cuda_gemm.py)
         dev = cupy.cuda.Device()
         self.cc = int(dev.compute_capability)
         self.num_sms = dev.attributes["MultiProcessorCount"]
@@ -351,6 +357,11 @@ class CudaKernels:
         """gemv.cu's launch for `rows` output rows of K inputs: (grid, wpr), 8 / wpr rows a 256-thread block."""
         wpr = gemv_warps_per_row(K // self.vec)
         return (-(-rows // (8 // wpr)),), _i32(wpr)
+
+    def gemm_skinny(self, x, w, out, swiglu: bool = False, split=None):
+        """out[M, N] = x[M, K] @ w[N, K].T on tensor cores for 1 <= M <= 32 rows (bf16/fp16, K % 32 == 0); with
+        swiglu, w = gate_up [2I, K] and out[M, I] = silu(gate) * up. gemm_skinny.cu, launched by cuda_gemm.py."""
+        _gemm_skinny(self, x, w, out, swiglu, split)
 
     def gemv_swiglu(self, x, w, out):
         """out[M, I] = silu(x @ w[:I].T) * (x @ w[I:].T), w = gate_up [2I, K]: gemv and silu_mul in one kernel

@@ -1,0 +1,130 @@
+"""gemm_skinny (tensor cores, 2-32 rows) against cuBLAS and torch at the decode projections, weights from DRAM.
+
+    python benchmarks/bench_gemm_skinny.py [--shape qwen2.5-0.5b] [--rows 2,4,8,16,32] [--reps 7]
+
+Each timing is a CUDA graph of back-to-back calls (bench_kernels.time_calls), but every call reads another copy
+of the weight matrix (at least 256 MB of copies in all), so the weights come from DRAM as in a decode step (24
+layers x 30 MB) instead of from the 50 MB L2. GB/s = weight bytes / time. "MTxWKxS" rows sweep gemm_skinny's
+split (m-tiles a tile x warps a block x slices of K); "*" marks the engine's (cuda_gemm.skinny_plan). gate_up+swiglu is the
+engine's MLP op: cuBLAS then silu_mul, against gemm_skinny with SwiGLU in its epilogue. The last column checks
+each result against cuBLAS's (max |difference| / max |value|).
+"""
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import cupy as cp  # noqa: E402
+
+from bench_kernels import time_calls  # noqa: E402
+from toolkit.backends.cuda import CudaBackend  # noqa: E402
+from toolkit.backends.cuda_gemm import skinny_plan  # noqa: E402
+from toolkit.bench.env import environment  # noqa: E402
+from toolkit.shapes import NAMES, shape_config  # noqa: E402
+
+POOL_BYTES = 256 << 20
+SPLITS = ((1, 8, 1), (1, 16, 1), (2, 8, 1), (1, 8, 2), (1, 8, 4), (1, 16, 2), (1, 16, 4), (2, 8, 2))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shape", default="qwen2.5-0.5b", choices=NAMES)
+    ap.add_argument("--rows", default="2,4,8,16,32")
+    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--sweep", action="store_true", help="also time every (MT, WK) split")
+    args = ap.parse_args()
+    print("  ".join(f"{k}: {v}" for k, v in environment("cuda").items()))
+    try:
+        import torch
+
+        has_torch = torch.cuda.is_available()
+    except ImportError:
+        has_torch = False
+    c = shape_config(args.shape)
+    be = CudaBackend("bfloat16")
+    be.bind_thread()
+    k = be.kernels
+    H, I, Q = c.hidden_size, c.intermediate_size, c.num_heads * c.head_dim
+    shapes = (("qkv", c.qkv_size, H), ("o_proj", H, Q), ("gate_up", 2 * I, H), ("gate_up+swiglu", 2 * I, H),
+              ("down", H, I), ("lm_head", c.vocab_size, H))
+    print(f"{'op':15s} {'M':>3s} {'N':>7s} {'K':>5s} {'impl':18s} {'us':>8s} {'GB/s':>7s} {'rel err':>8s}")
+    for name, N, K in shapes:
+        swiglu = name.endswith("swiglu")
+        nbytes = N * K * 2
+        copies = max(1, -(-POOL_BYTES // nbytes))
+        w0 = _to_bf16(cp.random.standard_normal((N, K), cp.float32) * 0.02)
+        ws = [w0.copy() for _ in range(copies)]  # distinct buffers of the same values: no L2 reuse
+        n_out = N // 2 if swiglu else N
+        for M in map(int, args.rows.split(",")):
+            x = _to_bf16(cp.random.standard_normal((M, K), cp.float32))
+            y = cp.empty((M, n_out), cp.uint16)
+            gu = cp.empty((M, N), cp.uint16)
+            ref = cp.empty((M, n_out), cp.uint16)
+            if swiglu:
+                be.linear_swiglu(x, ws[0], gu, ref)
+            else:
+                be.linear(x, ws[0], ref)
+            be.stream.synchronize()
+            refv = cp.asnumpy(ref)
+            it = {"i": 0}
+
+            def cycle(f):
+                def call():
+                    f(ws[it["i"] % copies])
+                    it["i"] += 1
+                return call
+
+            def report(impl, us, out=None):
+                err = ""
+                if out is not None:
+                    a = _bf16(cp.asnumpy(out)).astype("float64")
+                    b = _bf16(refv).astype("float64")
+                    err = f"{abs(a - b).max() / max(abs(b).max(), 1e-30):8.1e}"
+                print(f"{name:15s} {M:3d} {N:7d} {K:5d} {impl:18s} {us:8.2f} {nbytes / us / 1e3:7.0f} {err}",
+                      flush=True)
+
+            def time(f):
+                return time_calls(cycle(f), args.reps, True, stream=be.stream)
+
+            if swiglu:
+                report("cublas+silu_mul", time(lambda w: be.linear_swiglu(x, w, gu, y)))
+            else:
+                report("cublas", time(lambda w: be.linear(x, w, y)))
+            if M > 32:
+                continue
+            MT, NT, WK, S = skinny_plan(M, N // 2 if swiglu else N, K, k.num_sms, swiglu)
+            report(f"skinny {MT}x{WK}x{S}*", time(lambda w: k.gemm_skinny(x, w, y, swiglu)), y)
+            chunks = K // 32
+            for split in SPLITS if args.sweep else ():
+                mt, wk, s = split
+                if (split == (MT, WK, S) or (swiglu and mt == 1) or chunks % s or chunks // s < wk
+                        or (N > 32768 and s > 1)):
+                    continue
+                report(f"skinny {mt}x{wk}x{s}", time(lambda w, s=split: k.gemm_skinny(x, w, y, swiglu, s)), y)
+            if has_torch and not swiglu:
+                tx = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+                tws = [torch.randn(N, K, device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
+                ti = {"i": 0}
+
+                def tcall():
+                    tx @ tws[ti["i"] % copies].T
+                    ti["i"] += 1
+                report("torch", time_calls(tcall, args.reps, True, "torch"))
+                del tws
+        del ws
+    return 0
+
+
+def _to_bf16(a):
+    """fp32 CuPy array -> bf16 bits (uint16, truncated: fine for timing and for comparing two kernels)."""
+    return (a.view(cp.uint32) >> 16).astype(cp.uint16)
+
+
+def _bf16(a):
+    import numpy as np
+
+    return (a.astype(np.uint32) << 16).view(np.float32)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,213 @@
+// gemm_skinny.cu -- y[m, n] = sum_k x[m, k] * w[n, k] for 1-32 rows m, on tensor cores: the small projections of
+// a decode step at batch 2-32 (EngineOptions.skinny_gemm; toolkit/backends/cuda.py routes qkv and o here, where it
+// measured faster than cuBLAS; README, "A tensor-core GEMM for 2-32 rows, second attempt"). Like gemv.cu this is a
+// weight stream (each weight byte is used M <= 32 times, far too few to be compute-bound), so what matters is how
+// many weight bytes are in flight, and that the step's kernels keep overlapping (PDL: cuBLAS's kernels do not
+// take part, so each one drains the GPU before it starts).
+//
+// Layout (row-major, HF's [out, in] weights): x T[M, K]; w T[N, K]; y TO[M, N] (TO = T, or float for logits).
+// T is bf16 or fp16 (fp32 stays on cuBLAS); K % 32 == 0, 16-byte aligned rows (the wrapper checks).
+//
+// The product is computed transposed, y^T = w x^T, so that the long dimension (weight rows) is mma.m16n8k16's
+// 16-row A operand and the batch is its 8-column B operand: NT = ceil(M / 8) n-tiles, MT m-tiles of 16 weight rows.
+// Work split (toolkit/backends/cuda_gemm.py's skinny_plan picks MT, the warps a block WK and the slices S):
+//   - a block owns one tile of 16 * MT weight rows and one of S equal slices of K; its WK warps split the slice,
+//     warp w taking its 32-wide chunks w, w + WK, ...; each warp keeps PF chunks of weights and x in flight (a
+//     ring of registers), the first PF chunks of weights issued before it waits for the previous kernel (PDL:
+//     the weights are constants);
+//   - then the warps' fp32 partial tiles meet in shared memory and are added in warp order. With S == 1 the
+//     block writes y. With S > 1 it writes its slice's tile to ws and counts itself in counters[tile]; the last
+//     of the S blocks adds the S tiles in slice order and writes y. Either way the sums run in a fixed order: the
+//     same bits on every launch, graph or eager.
+// S is 1 except where the tiles alone leave SMs idle and K is long (the down projection: 56 tiles of 4,864
+// columns at Qwen2.5-0.5B). (The previous attempt, gemm_small in benchmarks/results/gemm_small_experiments.log,
+// split K into up to 19 slices and was slowest where its last block then read them all. A persistent version of
+// this kernel, a block looping over tiles with its ring running on across them, measured slower at every shape:
+// benchmarks/results/gemm_skinny_persistent.log.)
+//
+// Fragments without ldmatrix or shared memory. mma.m16n8k16 (mma.cuh) wants lane (g = lane / 4, c = lane % 4)
+// to hold k = 2c, 2c+1, 2c+8, 2c+9 of its A rows g, g+8 and of its B column g. A dot product does not care which
+// physical k is called which logical k, as long as A and B agree, so lane c instead loads the 8 contiguous
+// elements [8c, 8c + 8) of each 32-wide chunk (one 16-byte load a row; the 4 lanes of a row read 64 contiguous
+// bytes), and mma step s (0, 1) treats words 2s, 2s + 1 of them as its logical k (2c, 2c+1) and (2c+8, 2c+9).
+// tests/test_gemm_skinny_layout.py replays this mapping in NumPy.
+//
+// x is read through L2 (__ldcg): the previous kernel just wrote it, and with PDL a line cached in this SM's L1
+// before that write must not be read (gemm_small's __ldg version once decoded other tokens).
+//
+// SWIGLU (gate_up, w = [2I, K]): the block's m-tile 0 is gate rows j0..j0+15 and m-tile 1 the up rows
+// I + j0..; the epilogue writes y[m, j] = swiglu(T(gate), T(up)) (elementwise.cuh), the bits silu_mul would
+// write from this kernel's gate_up, so gate_up is never written and silu_mul never launched.
+#include "dtype.cuh"
+#include "elementwise.cuh"
+#include "mma.cuh"
+#include "pdl.cuh"
+
+constexpr int GS_K = 32;  // k per chunk: 2 mma k-steps, one 16-byte load per lane and row
+
+// Chunks in flight per warp: a ring slot holds 2 * MT weight and NT x registers (16-byte each); about 16 of them
+// in all keeps a thread within 128 registers (the launch bound) without spilling (MT = 2, NT = 1 at 3 slots
+// spilled, so MT = 2 keeps 2).
+template <int MT, int NT> struct Ring {
+    static constexpr int slot = 2 * MT + NT;
+    static constexpr int pf = MT == 2 || 16 / slot < 2 ? 2 : (16 / slot > 4 ? 4 : 16 / slot);
+};
+
+__device__ __forceinline__ unsigned word(const uint4& v, int i) {
+    return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;  // i is a constant after unrolling
+}
+
+// The end of a block: red[warp][f][lane] holds each warp's partial tile, f = (i * NT + j) * 4 + r. Entry
+// e = f * 32 + lane: register r of (m-tile i, n-tile j) in lane (g, c), i.e. weight row 16 i + g + 8 (r / 2) of the
+// tile and batch row 8 j + 2 c + r % 2, summed over the warps in order; then over the S slices in order.
+template <typename T, typename TO, bool SWIGLU>
+__device__ __forceinline__ void store_out(TO* y, int M, int N, int m, int n, float v, float u) {
+    if (m >= M || n >= N) return;
+    if constexpr (SWIGLU) {
+        // elementwise.cuh: silu_mul's roundings. (TO == T when SWIGLU; the cast only satisfies the compiler.)
+        reinterpret_cast<T*>(y)[(size_t)m * N + n] = swiglu(from_f32<T>(v), from_f32<T>(u));
+    } else {
+        y[(size_t)m * N + n] = from_f32<TO>(v);
+    }
+}
+
+template <typename T, typename TO, int MT, int NT, bool SWIGLU>
+__device__ __forceinline__ void finish_tile(const float* red, float* ws, unsigned* counters, bool* s_last, TO* y,
+                                            int tile, int slice, int S, int tiles, int WK, int M, int N) {
+    constexpr int F = MT * NT * 4, OUT_F = SWIGLU ? NT * 4 : F, ROWS = SWIGLU ? 16 : 16 * MT;
+    constexpr int UP = NT * 4 * 32;  // SWIGLU: entry e's up partner
+    float* mine = ws + ((size_t)slice * tiles + tile) * F * 32;
+    for (int e = threadIdx.x; e < OUT_F * 32; e += blockDim.x) {
+        float v = 0.0f, u = 0.0f;
+        for (int q = 0; q < WK; q++) v += red[q * F * 32 + e];
+        if constexpr (SWIGLU)
+            for (int q = 0; q < WK; q++) u += red[q * F * 32 + UP + e];
+        if (S > 1) {
+            mine[e] = v;
+            if constexpr (SWIGLU) mine[UP + e] = u;
+            continue;
+        }
+        const int f = e >> 5, ln = e & 31, r = f & 3, j = (f >> 2) % NT, i = f / (NT * 4);
+        store_out<T, TO, SWIGLU>(y, M, N, 8 * j + 2 * (ln & 3) + (r & 1),
+                                 tile * ROWS + 16 * i + (ln >> 2) + 8 * (r >> 1), v, u);
+    }
+    if (S == 1) return;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) *s_last = atomicAdd(&counters[tile], 1u) == (unsigned)S - 1;
+    __syncthreads();
+    if (!*s_last) return;
+    __threadfence();
+    for (int e = threadIdx.x; e < OUT_F * 32; e += blockDim.x) {
+        float v = 0.0f, u = 0.0f;
+        for (int q = 0; q < S; q++) {  // L2 reads (__ldcg): other blocks wrote these
+            const float* part = ws + ((size_t)q * tiles + tile) * F * 32;
+            v += __ldcg(part + e);
+            if constexpr (SWIGLU) u += __ldcg(part + UP + e);
+        }
+        const int f = e >> 5, ln = e & 31, r = f & 3, j = (f >> 2) % NT, i = f / (NT * 4);
+        store_out<T, TO, SWIGLU>(y, M, N, 8 * j + 2 * (ln & 3) + (r & 1),
+                                 tile * ROWS + 16 * i + (ln >> 2) + 8 * (r >> 1), v, u);
+    }
+    if (threadIdx.x == 0) counters[tile] = 0u;  // ready for the next launch (graph replays included)
+}
+
+// x T[M, K], w T[N, K] (SWIGLU: [2N, K], N = I), y TO[M, N]; ws float[S, tiles, F * 32] and counters[tiles]
+// (zero, and left zero) when S > 1. Grid (tiles, S): tiles = ceil(N / (16 * MT)) (SWIGLU: ceil(N / 16)); S divides
+// K / 32 into slices of at least WK chunks. Block: WK warps (blockDim.x = 32 WK). Dynamic shared memory:
+// WK * F * 32 floats.
+template <typename T, typename TO, int MT, int NT, bool SWIGLU>
+__global__ void __launch_bounds__(512)
+gemm_skinny(const T* __restrict__ x, const T* __restrict__ w, TO* __restrict__ y, float* __restrict__ ws,
+            unsigned* __restrict__ counters, int M, int N, int K) {
+    static_assert(!SWIGLU || MT == 2, "SWIGLU pairs m-tile 0 (gate) with m-tile 1 (up)");
+    constexpr int PF = Ring<MT, NT>::pf, F = MT * NT * 4;  // F: accumulator registers a lane
+    constexpr int ROWS = SWIGLU ? 16 : 16 * MT;            // output columns a tile
+    extern __shared__ __align__(16) float gs_red[];        // [WK][F][32]
+    __shared__ bool s_last;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+    const int WK = blockDim.x >> 5, S = gridDim.y, cps = K / GS_K / S;  // chunks a slice
+    const int nck = (cps - warp + WK - 1) / WK;  // this warp's chunks (>= 1: cps >= WK)
+    const int tile = blockIdx.x, kc0 = blockIdx.y * cps + warp;  // this warp's first chunk
+
+    // Lane (g, c) streams weight rows (tile i, half h) = ROWS * tile + 16 i + 8 h + g (SWIGLU: m-tile 0 the gate
+    // rows 16 * tile + 8 h + g, m-tile 1 the up rows N + those), elements [8c, 8c + 8) of chunks kc0, kc0 + WK, ...
+    // Rows past the end are clamped to the last row: loaded, never stored.
+    const uint4* wrow[MT][2];
+#pragma unroll
+    for (int i = 0; i < MT; i++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int n = tile * ROWS + 8 * h + g;
+            const int row = SWIGLU ? min(n, N - 1) + (i ? N : 0) : min(n + 16 * i, N - 1);
+            wrow[i][h] = reinterpret_cast<const uint4*>(w + (size_t)row * K) + kc0 * 4 + c;
+        }
+    // x rows 8 j + g of n-tile j (rows past M are zeros, never loaded: their columns are never stored).
+    const uint4* xrow[NT];
+    bool xok[NT];
+#pragma unroll
+    for (int j = 0; j < NT; j++) {
+        xok[j] = 8 * j + g < M;
+        xrow[j] = reinterpret_cast<const uint4*>(x + (size_t)(xok[j] ? 8 * j + g : 0) * K) + kc0 * 4 + c;
+    }
+    const int step = WK * 4;  // uint4 from one of this warp's chunks to its next
+    const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+
+    uint4 wv[PF][MT][2], xv[PF][NT];
+#pragma unroll
+    for (int p = 0; p < PF; p++)
+        if (p < nck)
+#pragma unroll
+            for (int i = 0; i < MT; i++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) wv[p][i][h] = __ldg(wrow[i][h] + p * step);
+    pdl_enter();  // x comes from the previous kernel
+#pragma unroll
+    for (int p = 0; p < PF; p++)
+        if (p < nck)
+#pragma unroll
+            for (int j = 0; j < NT; j++) xv[p][j] = xok[j] ? __ldcg(xrow[j] + p * step) : zero;
+
+    float acc[MT][NT][4];
+#pragma unroll
+    for (int i = 0; i < MT; i++)
+#pragma unroll
+        for (int j = 0; j < NT; j++) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.0f;
+
+    for (int base = 0; base < nck; base += PF) {
+#pragma unroll
+        for (int p = 0; p < PF; p++) {
+            const int t = base + p;
+            if (t < nck) {  // warp-uniform
+#pragma unroll
+                for (int s = 0; s < 2; s++)
+#pragma unroll
+                    for (int i = 0; i < MT; i++) {
+                        const unsigned a[4] = {word(wv[p][i][0], 2 * s), word(wv[p][i][1], 2 * s),
+                                               word(wv[p][i][0], 2 * s + 1), word(wv[p][i][1], 2 * s + 1)};
+#pragma unroll
+                        for (int j = 0; j < NT; j++)
+                            mma(acc[i][j], a, word(xv[p][j], 2 * s), word(xv[p][j], 2 * s + 1),
+                                static_cast<const T*>(nullptr));
+                    }
+                const int nxt = t + PF;  // refill this slot with the chunk PF ahead
+                if (nxt < nck) {
+#pragma unroll
+                    for (int i = 0; i < MT; i++)
+#pragma unroll
+                        for (int h = 0; h < 2; h++) wv[p][i][h] = __ldg(wrow[i][h] + nxt * step);
+#pragma unroll
+                    for (int j = 0; j < NT; j++) xv[p][j] = xok[j] ? __ldcg(xrow[j] + nxt * step) : zero;
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < MT; i++)
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int r = 0; r < 4; r++) gs_red[((warp * MT + i) * NT + j) * 128 + r * 32 + lane] = acc[i][j][r];
+    __syncthreads();
+    finish_tile<T, TO, MT, NT, SWIGLU>(gs_red, ws, counters, &s_last, y, tile, blockIdx.y, S, gridDim.x, WK, M, N);
+}

@@ -1,0 +1,64 @@
+"""gemm_skinny.cu's fragment layout in NumPy (no GPU): lane c's 16-byte load of a 32-wide chunk, split over two
+mma k-steps as the kernel does, covers every k of the chunk exactly once, on A and B alike, so the product is the
+dot product; and the CPU twin's checks."""
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from kernels.gemm_skinny import K_CHUNK, fragment_order, gemm_skinny, gemm_skinny_swiglu, logical_k
+from toolkit.backends.cuda_gemm import MAX_ROWS, N_TILES, skinny_plan
+
+
+def test_every_k_of_a_chunk_once():
+    order = fragment_order()
+    assert sorted(order.ravel().tolist()) == list(range(K_CHUNK))
+    for s in range(2):  # each mma step gets 16 distinct logical k, 0..15
+        ks = sorted(logical_k(s, c, q) for c in range(4) for q in range(4))
+        assert ks == list(range(16))
+
+
+def mma_chunk(w_row, x_row):
+    """One weight row . one x row over a chunk, computed the way the lanes feed mma.m16n8k16: per step s, A's
+    logical k holds w[order[s, c, q]] and B's the same physical element of x."""
+    order = fragment_order()
+    total = 0.0
+    for s in range(2):
+        a, b = np.zeros(16), np.zeros(16)
+        for c in range(4):
+            for q in range(4):
+                a[logical_k(s, c, q)] = w_row[order[s, c, q]]
+                b[logical_k(s, c, q)] = x_row[order[s, c, q]]
+        total += float(a @ b)
+    return total
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 2**32 - 1))
+def test_fragments_give_the_dot_product(seed):
+    rng = np.random.default_rng(seed)
+    w, x = rng.standard_normal(K_CHUNK), rng.standard_normal(K_CHUNK)
+    assert np.isclose(mma_chunk(w, x), w @ x)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, MAX_ROWS), st.integers(1, 200_000), st.integers(1, 512), st.integers(16, 200), st.booleans())
+def test_plan_covers_the_rows(M, N, chunks, n_sm, swiglu):
+    """NT n-tiles hold the M rows with fewer than 8 to spare; S slices divide K's chunks and leave every one of
+    the WK warps a chunk in each (a warp without one would never reach the item's barrier); WK is 8 or 16 where
+    K allows; slices only where the tiles alone do not fill the GPU; SwiGLU always pairs a gate and an up m-tile."""
+    MT, NT, WK, S = skinny_plan(M, N, K_CHUNK * chunks, n_sm, swiglu)
+    assert NT in N_TILES and 8 * NT >= M and (NT == 1 or 8 * NT // 2 < M or (swiglu and NT == 2))
+    assert chunks % S == 0 and chunks // S >= WK >= 1
+    assert WK in (8, 16) or WK == chunks or WK == 256 // (MT * NT * 4)
+    assert WK * MT * NT * 4 * 128 <= 32 * 1024  # the partial tiles' shared memory: no opt-in needed
+    tiles = -(-N // (16 if swiglu else 16 * MT))
+    assert S == 1 or tiles < n_sm
+    assert MT in (1, 2) and (not swiglu or MT == 2)
+
+
+def test_twin_checks_shapes():
+    x, w = np.ones((33, 64), np.float32), np.ones((8, 64), np.float32)
+    with pytest.raises(ValueError, match="gemm_skinny"):
+        gemm_skinny(x, w, np.empty((33, 8), np.float32))
+    with pytest.raises(ValueError, match="gemm_skinny_swiglu"):
+        gemm_skinny_swiglu(x[:4], w, np.empty((4, 8), np.float32))  # out sized like gate_up

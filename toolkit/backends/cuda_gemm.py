@@ -1,0 +1,89 @@
+"""Launcher of gemm_skinny (kernels/gemm_skinny.cu): the projections of a decode step at 5-32 rows on tensor cores.
+
+A plan per shape (rows, N, K, SwiGLU or not, output type) holds the kernel, grid, block and shared memory, made
+on the first call (the runner's eager step before each capture), so a replayed step computes nothing here.
+"""
+import numpy as np
+
+F32 = np.dtype(np.float32)
+K_CHUNK = 32         # GS_K in gemm_skinny.cu
+N_TILES = (1, 2, 4)  # gemm_skinny<..., NT, ...> instantiations: 8 rows an n-tile, so up to 32 rows
+MAX_ROWS = 8 * N_TILES[-1]
+
+
+def skinny_plan(M: int, N: int, K: int, n_sm: int, swiglu: bool = False) -> tuple:
+    """(MT, NT, WK, S) for y[M, N] = x[M, K] @ w.T (swiglu: N = I output columns from 2I weight rows).
+    NT: the fewest 8-row n-tiles that hold M (2 or more with SwiGLU). MT: 2 m-tiles (32 weight rows a tile) when
+    there are still a tile an SM, else 1: every block reads its slice of x from L2, so wider tiles read it fewer
+    times. Where the tiles leave SMs idle: a long K (more than 32 chunks: the down projection, 56 tiles of 4,864
+    columns at Qwen2.5-0.5B) is cut into the fewest S slices that give a block an SM, 8 warps each; a short one
+    gets 16 warps a block (more weight bytes in flight). Else 8 warps. Measured on the H200 at 2-32 rows
+    (benchmarks/results/gemm_skinny.log): 16 warps beat 8 on qkv and o at 32 rows (3.7 against 4.5 us); on the
+    down projection 4 slices of 8 warps beat 1 of 16 (7.4 against 10.2 us at 2 rows, 10.2 against 12.8 at 32)."""
+    NT = next(t for t in N_TILES if 8 * t >= M and (t > 1 or not swiglu))  # (SwiGLU at NT = 1 spills registers)
+    MT = 2 if swiglu or -(-N // 32) >= n_sm else 1
+    tiles = -(-N // (16 if swiglu else 16 * MT))
+    chunks = K // K_CHUNK
+    WK, S = min(8, chunks), 1  # (a K of fewer than 8 chunks: a warp a chunk)
+    if tiles < n_sm and chunks > 32:
+        fits = [s for s in range(2, chunks + 1) if chunks % s == 0 and chunks // s >= WK]
+        S = next((s for s in fits if tiles * s >= n_sm), fits[-1] if fits else 1)
+    elif tiles < n_sm:
+        WK = min(16, chunks)
+    # The warps' partial tiles (WK * F * 128 bytes of shared memory, F = MT * NT * 4) stay within 32 KB: past 48 KB
+    # a launch needs an opt-in (a 12-warp SwiGLU block at 32 rows failed to launch without one).
+    return MT, NT, min(WK, 256 // (MT * NT * 4)), S
+
+
+def kernel_names(ctype: str) -> list:
+    """gemm_skinny's instantiations for one element type (none for fp32: tensor cores take 16-bit inputs)."""
+    if ctype == "float":
+        return []
+    plain = [f"gemm_skinny<{ctype}, {o}, {mt}, {nt}, false>" for o in (ctype, "float") for mt in (1, 2)
+             for nt in N_TILES]
+    return plain + [f"gemm_skinny<{ctype}, {ctype}, 2, {nt}, true>" for nt in N_TILES[1:]]
+
+
+def gemm_skinny(kernels, x, w, out, swiglu: bool = False, split=None):
+    """out[M, N] = x[M, K] @ w[N, K].T, or with swiglu (w = gate_up [2I, K], out [M, I]) silu(gate) * up,
+    for 1 <= M <= 32 rows, 16-bit types, K % 32 == 0 (see CudaKernels.gemm_skinny). split: (MT, WK, S) instead
+    of skinny_plan's (benchmarks and tests)."""
+    kernels._check("gemm_skinny", kernels.storage, x, w)
+    M, K = x.shape
+    N = w.shape[0] // 2 if swiglu else w.shape[0]
+    if (kernels.itemsize != 2 or not 1 <= M <= MAX_ROWS or w.shape[1] != K or K % K_CHUNK
+            or out.shape != (M, N) or (swiglu and w.shape[0] != 2 * N)):
+        raise ValueError(f"gemm_skinny{' (swiglu)' if swiglu else ''}: x {x.shape}, w {w.shape}, out {out.shape} "
+                         f"in {kernels.dtype} (16-bit types, 1 <= M <= {MAX_ROWS}, K % {K_CHUNK} == 0)")
+    to = "float" if out.dtype == F32 else kernels.ctype
+    kernels._check("gemm_skinny", F32 if to == "float" else kernels.storage, out)
+    if swiglu and to == "float":
+        raise ValueError("gemm_skinny: the SwiGLU form writes the storage type")
+    key = (M, N, K, swiglu, to, split)
+    plan = kernels._gemm_plans.get(key)
+    if plan is None:
+        plan = kernels._gemm_plans[key] = _plan(kernels, M, N, K, swiglu, to, split)
+    fn, grid, block, ws, counters, ints, smem = plan
+    kernels._go(fn, grid, block, (x, w, out, ws, counters, *ints), smem)
+
+
+def _plan(kernels, M, N, K, swiglu, to, split):
+    """The launch: kernel, grid (tiles, slices), block, split-K workspace and counters, int arguments, shared
+    memory."""
+    MT, NT, WK, S = skinny_plan(M, N, K, kernels.num_sms, swiglu)
+    if split is not None:
+        MT, WK, S = split
+        MT = 2 if swiglu else MT
+    chunks = K // K_CHUNK
+    if chunks % S or chunks // S < WK or WK * MT * NT * 4 > 256:
+        raise ValueError(f"gemm_skinny: split (MT {MT}, WK {WK}, S {S}) does not fit {chunks} chunks of K "
+                         f"(each warp a chunk, partial tiles within 32 KB)")
+    tiles = -(-N // (16 if swiglu else 16 * MT))
+    F = MT * NT * 4
+    smem = WK * F * 32 * 4  # the warps' fp32 partial tiles
+    fn = kernels._fn("gemm_skinny", f"gemm_skinny<{kernels.ctype}, {to}, {MT}, {NT}, "
+                                    f"{'true' if swiglu else 'false'}>", smem)
+    cp = kernels.cp
+    ws = cp.empty(S * tiles * F * 32 if S > 1 else 1, cp.float32)  # each slice's fp32 tiles
+    counters = cp.zeros(tiles if S > 1 else 1, cp.uint32)  # the kernel leaves them zero
+    return fn, (tiles, S), (32 * WK,), ws, counters, tuple(np.int32(v) for v in (M, N, K)), smem
