@@ -111,7 +111,7 @@ def main():
                     ti["i"] += 1
                 report("torch", time_calls(tcall, args.reps, True, "torch"))
                 del tws
-        del ws
+        ws = None  # free the copies before the next shape
     return 0
 
 

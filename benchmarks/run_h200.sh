@@ -2,7 +2,8 @@
 # Everything that needs the GPU, in one go (the H200 is lent by the minute). Run from the repo root on the
 # GPU machine: `bash benchmarks/run_h200.sh MODE`; logs go to $OUT. MODE: tests | speed | peer | sampler | sparse |
 # fused (gemv_fused on/off at batch 1) | pdl (programmatic dependent launch on/off, at batch 1 with fused on/off) |
-# profile (Nsight Compute: the sampler kernel and one decode step's kernels) | sampler_ncu | sampler_check | dev (a quick round
+# profile (Nsight Compute: the sampler kernel and one decode step's kernels) | sampler_ncu | sampler_check |
+# skinny (gemm_skinny: its GPU tests, the PDL token tests with it on, its microbenchmark, the step on/off) | dev (a quick round
 # of the kernel/sampler/engine GPU tests and speed) | final | close | quick_close | all. `final` and `close` are what one
 # session's closing run fits in: every GPU test, then the sampler (and sparse, for `final`) benchmarks and the
 # decode comparison with the PyTorch peer; `close` adds the throughput run and a decode-step kernel profile.
@@ -59,6 +60,13 @@ if [[ $what == quick_close ]]; then  # a closing run that fits ~9 minutes: GPU t
   $B --shape qwen2.5-0.5b --batch 1,32 --depth 0 --prefill 4096 --peer torch 2>&1 | tee "$OUT/bench_peer.log" | grep "^| "
   $B --shape qwen2.5-0.5b --batch 1,32 --depth 0 --prefill 512 --rope-in-attention on,off -r 5 2>&1 | tee "$OUT/bench_rope_close.log" | grep "^| tg"
   python3 -m toolkit bench throughput --device cuda --shape qwen2.5-0.5b --scheduler mixed 2>&1 | tee "$OUT/throughput.log" | tail -2
+fi
+if [[ $what == skinny ]]; then  # README, "A tensor-core GEMM for 2-32 rows, second attempt"
+  python3 -m pytest -q -m gpu tests/test_gpu_gemm_skinny.py tests/test_gpu_pdl.py -p no:cacheprovider 2>&1 | tail -3
+  # The open question: test_pdl_changes_no_token[5-False] with skinny_gemm on (it is off by default).
+  python3 benchmarks/skinny_pdl_check.py 2,5,8,17,32 2>&1 | tee "$OUT/skinny_pdl_check.log"
+  python3 benchmarks/bench_gemm_skinny.py --sweep --rows 2,8,16,32 2>&1 | tee "$OUT/bench_gemm_skinny.log" | grep -v torch
+  $B --shape qwen2.5-0.5b --batch 2,8,16,32 --depth 0 --prefill 512 --skinny-gemm on,off -r 3 2>&1 | tee "$OUT/decode_skinny_ab.log" | grep "^| tg"
 fi
 if [[ $what == dev ]]; then  # a quick round while developing: kernel, sampler and engine GPU tests, then speed
   python3 -m pytest -q -m gpu tests/test_gpu_kernels.py tests/test_gpu_sampler.py tests/test_gpu_engine.py -x -p no:cacheprovider 2>&1 | tail -4

@@ -8,7 +8,7 @@ check in NumPy that it covers every k once.
 """
 import numpy as np
 
-from .activation import silu_mul
+from .gemv import projection, swiglu_projection
 
 MAX_ROWS = 32  # gemm_skinny.cu is instantiated for NT = 1, 2, 4 n-tiles of 8 rows
 K_CHUNK = 32   # GS_K: k per chunk
@@ -16,22 +16,13 @@ K_CHUNK = 32   # GS_K: k per chunk
 
 def gemm_skinny(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
     """x: float32[M, K] (M <= 32); w: float32[N, K]; out: float32[M, N], written in place."""
-    M, K = x.shape
-    if not 1 <= M <= MAX_ROWS or w.shape[1] != K or out.shape != (M, w.shape[0]):
-        raise ValueError(f"gemm_skinny: x {x.shape}, w {w.shape}, out {out.shape} (1 <= M <= {MAX_ROWS})")
-    np.matmul(x, w.T, out=out)
+    projection("gemm_skinny", MAX_ROWS, x, w, out)
 
 
 def gemm_skinny_swiglu(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
     """out[M, I] = silu(x @ w[:I].T) * (x @ w[I:].T) for w = gate_up [2I, K]: the projection, then silu_mul's
     rounding, as gemm_skinny.cu's SWIGLU epilogue does it. float32, M <= MAX_ROWS."""
-    M, K = x.shape
-    I = w.shape[0] // 2
-    if w.shape != (2 * I, K) or out.shape != (M, I):
-        raise ValueError(f"gemm_skinny_swiglu: x {x.shape}, w {w.shape}, out {out.shape} (w [2I, K], out [M, I])")
-    gate_up = np.empty((M, 2 * I), np.float32)
-    gemm_skinny(x, w, gate_up)
-    silu_mul(gate_up, out)
+    swiglu_projection("gemm_skinny_swiglu", gemm_skinny, x, w, out)
 
 
 def fragment_order() -> np.ndarray:

@@ -13,24 +13,36 @@ from .rmsnorm import add_rmsnorm
 MAX_ROWS = 4  # gemv.cu is instantiated for M = 1..4
 
 
+def projection(op: str, max_rows: int, x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
+    """out = x @ w.T for x float32[M, K] (1 <= M <= max_rows), w float32[N, K], out float32[M, N] (in place); the
+    twin of every small-batch projection kernel (this file's gemv, gemm_skinny.py's), named `op` in its errors."""
+    M, K = x.shape
+    if not 1 <= M <= max_rows or w.shape[1] != K or out.shape != (M, w.shape[0]):
+        raise ValueError(f"{op}: x {x.shape}, w {w.shape}, out {out.shape} (1 <= M <= {max_rows})")
+    np.matmul(x, w.T, out=out)
+
+
+def swiglu_projection(op: str, project, x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
+    """out[M, I] = silu(x @ w[:I].T) * (x @ w[I:].T) for w = gate_up [2I, K]: `project` into gate_up, then
+    silu_mul's rounding, as a kernel with SwiGLU in its epilogue does it; named `op` in its errors."""
+    M, K = x.shape
+    I = w.shape[0] // 2
+    if w.shape != (2 * I, K) or out.shape != (M, I):
+        raise ValueError(f"{op}: x {x.shape}, w {w.shape}, out {out.shape} (w [2I, K], out [M, I])")
+    gate_up = np.empty((M, 2 * I), np.float32)
+    project(x, w, gate_up)
+    silu_mul(gate_up, out)
+
+
 def gemv(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
     """x: float32[M, K] (M <= 4); w: float32[N, K]; out: float32[M, N], written in place."""
-    M, K = x.shape
-    if not 1 <= M <= MAX_ROWS or w.shape[1] != K or out.shape != (M, w.shape[0]):
-        raise ValueError(f"gemv: x {x.shape}, w {w.shape}, out {out.shape} (1 <= M <= {MAX_ROWS})")
-    np.matmul(x, w.T, out=out)
+    projection("gemv", MAX_ROWS, x, w, out)
 
 
 def gemv_swiglu(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
     """out[M, I] = silu(x @ w[:I].T) * (x @ w[I:].T): the gate_up projection (w [2I, K]) with SwiGLU as its
     epilogue, as gemv.cu's gemv_swiglu does it: gemv, then silu_mul's rounding. float32, M <= MAX_ROWS."""
-    M, K = x.shape
-    I = w.shape[0] // 2
-    if w.shape != (2 * I, K) or out.shape != (M, I):
-        raise ValueError(f"gemv_swiglu: x {x.shape}, w {w.shape}, out {out.shape} (w [2I, K], out [M, I])")
-    gate_up = np.empty((M, 2 * I), np.float32)
-    gemv(x, w, gate_up)
-    silu_mul(gate_up, out)
+    swiglu_projection("gemv_swiglu", gemv, x, w, out)
 
 
 FUSED_KINDS = ("norm", "add", "swiglu_add")

@@ -48,13 +48,24 @@ def test_gemm_skinny(dtype, M, N, Kin):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("M", [2, 8, 13, 32])
-@pytest.mark.parametrize("I, Kin", [(4864, 896), (8960, 1536), (40, 64)])
+@pytest.mark.parametrize("I, Kin", [(4864, 896), (8960, 1536), (40, 64), (768, 384)])
 def test_gemm_skinny_swiglu(dtype, M, I, Kin):
-    """The SwiGLU epilogue against the twin (projection, then silu_mul's roundings)."""
+    """The SwiGLU epilogue against the twin (projection, then silu_mul's roundings). (768, 384): the default
+    model's MLP, whose 12-chunk K once asked for a 12-warp block and 48 KB + 1 byte of shared memory."""
     x, w, ref = case(M, I, Kin, dtype, seed=5, swiglu=True)
     out = dev(np.full((M, I), 7.0), dtype)
     K(dtype).gemm_skinny(dev(x, dtype), dev(w, dtype), out, swiglu=True)
     check(f"gemm_skinny swiglu M={M} I={I} K={Kin}", host(out, dtype), ref, dtype)
+
+
+@pytest.mark.parametrize("M", [8, 32])
+def test_gemm_skinny_swiglu_split_k(M):
+    """SwiGLU with K cut into slices: the last block of a tile adds both the gate and the up slices, in order."""
+    x, w, ref = case(M, 896, 4864, "bfloat16", seed=6, swiglu=True)
+    out = dev(np.zeros((M, 896)), "bfloat16")
+    k = K("bfloat16")
+    k.gemm_skinny(dev(x, "bfloat16"), dev(w, "bfloat16"), out, swiglu=True, split=(2, 8, 4))
+    check(f"gemm_skinny swiglu split-k M={M}", host(out, "bfloat16"), ref, "bfloat16")
 
 
 @pytest.mark.parametrize("M", [4, 32])

@@ -44,9 +44,11 @@ class EngineOptions:
     rope_in_attention: bool = _switch("in a pure decode step, apply RoPE and write the new K/V inside the decode "
                                       "attention kernel instead of a separate rope_qkv launch: one kernel a layer "
                                       "fewer (GPU)", default=False)
-    # Off by default: with it on, one PDL test gave other tokens (README, "A tensor-core GEMM for 2-32 rows").
-    skinny_gemm: bool = _switch("our tensor-core GEMM (gemm_skinny) for the small projections (qkv, o) of a "
-                                "decode step of 2-32 rows instead of cuBLAS (GPU, 16-bit)", default=False)
+    # Off by default: with it on, one PDL test gave other tokens (README, "A tensor-core GEMM for 2-32 rows, second
+    # attempt").
+    skinny_gemm: bool = _switch("our tensor-core GEMM (gemm_skinny) instead of cuBLAS for the projections of up to "
+                                "4M weights (Qwen2.5-0.5B: qkv and o) in a decode step of 2-32 rows (GPU, 16-bit)",
+                                default=False)
     sampler_fast_path: bool = _switch("skip the FP32 logits copy when no request in the batch needs logits processing")
     sparse_prefill: bool = _switch("prefill attention over the sliding window + the indexer's top-k key blocks "
                                    "(exact when it covers every block)")

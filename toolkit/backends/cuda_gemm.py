@@ -1,4 +1,5 @@
-"""Launcher of gemm_skinny (kernels/gemm_skinny.cu): the projections of a decode step at 5-32 rows on tensor cores.
+"""Launcher of gemm_skinny (kernels/gemm_skinny.cu): the small projections of a decode step at 2-32 rows on
+tensor cores.
 
 A plan per shape (rows, N, K, SwiGLU or not, output type) holds the kernel, grid, block and shared memory, made
 on the first call (the runner's eager step before each capture), so a replayed step computes nothing here.
@@ -18,8 +19,9 @@ def skinny_plan(M: int, N: int, K: int, n_sm: int, swiglu: bool = False) -> tupl
     times. Where the tiles leave SMs idle: a long K (more than 32 chunks: the down projection, 56 tiles of 4,864
     columns at Qwen2.5-0.5B) is cut into the fewest S slices that give a block an SM, 8 warps each; a short one
     gets 16 warps a block (more weight bytes in flight). Else 8 warps. Measured on the H200 at 2-32 rows
-    (benchmarks/results/gemm_skinny.log): 16 warps beat 8 on qkv and o at 32 rows (3.7 against 4.5 us); on the
-    down projection 4 slices of 8 warps beat 1 of 16 (7.4 against 10.2 us at 2 rows, 10.2 against 12.8 at 32)."""
+    (benchmarks/results/gemm_skinny.log): 16 warps beat 8 on qkv at 32 rows (3.76 against 4.48 us) and o (3.56
+    against 4.33); on the down projection 4 slices of 8 warps beat 1 of 16 (6.65 against 8.15 us at 2 rows, 9.12
+    against 10.06 at 32)."""
     NT = next(t for t in N_TILES if 8 * t >= M and (t > 1 or not swiglu))  # (SwiGLU at NT = 1 spills registers)
     MT = 2 if swiglu or -(-N // 32) >= n_sm else 1
     tiles = -(-N // (16 if swiglu else 16 * MT))

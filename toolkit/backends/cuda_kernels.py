@@ -211,7 +211,7 @@ class CudaKernels:
         self.vec = 16 // self.itemsize  # elements per 16-byte chunk
         self._fns = {}          # name -> cupy Function
         self._decode_plans = {} # (B, Hq, Hkv, D, max_seq_len) -> kernels, grid, splits, workspace
-        self._gemm_plans = {}   # (M, N, K, swiglu, out type) -> gemm_skinny's launch (cuda_gemm.py)
+        self._gemm_plans = {}   # (M, N, K, swiglu, out type, split) -> gemm_skinny's launch (cuda_gemm.py)
         dev = cupy.cuda.Device()
         self.cc = int(dev.compute_capability)
         self.num_sms = dev.attributes["MultiProcessorCount"]
