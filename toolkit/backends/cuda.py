@@ -33,9 +33,9 @@ _WORKSPACE_BYTES = 32 << 20  # cuBLAS workspace set on the handle (capture forbi
 _GEMV_ROWS, _GEMV_MAX_N = 1, 32768
 # From 2 to 32 rows (skinny_gemm) the small projections go to gemm_skinny (tensor cores, kernels/gemm_skinny.cu;
 # a gate_up projection there takes SwiGLU in its epilogue): weights of up to _SKINNY_MAX_WEIGHTS elements. Measured
-# on the H200 at Qwen2.5-0.5B (benchmarks/results/gemm_skinny.log): qkv and o (1.0M and 0.8M weights) take 2.5-3.7
-# us against cuBLAS's 3.7-4.2; gate_up (8.7M), down (4.4M) and the lm_head are faster on cuBLAS, whose kernels
-# for big matrices reach 2.4-4 TB/s to our 1.1-3.
+# on the H200 at Qwen2.5-0.5B (benchmarks/results/gemm_skinny.log): qkv and o (1.0M and 0.8M weights) take 2.7-3.8
+# us against cuBLAS's 3.9-4.2. At 32 rows gate_up (8.7M), down (4.4M) and the lm_head are faster on cuBLAS (7.3 /
+# 7.6 / 73 us against 14.0 / 9.1 / 118); down is faster here only at 2-8 rows (6.7-7.0 against 7.3), so it stays.
 _SKINNY_ROWS, _SKINNY_MAX_WEIGHTS = (2, 32), 4 << 20
 
 
