@@ -381,32 +381,40 @@ def test_tests_can_fail(rng):
         assert_close(q_out, ref_rope(x, np.arange(T), cos, sin))
 
 
-def test_gemv_twin(rng):
-    from kernels.gemv import gemv
+# The small-batch projection twins: (module, projection, its SwiGLU form, most rows its kernel takes).
+PROJECTION_TWINS = [("gemv", "gemv", "gemv_swiglu", 4), ("gemm_skinny", "gemm_skinny", "gemm_skinny_swiglu", 32)]
 
+
+@pytest.mark.parametrize("mod, proj, _, max_rows", PROJECTION_TWINS)
+def test_projection_twin(rng, mod, proj, _, max_rows):
+    import importlib
+
+    fn = getattr(importlib.import_module(f"kernels.{mod}"), proj)
     x, w = randn(rng, 3, 40), randn(rng, 24, 40)
     out = np.empty((3, 24), np.float32)
-    gemv(x, w, out)
+    fn(x, w, out)
     np.testing.assert_allclose(out, x.astype(np.float64) @ w.T.astype(np.float64), rtol=1e-5, atol=1e-5)
-    with pytest.raises(ValueError, match="gemv"):
-        gemv(randn(rng, 5, 40), w, np.empty((5, 24), np.float32))  # more rows than gemv.cu handles
+    with pytest.raises(ValueError, match=proj):  # more rows than the CUDA kernel handles
+        fn(randn(rng, max_rows + 1, 40), w, np.empty((max_rows + 1, 24), np.float32))
 
 
+@pytest.mark.parametrize("mod, _, swiglu, max_rows", PROJECTION_TWINS)
 @pytest.mark.parametrize("M", [1, 4])
-def test_gemv_swiglu_twin(rng, M):
+def test_projection_swiglu_twin(rng, mod, _, swiglu, max_rows, M):
     """gate_up projection with SwiGLU as its epilogue, against its NumPy definition: silu(x Wg^T) * (x Wu^T)."""
-    from kernels.gemv import gemv_swiglu
+    import importlib
 
+    fn = getattr(importlib.import_module(f"kernels.{mod}"), swiglu)
     K, I = 40, 12
     x, w = randn(rng, M, K), randn(rng, 2 * I, K)
     out = np.empty((M, I), np.float32)
-    gemv_swiglu(x, w, out)
+    fn(x, w, out)
     g, u = x.astype(np.float64) @ w[:I].T, x.astype(np.float64) @ w[I:].T
     np.testing.assert_allclose(out, g / (1 + np.exp(-g)) * u, rtol=1e-5, atol=1e-5)
     with pytest.raises(AssertionError):  # gate and up swapped
         np.testing.assert_allclose(out, u / (1 + np.exp(-u)) * g, rtol=1e-5, atol=1e-5)
-    with pytest.raises(ValueError, match="gemv_swiglu"):
-        gemv_swiglu(x, w, np.empty((M, 2 * I), np.float32))  # out sized like gate_up
+    with pytest.raises(ValueError, match=swiglu):
+        fn(x, w, np.empty((M, 2 * I), np.float32))  # out sized like gate_up
 
 
 def test_decode_mlp_twin(rng):

@@ -1,11 +1,10 @@
 """gemm_skinny.cu's fragment layout in NumPy (no GPU): lane c's 16-byte load of a 32-wide chunk, split over two
 mma k-steps as the kernel does, covers every k of the chunk exactly once, on A and B alike, so the product is the
-dot product; and the CPU twin's checks."""
+dot product; and the launch plan. (The twins against NumPy: tests/test_cpu_kernels.py::test_projection_*.)"""
 import numpy as np
-import pytest
 from hypothesis import given, settings, strategies as st
 
-from kernels.gemm_skinny import K_CHUNK, fragment_order, gemm_skinny, gemm_skinny_swiglu, logical_k
+from kernels.gemm_skinny import K_CHUNK, fragment_order, logical_k
 from toolkit.backends.cuda_gemm import MAX_ROWS, N_TILES, skinny_plan
 
 
@@ -55,10 +54,3 @@ def test_plan_covers_the_rows(M, N, chunks, n_sm, swiglu):
     assert S == 1 or tiles < n_sm
     assert MT in (1, 2) and (not swiglu or MT == 2)
 
-
-def test_twin_checks_shapes():
-    x, w = np.ones((33, 64), np.float32), np.ones((8, 64), np.float32)
-    with pytest.raises(ValueError, match="gemm_skinny"):
-        gemm_skinny(x, w, np.empty((33, 8), np.float32))
-    with pytest.raises(ValueError, match="gemm_skinny_swiglu"):
-        gemm_skinny_swiglu(x[:4], w, np.empty((4, 8), np.float32))  # out sized like gate_up
