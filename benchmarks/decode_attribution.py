@@ -7,7 +7,8 @@ do not show. Leaving kernels out makes the step's values garbage; only the times
 Qwen2.5-0.5B shape, random bf16 weights, default options (PDL on). Run from the repo root on the GPU:
 `PYTHONPATH=. python3 benchmarks/decode_attribution.py [batches] [names] [contexts]`: batches "1,32" by default;
 names a ";"-separated list of prefixes of the variants to run (default: all; the whole step always runs); contexts
-a comma-separated list of lengths of every request, its new token included (default 1), one table each.
+a comma-separated list of lengths of every request, its new token included (default 1), one table each; options
+"name=on|off,..." of EngineOptions (default: the defaults).
 "from idle" times the whole step as the engine's step clock does: events around one replay on an idle GPU (after
 a synchronisation), so the graph's launch is inside."""
 import statistics
@@ -18,17 +19,20 @@ import numpy as np
 from toolkit.assembly import build_engine
 from toolkit.backends.cuda_kernels import CudaKernels
 from toolkit.bench.env import environment
+from toolkit.options import EngineOptions
 from toolkit.step import StepBatch
 
 batches = [int(b) for b in (sys.argv[1] if len(sys.argv) > 1 else "1,32").split(",")]
 only = sys.argv[2].split(";") if len(sys.argv) > 2 else [""]
 lengths = [int(n) for n in (sys.argv[3] if len(sys.argv) > 3 else "1").split(",")]
+switches = dict(kv.split("=") for kv in sys.argv[4].split(",")) if len(sys.argv) > 4 else {}
 e = build_engine(shape="qwen2.5-0.5b", device="cuda", max_context=max(1024, max(lengths)),
-                 max_num_seqs=max(batches))
+                 max_num_seqs=max(batches), options=EngineOptions(**{k: v == "on" for k, v in switches.items()}))
 r, be, vocab = e.runner, e.runner.be, e.cfg.vocab_size
 opts = e.effective_options()
 print("  ".join(f"{k}: {v}" for k, v in environment("cuda").items()))
-print(f"options: pdl={opts.pdl} small_batch_gemv={opts.small_batch_gemv} gemv_swiglu={opts.gemv_swiglu}")
+print(f"options: pdl={opts.pdl} small_batch_gemv={opts.small_batch_gemv} gemv_swiglu={opts.gemv_swiglu} "
+      f"tensor_cores={opts.tensor_cores} skinny_gemm={opts.skinny_gemm}")
 gemm_cls = type(be._gemm)
 gemm_call = gemm_cls.__call__
 

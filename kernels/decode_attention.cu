@@ -26,8 +26,8 @@
 //     - scores: per-lane partial dot products (q from smem), reduced over the LPK lanes with xor shuffles.
 //     - each warp keeps its own online softmax (running max m, sum l per head; shuffles over its key groups),
 //       so the tile loop has no barrier: p = 2^(s - m_new), acc = acc * 2^(m_old - m_new) + sum p * v.
-//   At the end the lanes' partial sums are added (shuffles), and the 4 warps merged through smem, each
-//   rescaled from its own max to the block's.
+//   At the end the lanes' partial sums are added (shuffles), and the 4 warps merged through smem, each rescaled
+//   from its own max to the block's (decode_split.cuh, shared with the tensor-core kernel decode_attention_tc.cu).
 //   - one non-empty split (a short sequence: the common decode case): that block normalises into out directly;
 //   - several: each writes its partial to the workspace and counts itself done; the last one merges them all
 //     (weights 2^(m_s - m_max) / sum_s(l_s 2^(m_s - m_max))) into out. No second kernel, so no second launch
@@ -44,6 +44,7 @@
 #include "dtype.cuh"
 #include "pdl.cuh"
 #include "rope.cuh"
+#include "decode_split.cuh"
 
 constexpr int MAXG = 8;        // q heads per block; a larger GQA group is spread over several blocks
 constexpr int KPT = 4;         // keys per thread per tile
@@ -66,19 +67,6 @@ struct Shape {
     static constexpr int KT = KPG * KPT;            // keys per tile (64 for D=64 bf16)
     static_assert(D % VEC == 0 && (CH <= 32 ? 32 % CH == 0 : CH % 32 == 0), "unsupported head dim");
 };
-
-// Keys per split: the length spread evenly over the splits, rounded up to whole tiles. Every block computes it
-// from the device-side length, so splits 0..ceil(length / chunk)-1 are exactly the non-empty ones.
-__device__ __forceinline__ int split_chunk(int length, int n_splits, int kt) {
-    if (length <= ONE_SPLIT_TILES * kt) return ONE_SPLIT_TILES * kt;  // one split: no merge
-    const int c = (length + n_splits - 1) / n_splits;
-    return max(kt, (c + kt - 1) / kt * kt);  // >= kt: never 0, even for a bogus length
-}
-
-// Tokens of sequence b to attend: seq_lens[b] clamped to what its block-table row can address.
-__device__ __forceinline__ int seq_length(const int* seq_lens, int b, int max_len) {
-    return min(max(seq_lens[b], 0), max_len);
-}
 
 // Cache slot of key `key` through one block-table row; the block id is clamped to the cache.
 __device__ __forceinline__ int key_slot(const int* table, int key, int block_size, int num_blocks) {
@@ -170,7 +158,7 @@ decode_attention(const T* __restrict__ q, const T* k_cache, const T* v_cache,
             for (int i = tid; i < Gb * D; i += blockDim.x) out[((size_t)b * Hq + h0) * D + i] = from_f32<T>(0.0f);
         return;
     }
-    const int chunk = split_chunk(length, n_splits, KT);
+    const int chunk = split_chunk(length, n_splits, KT, ONE_SPLIT_TILES);
     const int n_active = (length + chunk - 1) / chunk;  // the non-empty splits
     const int k_begin = split * chunk, k_end = min(k_begin + chunk, length);
     if (k_begin >= k_end) return;  // nothing here (the merge reads only the non-empty splits)
@@ -286,63 +274,8 @@ decode_attention(const T* __restrict__ q, const T* k_cache, const T* v_cache,
         if (lane == 0) { s_m[warp][g] = m[g]; s_l[warp][g] = l[g]; }
     }
     __syncthreads();
-    // This split's result per (head, dim): the 4 warps merged, each rescaled from its own max to the block's.
-    // One split (short sequences): it is the answer, normalised straight into out.
-    for (int i = tid; i < Gb * D; i += blockDim.x) {
-        const int g = i / D, d = i % D;
-        const float Mx = fmaxf(fmaxf(s_m[0][g], s_m[1][g]), fmaxf(s_m[2][g], s_m[3][g]));  // finite: chunk non-empty
-        float o = 0.0f, L = 0.0f;
-#pragma unroll
-        for (int w = 0; w < 4; w++) {
-            const float f = exp2f(s_m[w][g] - Mx);  // a warp without valid keys has m = -inf: weight 0
-            o += f * s_red[w][g][d];
-            L += f * s_l[w][g];
-        }
-        if (n_active == 1) {
-            out[((size_t)b * Hq + h0 + g) * D + d] = from_f32<T>(o / L);
-        } else {
-            const size_t row = ((size_t)b * Hq + h0 + g) * n_splits + split;
-            ws_acc[row * D + d] = o;
-            if (d == 0) { ws_ml[2 * row] = Mx; ws_ml[2 * row + 1] = L; }
-        }
-    }
-    if (n_active == 1) return;
-
-    // Several splits: the last of them to finish merges all (the others' writes are visible to it: each block
-    // fences before it counts itself, and the merge reads through L2). It resets the counter for the next launch.
-    __shared__ bool s_last;
-    __threadfence();
-    __syncthreads();
-    if (tid == 0) {
-        unsigned* cnt = counters + (size_t)b * gridDim.x + blockIdx.x;
-        s_last = atomicAdd(cnt, 1u) == (unsigned)n_active - 1u;
-        if (s_last) *cnt = 0u;
-    }
-    __syncthreads();
-    if (!s_last) return;
-    __threadfence();
-    // Per head: the max over splits and the total weight (a warp per head), then every (head, dim) output.
-    for (int g = warp; g < Gb; g += 4) {
-        const float* ml = ws_ml + ((size_t)b * Hq + h0 + g) * n_splits * 2;
-        float mx = NEG_INF;
-        for (int sp = lane; sp < n_active; sp += 32) mx = fmaxf(mx, __ldcg(ml + 2 * sp));
-        for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-        float L = 0.0f;
-        for (int sp = lane; sp < n_active; sp += 32) L += __ldcg(ml + 2 * sp + 1) * exp2f(__ldcg(ml + 2 * sp) - mx);
-        for (int o = 16; o > 0; o >>= 1) L += __shfl_xor_sync(0xffffffffu, L, o);
-        if (lane == 0) { s_m[0][g] = mx; s_l[0][g] = 1.0f / L; }
-    }
-    __syncthreads();
-    for (int i = tid; i < Gb * D; i += blockDim.x) {
-        const int g = i / D, d = i % D;
-        const size_t row0 = ((size_t)b * Hq + h0 + g) * n_splits;
-        const float mx = s_m[0][g];
-        float o = 0.0f;
-#pragma unroll 4
-        for (int sp = 0; sp < n_active; sp++)
-            o += exp2f(__ldcg(ws_ml + 2 * (row0 + sp)) - mx) * __ldcg(ws_acc + (row0 + sp) * D + d);
-        out[((size_t)b * Hq + h0 + g) * D + d] = from_f32<T>(o * s_l[0][g]);
-    }
+    finish_decode_block<T, D, MAXG>(s_red, s_m, s_l, Gb, b, h0, Hq, split, n_splits, n_active, ws_ml, ws_acc,
+                                    counters, out);
 }
 
 #define ONE_ROPE(T, D, R)                                                                                     \

@@ -143,6 +143,15 @@ def test_top_level_help_version_and_unknown_command(capsys):
     assert main([]) == 2 and "commands:" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv", [["generate"], ["chat"], ["bench"], ["bench", "throughput"], ["bench", "sampler"],
+                                  ["bench", "sparse"]])
+def test_every_subcommand_help(argv, capsys):
+    """--help prints and exits 0 (argparse %-formats help strings: an option's help saying "%" once crashed it)."""
+    with pytest.raises(SystemExit) as e:
+        main(argv + ["--help"])
+    assert e.value.code == 0 and "--help" in capsys.readouterr().out
+
+
 def test_version_without_installed_metadata(monkeypatch):
     """A checkout that was never pip-installed reads the version from pyproject.toml."""
     from importlib import metadata

@@ -16,6 +16,7 @@ from hypothesis import given, settings, strategies as st
 import kernels.prefill_attention as prefill_mod
 from kernels.activation import silu_mul
 from kernels.decode_attention import decode_attention
+from kernels.decode_attention_tc import decode_attention_tc, split_chunk as tc_split_chunk
 from kernels.embedding import embedding
 from kernels.prefill_attention import prefill_attention
 from kernels.rmsnorm import add_rmsnorm
@@ -226,6 +227,24 @@ def test_decode_attention(rng, driver, seq_lens, Hq, Hkv, D, bs):
     decode_attention(q, k, v, tables, lens, bs, D ** -0.5, out)
     assert_close(out, ref_attention(q, k, v, tables, np.arange(B + 1), lens, bs, D ** -0.5, out))
     assert (out[lens == 0] == 0.0).all()
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), lens=st.lists(st.integers(0, 700), min_size=1, max_size=4),
+       n_splits=st.integers(1, 9), group=st.sampled_from([1, 7, 16]), bs=st.sampled_from([1, 16, 32]))
+def test_decode_attention_tc_route(seed, lens, n_splits, group, bs):
+    """The tensor-core kernel's route (splits, 64-key tiles, 16-key warp slices, each with its own online softmax,
+    then the warps and the splits merged) covers every key once and gives the softmax of the reference."""
+    rng = np.random.default_rng(seed)
+    Hkv, D = 2, 16
+    k, v, tables = make_cache(rng, lens, Hkv, D, bs)
+    B, Hq = len(lens), Hkv * group
+    q, out, seq = randn(rng, B, Hq, D, scale=2.0), np.full((B, Hq, D), 7.0, np.float32), np.array(lens, I32)
+    decode_attention_tc(q, k, v, tables, seq, bs, D ** -0.5, out, n_splits)
+    assert_close(out, ref_attention(q, k, v, tables, np.arange(B + 1), seq, bs, D ** -0.5, out))
+    assert (out[seq == 0] == 0.0).all()
+    chunk = tc_split_chunk(max(lens), n_splits)
+    assert chunk % 64 == 0 and (max(lens) <= 256 or -(-max(lens) // chunk) <= n_splits)
 
 
 @settings(max_examples=25, deadline=None)

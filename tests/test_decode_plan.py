@@ -5,7 +5,8 @@ import math
 
 from hypothesis import given, strategies as st
 
-from toolkit.backends.cuda_kernels import HEAD_SPLIT_KV_BYTES, MAX_SPLITS, decode_head_blocks, decode_splits
+from toolkit.backends.cuda_kernels import (HEAD_SPLIT_KV_BYTES, MAX_SPLITS, decode_head_blocks, decode_splits,
+                                          decode_tc_pays)
 
 QWEN05 = dict(n_kv_heads=2, group=7)  # Qwen2.5-0.5B: 14 q heads over 2 kv heads
 
@@ -19,6 +20,14 @@ def test_every_block_gets_between_one_and_eight_heads(batch, n_kv_heads, group, 
     assert math.ceil(group / per_block) == blocks  # no spare block: the last one has heads too
     if kv_bytes > HEAD_SPLIT_KV_BYTES:
         assert blocks == math.ceil(group / 8)  # long K/V: read once per group (or per 8 heads)
+
+
+def test_tensor_core_kernel_where_a_group_is_one_block():
+    """decode_tc_pays: the tensor-core kernel (a block a GQA group) for the plans where the CUDA-core kernel gives
+    a group one block too; the CUDA-core kernel where it spreads a group over blocks (batch 1, short plans)."""
+    pays = [decode_tc_pays(b, 2, 7, 64, 2, 132, L) for b, L in ((32, 512), (32, 4096), (256, 512), (1, 512),
+                                                                  (1, 32768), (8, 512), (16, 512))]
+    assert pays == [True, True, True, False, True, False, True]
 
 
 def test_small_batch_short_context_spreads_a_group():

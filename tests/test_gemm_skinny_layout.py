@@ -54,3 +54,19 @@ def test_plan_covers_the_rows(M, N, chunks, n_sm, swiglu):
     assert S == 1 or tiles < n_sm
     assert MT in (1, 2) and (not swiglu or MT == 2)
 
+
+
+def test_which_projections_the_backend_sends_here():
+    """CudaBackend._skinny_ok at the Qwen2.5-0.5B shapes: qkv and o at 2-32 rows, down at 2-8 (where it measured
+    faster than cuBLAS in the decode step), gate_up never; 1 row (the GEMV's) and 33+ rows stay elsewhere."""
+    from types import SimpleNamespace
+
+    from toolkit.backends.cuda import CudaBackend
+
+    fake = SimpleNamespace(kernels=SimpleNamespace(itemsize=2))
+    shapes = [(1152, 896), (896, 896), (9728, 896), (896, 4864)]  # qkv, o, gate_up, down: (N, K)
+    routed = {rows: [CudaBackend._skinny_ok(fake, rows, n, k) for n, k in shapes] for rows in (1, 2, 8, 9, 32, 33)}
+    assert routed == {1: [False] * 4, 2: [True, True, False, True], 8: [True, True, False, True],
+                      9: [True, True, False, False], 32: [True, True, False, False], 33: [False] * 4}
+    fake.kernels.itemsize = 4  # fp32 stays on cuBLAS
+    assert not CudaBackend._skinny_ok(fake, 8, 896, 896)

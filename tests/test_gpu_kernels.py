@@ -18,6 +18,7 @@ from paged_cache import paged_cache
 
 from kernels.activation import silu_mul
 from kernels.decode_attention import decode_attention
+from kernels.decode_attention_tc import decode_attention_tc
 from kernels.embedding import embedding
 from kernels.prefill_attention import prefill_attention
 from kernels.rmsnorm import add_rmsnorm
@@ -190,6 +191,9 @@ DECODE_CASES = {  # name: (Hq, Hkv, D, lens, max_seq_len, block_size)
     "group16_short": (32, 2, 128, [3, 130], 256, 32),
     "d256": (8, 2, 256, [1000, 3, 0], 1024, 16),
     "d32_bs7": (4, 4, 32, [5, 300, 64], 512, 7),    # tiny-model head dim; blocks that do not divide a tile
+    # The bench's decode at batch 32: every length around the tensor-core kernel's 64-key tiles, 16-key warp slices
+    # and its one-split limit (4 tiles), and past it.
+    "b32_short": (HQ, HKV, 64, [1, 2, 15, 16, 17, 63, 64, 65, 127, 128, 129, 255, 256, 257, 300, 0] * 2, 512, 16),
 }
 
 
@@ -209,23 +213,35 @@ def decode_case(name):
     return q, kc, vc, table, seq_lens, ref
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("dtype, tc", [("float32", False), ("bfloat16", False), ("float16", False),
+                                       ("bfloat16", True), ("float16", True)])
 @pytest.mark.parametrize("name", list(DECODE_CASES))
-def test_decode_attention(dtype, name):
+def test_decode_attention(dtype, tc, name):
+    """Both kernels against the CPU twin: the CUDA-core one, and (tc) the tensor-core one where it applies (16-bit,
+    D 64 or 128, GQA groups up to 16; elsewhere tensor_cores=True must fall back to the CUDA-core kernel)."""
     hq, hkv, hd, _, max_len, bs = DECODE_CASES[name]
     q, kc, vc, table, seq_lens, ref = decode_case(name)
     out = dev(np.full_like(q, SENTINEL), dtype)
-    K(dtype).decode_attention(dev(q, dtype), dev(kc, dtype), dev(vc, dtype), ints(table), ints(seq_lens), bs,
-                              1 / np.sqrt(hd), out, max_len)
+    kern = K(dtype)
+    kern.decode_attention(dev(q, dtype), dev(kc, dtype), dev(vc, dtype), ints(table), ints(seq_lens), bs,
+                          1 / np.sqrt(hd), out, max_len, tensor_cores=tc)
+    plan = kern._decode_plans.get((len(seq_lens), hq, hkv, hd, max_len, True))
+    used_tc = plan is not None
+    assert used_tc == (tc and hd in (64, 128) and hq // hkv <= 16)
+    if used_tc:  # the tensor-core kernel's own twin, at the plan's split count
+        ref = np.full_like(q, np.nan)
+        decode_attention_tc(q, kc, vc, table, seq_lens, bs, 1 / np.sqrt(hd), ref, int(plan[2]))
     got = host(out, dtype)
     assert not got[seq_lens == 0].any(), "padding rows (seq_len 0) must be zeros"
-    check(f"decode_attention({name}: B={len(seq_lens)}, Hq={hq}, Hkv={hkv}, D={hd}, max len {seq_lens.max()})",
-          got, ref, dtype)
+    check(f"decode_attention({'tensor cores, ' if used_tc else ''}{name}: B={len(seq_lens)}, Hq={hq}, Hkv={hkv}, "
+          f"D={hd}, max len {seq_lens.max()})", got, ref, dtype)
 
 
-def test_decode_step_replays_in_a_cuda_graph():
-    """rope_qkv + decode_attention for a batch of 4 captured once, replayed with new positions, slots, lengths and
-    block tables written into the same device buffers (a padding row included), against the CPU twins."""
+@pytest.mark.parametrize("tc", [False, True])
+def test_decode_step_replays_in_a_cuda_graph(tc):
+    """rope_qkv + decode_attention (either kernel) for a batch of 4 captured once, replayed with new positions,
+    slots, lengths and block tables written into the same device buffers (a padding row included), against the CPU
+    twins."""
     dtype, B, bs, max_len, NH = "bfloat16", 4, 16, 1024, HQ + 2 * HKV
     kern, rng = K(dtype), np.random.default_rng(7)
     M = max_len // bs
@@ -242,7 +258,7 @@ def test_decode_step_replays_in_a_cuda_graph():
 
     def step():
         kern.rope_qkv(d_qkv, None, None, None, 1e-6, d_cos, d_sin, pos, slots, HQ, HKV, d_q, d_kc, d_vc)
-        kern.decode_attention(d_q, d_kc, d_vc, d_table, lens, bs, 0.125, d_out, max_len)
+        kern.decode_attention(d_q, d_kc, d_vc, d_table, lens, bs, 0.125, d_out, max_len, tensor_cores=tc)
 
     stream = cp.cuda.Stream(non_blocking=True)
     with stream:

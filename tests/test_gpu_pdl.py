@@ -42,7 +42,7 @@ def buffers(first_pos: int, n_steps: int, dt: str) -> dict:
                 outs=[z(1, H) for _ in range(n_steps)])
 
 
-def decode_steps(k, Ls, h, b: dict, fused: bool):
+def decode_steps(k, Ls, h, b: dict, fused: bool, tc: bool = False):
     """Batch-1 decode steps of the layers Ls on the residual h [1, H] (in place), as Model.forward runs them;
     step i's h lands in b["outs"][i]."""
     for pos, lens, out in zip(b["pos"], b["lens"], b["outs"]):
@@ -54,7 +54,8 @@ def decode_steps(k, Ls, h, b: dict, fused: bool):
                 k.gemv(b["x"], L["qkv"], b["qkv"])
             k.rope_qkv(b["qkv"], None, None, None, 1e-6, b["cos"], b["sin"], pos, pos, HQ, HKV, b["q"], L["k"],
                        L["v"])
-            k.decode_attention(b["q"], L["k"], L["v"], b["tables"], lens, BS, D ** -0.5, b["attn"], SLOTS)
+            k.decode_attention(b["q"], L["k"], L["v"], b["tables"], lens, BS, D ** -0.5, b["attn"], SLOTS,
+                               tensor_cores=tc)
             if fused:
                 k.gemv_fused(b["attn"].reshape(1, -1), L["o"], h, "add")
                 k.gemv_fused(h, L["gu"], b["gu"], "norm", L["n2"], 1e-6)
@@ -70,7 +71,7 @@ def decode_steps(k, Ls, h, b: dict, fused: bool):
         cp.copyto(out, h)
 
 
-def run(pdl: bool, fused: bool, graph: bool, dt: str):
+def run(pdl: bool, fused: bool, graph: bool, dt: str, tc: bool = False):
     from toolkit.backends.cuda_kernels import CudaKernels
 
     k = CudaKernels(dt).with_pdl() if pdl else CudaKernels(dt)
@@ -80,25 +81,27 @@ def run(pdl: bool, fused: bool, graph: bool, dt: str):
         h = dev(rounded(np.random.default_rng(4).standard_normal((1, H)), dt), dt)
         b = buffers(20, 4, dt)
         if graph:
-            decode_steps(k, Ls, h.copy(), buffers(20, 1, dt), fused)  # compile outside the capture; same writes
+            decode_steps(k, Ls, h.copy(), buffers(20, 1, dt), fused, tc)  # compile outside the capture
             stream.begin_capture(cp.cuda.runtime.streamCaptureModeRelaxed)
-            decode_steps(k, Ls, h, b, fused)
+            decode_steps(k, Ls, h, b, fused, tc)
             stream.end_capture().launch(stream)
         else:
-            decode_steps(k, Ls, h, b, fused)
+            decode_steps(k, Ls, h, b, fused, tc)
         stream.synchronize()
         return np.stack([cp.asnumpy(o) for o in b["outs"]]), [cp.asnumpy(L["k"]) for L in Ls]
 
 
-@pytest.mark.parametrize("dt", ["bfloat16", "float32"])
+@pytest.mark.parametrize("dt, tc", [("bfloat16", False), ("float32", False), ("bfloat16", True)])
 @pytest.mark.parametrize("fused", [False, True])
-def test_pdl_launches_change_no_bit(fused, dt):
-    want, want_k = run(pdl=False, fused=fused, graph=False, dt=dt)
+def test_pdl_launches_change_no_bit(fused, dt, tc):
+    """tc: decode attention on tensor cores, which starts loading its first K/V tile before its PDL wait (all
+    but the new key, which rope_qkv writes just before it)."""
+    want, want_k = run(pdl=False, fused=fused, graph=False, dt=dt, tc=tc)
     vals = (want.astype(np.uint32) << 16).view(np.float32) if dt == "bfloat16" else want
     assert np.isfinite(vals).all() and vals.any()
     assert len({w.tobytes() for w in want}) == len(want)  # each step moves h: a stale read would show
     for graph in (False, True):
-        got, got_k = run(pdl=True, fused=fused, graph=graph, dt=dt)
+        got, got_k = run(pdl=True, fused=fused, graph=graph, dt=dt, tc=tc)
         np.testing.assert_array_equal(got, want, err_msg=f"PDL, graph={graph}")
         for a, b in zip(got_k, want_k):
             np.testing.assert_array_equal(a, b)

@@ -99,7 +99,12 @@ class Model:
         N, B, nd = step.num_tokens, step.num_seqs, step.num_decodes
         # pdl: the decode kernels launch with programmatic dependent launch (kernels/pdl.cuh). The runner turns it
         # off for every step it does not replay from a CUDA graph, prefill steps included (host cost).
-        be = _Ops(self.be.launching(options.pdl), options.small_batch_gemv, options.gemv_swiglu, options.skinny_gemm)
+        # skinny_gemm only in a pure decode step: a prompt's projections stay on cuBLAS whatever their row count,
+        # so a prompt's logits do not depend on how much of it a prefix-cache hit left to compute (with it on for
+        # every step, a warm run of the same prompts began with another token: the test that PDL changes no token
+        # failed on that, not on PDL; benchmarks/results/skinny_pdl_check.log).
+        be = _Ops(self.be.launching(options.pdl), options.small_batch_gemv, options.gemv_swiglu,
+                  options.skinny_gemm and nd == N)
         s = self.scratch.view(N)
         # A batch-1 decode step is launch-bound: with fused_gemv the residual adds, RMSNorms and SwiGLU ride
         # inside the GEMVs (gemv_fused), 6 kernels a layer instead of 9; same arithmetic, same roundings.
@@ -162,7 +167,7 @@ class Model:
         k, v = kv.k[layer], kv.v[layer]
         if nd:
             be.decode_attention(s.q[:nd], k, v, step.block_tables[:nd], step.seq_lens[:nd], bs, self.scale,
-                                s.attn[:nd], step.context_bucket, rope)
+                                s.attn[:nd], step.context_bucket, rope, options.tensor_cores)
         if nd < B and options.sparse_prefill:  # prompt rows: window + top-k blocks (toolkit/sparse.py)
             if self._sparse is None:
                 from .sparse import SparsePrefill

@@ -25,7 +25,8 @@ def _param(default: int, help_text: str):
 class EngineOptions:
     cuda_graphs: bool = _switch("replay pure-decode steps from CUDA graphs captured per batch size and context "
                                 "bucket (GPU)")
-    tensor_cores: bool = _switch("FlashAttention-2 prefill attention on tensor cores (GPU, 16-bit)")
+    tensor_cores: bool = _switch("attention on tensor cores: FlashAttention-2 prefill, and decode with a GQA "
+                                 "group's heads as the rows of one mma tile (GPU, 16-bit)")
     prefix_caching: bool = _switch("reuse the KV blocks of an earlier request's identical prefix")
     small_batch_gemv: bool = _switch("our GEMV kernel for the projections of a batch-1 step instead of cuBLAS (GPU)")
     gemv_swiglu: bool = _switch("apply SwiGLU in the epilogue of our gate_up GEMV (with small_batch_gemv): one "
@@ -44,11 +45,9 @@ class EngineOptions:
     rope_in_attention: bool = _switch("in a pure decode step, apply RoPE and write the new K/V inside the decode "
                                       "attention kernel instead of a separate rope_qkv launch: one kernel a layer "
                                       "fewer (GPU)", default=False)
-    # Off by default: with it on, one PDL test gave other tokens (README, "A tensor-core GEMM for 2-32 rows, second
-    # attempt").
-    skinny_gemm: bool = _switch("our tensor-core GEMM (gemm_skinny) instead of cuBLAS for the projections of up to "
-                                "4M weights (Qwen2.5-0.5B: qkv and o) in a decode step of 2-32 rows (GPU, 16-bit)",
-                                default=False)
+    skinny_gemm: bool = _switch("our tensor-core GEMM (gemm_skinny) instead of cuBLAS for the small projections of a "
+                                "decode step of 2-32 rows (Qwen2.5-0.5B: qkv and o, and down up to 8 rows; GPU, "
+                                "16-bit)")
     sampler_fast_path: bool = _switch("skip the FP32 logits copy when no request in the batch needs logits processing")
     sparse_prefill: bool = _switch("prefill attention over the sliding window + the indexer's top-k key blocks "
                                    "(exact when it covers every block)")

@@ -100,7 +100,7 @@ class CpuBackend:
     rope_qkv = staticmethod(rope_qkv)
 
     def decode_attention(self, q, k_cache, v_cache, block_tables, seq_lens, block_size, scale, out,
-                         max_seq_len=None, rope=None):
+                         max_seq_len=None, rope=None, tensor_cores=False):
         if rope is not None:  # the twin of the fused kernel: rope_qkv's twin into q, then the attention's
             qkv, bias, q_norm, k_norm, eps, cos, sin, positions, slot_mapping = rope
             rope_qkv(qkv, bias, q_norm, k_norm, eps, cos, sin, positions, slot_mapping, q.shape[1],

@@ -13,11 +13,12 @@ Without nvmath-python the backend falls back to CuPy's wrapper and reports
 """
 import copy
 import ctypes
+import os
 
 import numpy as np
 
 from ..timings import in_order
-from .cuda_kernels import CudaKernels
+from .cuda_kernels import CudaKernels, decode_tc_pays
 from .cuda_sampler import CudaSamplerKernels
 
 # cuBLAS / CUDA enum values (cublas_api.h, library_types.h).
@@ -32,11 +33,17 @@ _WORKSPACE_BYTES = 32 << 20  # cuBLAS workspace set on the handle (capture forbi
 # against 67.4 us), cuBLAS is faster, so those stay on cuBLAS.
 _GEMV_ROWS, _GEMV_MAX_N = 1, 32768
 # From 2 to 32 rows (skinny_gemm) the small projections go to gemm_skinny (tensor cores, kernels/gemm_skinny.cu;
-# a gate_up projection there takes SwiGLU in its epilogue): weights of up to _SKINNY_MAX_WEIGHTS elements. Measured
-# on the H200 at Qwen2.5-0.5B (benchmarks/results/gemm_skinny.log): qkv and o (1.0M and 0.8M weights) take 2.7-3.8
-# us against cuBLAS's 3.9-4.2. At 32 rows gate_up (8.7M), down (4.4M) and the lm_head are faster on cuBLAS (7.3 /
-# 7.6 / 73 us against 14.0 / 9.1 / 118); down is faster here only at 2-8 rows (6.7-7.0 against 7.3), so it stays.
-_SKINNY_ROWS, _SKINNY_MAX_WEIGHTS = (2, 32), 4 << 20
+# a gate_up projection there takes SwiGLU in its epilogue): weights of up to _SKINNY_MAX_WEIGHTS elements, and up to
+# _SKINNY_SMALL_WEIGHTS at up to _SKINNY_SMALL_ROWS rows. Measured on the H200 at Qwen2.5-0.5B
+# (benchmarks/results/gemm_skinny.log): qkv and o (1.0M and 0.8M weights) take 2.7-3.8 us against cuBLAS's 3.9-4.2.
+# At 32 rows gate_up (8.7M), down (4.4M) and the lm_head are faster on cuBLAS (7.3 / 7.6 / 73 us against 14.0 / 9.1
+# / 118). down is faster here at 2-8 rows (6.7-7.0 against 7.3): in the decode step (skinny_max_5000000.log against
+# ab_tc_skinny.log, one machine session) down here gave 0.766 against 0.795 ms at batch 8 and 0.883 against 0.863 at
+# batch 32; gate_up here was slower at both (0.822 / 1.004, skinny_max_9000000.log).
+# (TOOLKIT_SKINNY_MAX_WEIGHTS overrides the first limit, for A/B runs.)
+_SKINNY_ROWS = (2, 32)
+_SKINNY_SMALL_ROWS, _SKINNY_SMALL_WEIGHTS = 8, 6 << 20
+_SKINNY_MAX_WEIGHTS = int(os.environ.get("TOOLKIT_SKINNY_MAX_WEIGHTS", 4 << 20))
 
 
 class CudaTimer:
@@ -162,6 +169,7 @@ class CudaBackend:
             self.gemm_note = "cuBLAS via CuPy (nvmath-python missing: no CUDA graphs)"
         self.graphs_supported = self._gemm.capturable
         self._pdl_twin = None
+        self._decode_tc = {}  # (B, Hq, Hkv, D, max_seq_len) -> decode_tc_pays (shared with the PDL twin)
         # griddepcontrol (kernels/pdl.cuh) exists from Hopper (sm_90) on, and the launch needs cuda-bindings (the
         # `cuda` extra); otherwise decode kernels launch plainly and the step records pdl as off.
         self.pdl_supported = int(cp.cuda.Device().compute_capability) >= 90 and _has_cuda_bindings()
@@ -279,7 +287,8 @@ class CudaBackend:
         """Whether out[rows, n] = x[rows, k] @ w.T goes to gemm_skinny (when skinny_gemm is on): 16-bit types, a
         small weight matrix."""
         lo, hi = _SKINNY_ROWS
-        return lo <= rows <= hi and n * k <= _SKINNY_MAX_WEIGHTS and k % 32 == 0 and self.kernels.itemsize == 2
+        most = _SKINNY_SMALL_WEIGHTS if rows <= _SKINNY_SMALL_ROWS else _SKINNY_MAX_WEIGHTS
+        return lo <= rows <= hi and n * k <= most and k % 32 == 0 and self.kernels.itemsize == 2
 
     def fused_gemv_ok(self, rows: int, cfg) -> bool:
         """Whether a step of `rows` tokens runs its projections as gemv_fused (the batch-1 GEMV path, with the
@@ -313,9 +322,16 @@ class CudaBackend:
         self.kernels.silu_mul(gate_up, out)
 
     def decode_attention(self, q, k_cache, v_cache, block_tables, seq_lens, block_size, scale, out, max_seq_len,
-                         rope=None):
+                         rope=None, tensor_cores=False):
+        if tensor_cores:  # the tensor-core kernel where it measured faster (decode_tc_pays), per plan
+            key = (q.shape[0], q.shape[1], k_cache.shape[1], q.shape[2], max_seq_len)
+            tensor_cores = self._decode_tc.get(key)
+            if tensor_cores is None:
+                B, Hq, Hkv, D, _ = key
+                tensor_cores = self._decode_tc[key] = decode_tc_pays(B, Hkv, Hq // Hkv, D, self.kernels.itemsize,
+                                                                     self.kernels.num_sms, max_seq_len)
         self.kernels.decode_attention(q, k_cache, v_cache, block_tables, seq_lens, block_size, scale, out,
-                                      max_seq_len, rope)
+                                      max_seq_len, rope, tensor_cores)
 
     def prefill_attention(self, q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, block_size, scale,
                           out, max_query_len, tensor_cores=True):

@@ -37,7 +37,9 @@ OPTIONS = ("-std=c++17",)
 # kernel's tuning knob (GS_* in kernels/sampler.cu, GEMV_PF in kernels/gemv.cu) without editing the source.
 EXTRA_OPTIONS = tuple(os.environ.get("TOOLKIT_NVRTC_DEFINES", "").split())
 DECODE_HEAD_DIMS = (8, 16, 32, 64, 128, 256)   # decode_attention<T, D> instantiations
-TC_HEAD_DIMS = (64, 128)            # prefill_attention_tc<T, D> instantiations (16-bit T only)
+TC_HEAD_DIMS = (64, 128)            # prefill_attention_tc / decode_attention_tc<T, D> (16-bit T only)
+TC_DECODE_GROUP = 16                # decode_attention_tc: q heads a block (the mma's 16 A rows)
+TC_DECODE_KT = 64                   # decode_attention_tc: keys a tile
 GEMV_MAX_ROWS = 4                   # gemv<T, TO, M> instantiations: M = 1..4
 # Most warps per GEMV output row (gemv.cu; 1, 2, 4 or 8). TOOLKIT_GEMV_MAX_WPR=1 gives the one-warp-a-row kernel
 # back, for A/B runs.
@@ -57,6 +59,8 @@ def kernel_names(op: str, ctype: str) -> list:
     """The name expressions (template instantiations) the wrapper uses from kernels/<op>.cu for one ctype."""
     if op == "decode_attention":  # the plain kernel and the rope_in_attention variant
         return [f"decode_attention<{ctype}, {d}, {r}>" for d in DECODE_HEAD_DIMS for r in ("false", "true")]
+    if op == "decode_attention_tc":  # GQA-packed tensor-core decode attention, 16-bit types only
+        return [] if ctype == "float" else [f"decode_attention_tc<{ctype}, {d}>" for d in TC_HEAD_DIMS]
     if op == "prefill_attention":
         tc = [] if ctype == "float" else [f"prefill_attention_tc<{ctype}, {d}>" for d in TC_HEAD_DIMS]
         return [f"prefill_attention<{ctype}>"] + tc
@@ -138,18 +142,30 @@ def decode_head_blocks(batch: int, n_kv_heads: int, group: int, n_sm: int, kv_by
     return group
 
 
+def decode_tc_pays(batch: int, n_kv_heads: int, group: int, D: int, itemsize: int, n_sm: int,
+                   max_seq_len: int) -> bool:
+    """Whether a plan goes to the tensor-core decode kernel (one block a GQA group) under tensor_cores: wherever
+    the CUDA-core kernel gives a group one block too (decode_head_blocks), i.e. a big batch or a long plan. There
+    the tensor-core kernel measured 93 against 157 us a step at batch 32 and context 1, 128 against 254 at 100, 301
+    against 410 at 512 (Qwen2.5-0.5B; benchmarks/results/decode_tc_ab_on.log / _off.log). Where the CUDA-core
+    kernel spreads a group over several blocks (a small batch at a short plan), one block a group measured as fast
+    up to 200 keys and slower at 512 (batch 1: 204 against 154 us), so that stays."""
+    kv_bytes = 2 * batch * max(1, max_seq_len) * n_kv_heads * D * itemsize
+    return decode_head_blocks(batch, n_kv_heads, group, n_sm, kv_bytes) == math.ceil(group / 8)
+
+
 def decode_splits(batch: int, n_kv_heads: int, head_blocks: int, D: int, itemsize: int, n_sm: int,
-                  max_seq_len: int) -> int:
+                  max_seq_len: int, kt: int = None) -> int:
     """Number of sequence splits for decode attention, fixed per (batch, max_seq_len) plan so a captured graph
     stays valid at every length <= max_seq_len. The kernels spread each sequence's actual length evenly over
-    the splits in whole tiles of KT keys (mirroring Shape<T, D> in decode_attention.cu).
+    the splits in whole tiles of kt keys (default: Shape<T, D>'s KT in decode_attention.cu).
     Enough splits for ~2 blocks per SM, and at most 2 tiles per block at full context (a block's tiles run one
     after another, so long chunks are latency-bound), but never a split shorter than a tile at full context;
     and at most ~16 blocks per SM in all: a big batch fills the GPU by itself, and every split costs a block
     launch (mostly empty ones at short lengths) and combine work."""
-    ch = D // (16 // itemsize)
-    lpk = min(ch, 32)
-    kt = 4 * (32 // lpk) * 4
+    if kt is None:  # the CUDA-core kernel's tile (kt: the tensor-core kernel's)
+        lpk = min(D // (16 // itemsize), 32)
+        kt = 4 * (32 // lpk) * 4
     blocks_per_split = batch * n_kv_heads * head_blocks
     tiles = math.ceil(max_seq_len / kt)
     want = max(math.ceil(2 * n_sm / blocks_per_split), math.ceil(tiles / 2))
@@ -463,12 +479,14 @@ class CudaKernels:
             f((Hq, B, -(-int(max_query_len) // 16)), (128,), args + (_i32(D), out), shared_mem=smem)
 
     def decode_attention(self, q, k_cache, v_cache, block_tables, seq_lens, block_size, scale, out, max_seq_len,
-                         rope=None):
+                         rope=None, tensor_cores=False):
         """One query per sequence and head, q[B, Hq, D], over keys 0..seq_lens[b]-1 of the paged caches ->
         out[B, Hq, D] (zeros where seq_lens[b] == 0). max_seq_len (>= every seq_lens entry) and B fix the
         split count and workspace: one plan, reused by every call and graph replay of that shape.
         rope = (qkv, bias, q_norm, k_norm, eps, cos, sin, positions, slot_mapping): do rope_qkv's work for these
-        B tokens inside the kernel (q from qkv, the new K/V written to the caches); q is then not read."""
+        B tokens inside the kernel (q from qkv, the new K/V written to the caches); q is then not read.
+        tensor_cores: without rope, a 16-bit dtype, D 64 or 128 and GQA groups of up to 16 heads, the tensor-core
+        kernel (kernels/decode_attention_tc.cu); otherwise the CUDA-core one."""
         Hq, D, Hkv, M, n_blocks = self._paged("decode_attention", q, k_cache, v_cache, block_tables, seq_lens,
                                                block_size, out)
         B = q.shape[0]
@@ -476,11 +494,18 @@ class CudaKernels:
             raise ValueError(f"decode_attention: seq_lens {seq_lens.shape} != ({B},)")
         if not B:
             return
-        key = (B, Hq, Hkv, D, max_seq_len)
+        tc = (tensor_cores and rope is None and self.dtype != "float32" and D in TC_HEAD_DIMS
+              and Hq // Hkv <= TC_DECODE_GROUP)
+        key = (B, Hq, Hkv, D, max_seq_len, tc)
         plan = self._decode_plans.get(key)
         if plan is None:
             plan = self._decode_plans[key] = self._decode_plan(*key)
-        fns, grid, n, ws_ml, ws_acc, counters = plan
+        fns, grid, n, ws_ml, ws_acc, counters, smem = plan
+        if tc:
+            self._go(fns[0], grid, (128,), (q, k_cache, v_cache, block_tables, seq_lens, _i32(block_size), _i32(M),
+                                            _i32(n_blocks), _f32(scale * LOG2E), _i32(Hq), _i32(Hkv), n, ws_ml,
+                                            ws_acc, counters, out), smem)
+            return
         if rope is None:
             extra = _NO_ROPE
         else:
@@ -493,18 +518,25 @@ class CudaKernels:
                  (q, k_cache, v_cache, block_tables, seq_lens, _i32(block_size), _i32(M), _i32(n_blocks),
                   _f32(scale * LOG2E), _i32(Hq), _i32(Hkv), n, ws_ml, ws_acc, counters, out) + extra)
 
-    def _decode_plan(self, B, Hq, Hkv, D, max_seq_len):
+    def _decode_plan(self, B, Hq, Hkv, D, max_seq_len, tc):
         """Kernels, grid, split count and workspace for one plan: made once, so decode steps allocate nothing."""
         if D not in DECODE_HEAD_DIMS:
             raise ValueError(f"decode_attention: head dim {D} not in {DECODE_HEAD_DIMS}")
         group = Hq // Hkv
-        kv_bytes = 2 * B * max(1, max_seq_len) * Hkv * D * self.itemsize
-        head_blocks = decode_head_blocks(B, Hkv, group, self.num_sms, kv_bytes)
-        n = decode_splits(B, Hkv, head_blocks, D, self.itemsize, self.num_sms, max(1, max_seq_len))
+        if tc:  # a block takes the whole group (up to 16 heads: the A tile's rows), tiles of 64 keys
+            head_blocks, kt = 1, TC_DECODE_KT
+        else:
+            kv_bytes = 2 * B * max(1, max_seq_len) * Hkv * D * self.itemsize
+            head_blocks, kt = decode_head_blocks(B, Hkv, group, self.num_sms, kv_bytes), None
+        n = decode_splits(B, Hkv, head_blocks, D, self.itemsize, self.num_sms, max(1, max_seq_len), kt)
         ws_ml = self.cp.empty((B, Hq, n, 2), self.cp.float32)
         ws_acc = self.cp.empty((B, Hq, n, D), self.cp.float32)
         grid = (Hkv * head_blocks, n, B)
         counters = self.cp.zeros((B, grid[0]), self.cp.uint32)  # the kernel leaves them zeroed
+        if tc:  # Q (16 rows) and double-buffered K and V tiles, rows padded by 8
+            smem = (TC_DECODE_GROUP + 4 * TC_DECODE_KT) * (D + 8) * self.itemsize
+            fns = (self._fn("decode_attention_tc", f"decode_attention_tc<{self.ctype}, {D}>", smem),)
+            return fns, grid, _i32(n), ws_ml, ws_acc, counters, smem
         fns = tuple(self._fn("decode_attention", f"decode_attention<{self.ctype}, {D}, {r}>")
                     for r in ("false", "true"))  # plain, rope_in_attention
-        return fns, grid, _i32(n), ws_ml, ws_acc, counters
+        return fns, grid, _i32(n), ws_ml, ws_acc, counters, 0

@@ -100,8 +100,13 @@ def add_engine_args(parser: argparse.ArgumentParser):
         on = getattr(d, name)
         flags = [f"--{'no-' if on else ''}{name.replace('_', '-')}"] + (ALIASES.get(name, []) if on else [])
         g.add_argument(*flags, dest=name, action="store_false" if on else "store_true", default=on,
-                       help=f"turn {'off' if on else 'on'}: {EngineOptions.help(name)}")
+                       help=f"turn {'off' if on else 'on'}: {_escaped_help(name)}")
     add_sparse_args(g)
+
+
+def _escaped_help(name: str) -> str:
+    """An option's help text for argparse, which formats help strings with % (sparse_max_keep_pct's says "%")."""
+    return EngineOptions.help(name).replace("%", "%%")
 
 
 def add_sparse_args(group):
@@ -112,7 +117,7 @@ def add_sparse_args(group):
                             "every block) or dense (default: sparse)")
     for name in EngineOptions.param_names():
         group.add_argument("--" + name.replace("_", "-"), type=positive_int, default=None,
-                           help=f"{EngineOptions.help(name)} (default: {getattr(d, name)})")
+                           help=f"{_escaped_help(name)} (default: {getattr(d, name)})")
 
 
 def sparse_options(args, options: EngineOptions) -> EngineOptions:
