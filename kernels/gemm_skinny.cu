@@ -71,16 +71,13 @@ __device__ __forceinline__ void store_out(TO* y, int M, int N, int m, int n, flo
     }
 }
 
-// The threads tid = 0..nth-1 of one tile (the block in gemm_skinny, a row group in gemm_skinny_xs) do this; every
-// thread of the block calls it (it holds __syncthreads), those of a tile past the end (valid false) store nothing.
 template <typename T, typename TO, int MT, int NT, bool SWIGLU>
 __device__ __forceinline__ void finish_tile(const float* red, float* ws, unsigned* counters, bool* s_last, TO* y,
-                                            int tile, int slice, int S, int tiles, int WK, int M, int N, int tid,
-                                            int nth, bool valid) {
+                                            int tile, int slice, int S, int tiles, int WK, int M, int N) {
     constexpr int F = MT * NT * 4, OUT_F = SWIGLU ? NT * 4 : F, ROWS = SWIGLU ? 16 : 16 * MT;
     constexpr int UP = NT * 4 * 32;  // SWIGLU: entry e's up partner
     float* mine = ws + ((size_t)slice * tiles + tile) * F * 32;
-    for (int e = tid; valid && e < OUT_F * 32; e += nth) {
+    for (int e = threadIdx.x; e < OUT_F * 32; e += blockDim.x) {
         float v = 0.0f, u = 0.0f;
         for (int q = 0; q < WK; q++) v += red[q * F * 32 + e];
         if constexpr (SWIGLU)
@@ -97,11 +94,11 @@ __device__ __forceinline__ void finish_tile(const float* red, float* ws, unsigne
     if (S == 1) return;
     __threadfence();
     __syncthreads();
-    if (tid == 0) *s_last = valid && atomicAdd(&counters[tile], 1u) == (unsigned)S - 1;
+    if (threadIdx.x == 0) *s_last = atomicAdd(&counters[tile], 1u) == (unsigned)S - 1;
     __syncthreads();
     if (!*s_last) return;
     __threadfence();
-    for (int e = tid; e < OUT_F * 32; e += nth) {
+    for (int e = threadIdx.x; e < OUT_F * 32; e += blockDim.x) {
         float v = 0.0f, u = 0.0f;
         for (int q = 0; q < S; q++) {  // L2 reads (__ldcg): other blocks wrote these
             const float* part = ws + ((size_t)q * tiles + tile) * F * 32;
@@ -112,45 +109,13 @@ __device__ __forceinline__ void finish_tile(const float* red, float* ws, unsigne
         store_out<T, TO, SWIGLU>(y, M, N, 8 * j + 2 * (ln & 3) + (r & 1),
                                  tile * ROWS + 16 * i + (ln >> 2) + 8 * (r >> 1), v, u);
     }
-    if (tid == 0) counters[tile] = 0u;  // ready for the next launch (graph replays included)
+    if (threadIdx.x == 0) counters[tile] = 0u;  // ready for the next launch (graph replays included)
 }
 
 // x T[M, K], w T[N, K] (SWIGLU: [2N, K], N = I), y TO[M, N]; ws float[S, tiles, F * 32] and counters[tiles]
 // (zero, and left zero) when S > 1. Grid (tiles, S): tiles = ceil(N / (16 * MT)) (SWIGLU: ceil(N / 16)); S divides
 // K / 32 into slices of at least WK chunks. Block: WK warps (blockDim.x = 32 WK). Dynamic shared memory:
 // WK * F * 32 floats.
-// Lane (g, c)'s weight rows (tile i, half h) = ROWS * tile + 16 i + 8 h + g (SWIGLU: m-tile 0 the gate rows
-// 16 * tile + 8 h + g, m-tile 1 the up rows N + those), from chunk kc0 on. Rows past the end are clamped to the
-// last row: loaded, never stored.
-template <typename T, int MT, bool SWIGLU>
-__device__ __forceinline__ void weight_rows(const uint4* (&wrow)[MT][2], const T* w, int tile, int N, int K, int kc0,
-                                            int g, int c) {
-    constexpr int ROWS = SWIGLU ? 16 : 16 * MT;
-#pragma unroll
-    for (int i = 0; i < MT; i++)
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const int n = tile * ROWS + 8 * h + g;
-            const int row = SWIGLU ? min(n, N - 1) + (i ? N : 0) : min(n + 16 * i, N - 1);
-            wrow[i][h] = reinterpret_cast<const uint4*>(w + (size_t)row * K) + kc0 * 4 + c;
-        }
-}
-
-// One 32-wide chunk: the 2 mma k-steps of every (m-tile, n-tile) pair, from the lane's weight and x registers.
-template <typename T, int MT, int NT>
-__device__ __forceinline__ void chunk_mma(float (&acc)[MT][NT][4], const uint4 (&wv)[MT][2], const uint4 (&xv)[NT]) {
-#pragma unroll
-    for (int s = 0; s < 2; s++)
-#pragma unroll
-        for (int i = 0; i < MT; i++) {
-            const unsigned a[4] = {word(wv[i][0], 2 * s), word(wv[i][1], 2 * s), word(wv[i][0], 2 * s + 1),
-                                   word(wv[i][1], 2 * s + 1)};
-#pragma unroll
-            for (int j = 0; j < NT; j++)
-                mma(acc[i][j], a, word(xv[j], 2 * s), word(xv[j], 2 * s + 1), static_cast<const T*>(nullptr));
-        }
-}
-
 template <typename T, typename TO, int MT, int NT, bool SWIGLU>
 __global__ void __launch_bounds__(512)
 gemm_skinny(const T* __restrict__ x, const T* __restrict__ w, TO* __restrict__ y, float* __restrict__ ws,
@@ -165,8 +130,18 @@ gemm_skinny(const T* __restrict__ x, const T* __restrict__ w, TO* __restrict__ y
     const int nck = (cps - warp + WK - 1) / WK;  // this warp's chunks (>= 1: cps >= WK)
     const int tile = blockIdx.x, kc0 = blockIdx.y * cps + warp;  // this warp's first chunk
 
+    // Lane (g, c) streams weight rows (tile i, half h) = ROWS * tile + 16 i + 8 h + g (SWIGLU: m-tile 0 the gate
+    // rows 16 * tile + 8 h + g, m-tile 1 the up rows N + those), elements [8c, 8c + 8) of chunks kc0, kc0 + WK, ...
+    // Rows past the end are clamped to the last row: loaded, never stored.
     const uint4* wrow[MT][2];
-    weight_rows<T, MT, SWIGLU>(wrow, w, tile, N, K, kc0, g, c);
+#pragma unroll
+    for (int i = 0; i < MT; i++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int n = tile * ROWS + 8 * h + g;
+            const int row = SWIGLU ? min(n, N - 1) + (i ? N : 0) : min(n + 16 * i, N - 1);
+            wrow[i][h] = reinterpret_cast<const uint4*>(w + (size_t)row * K) + kc0 * 4 + c;
+        }
     // x rows 8 j + g of n-tile j (rows past M are zeros, never loaded: their columns are never stored).
     const uint4* xrow[NT];
     bool xok[NT];
@@ -204,7 +179,17 @@ gemm_skinny(const T* __restrict__ x, const T* __restrict__ w, TO* __restrict__ y
         for (int p = 0; p < PF; p++) {
             const int t = base + p;
             if (t < nck) {  // warp-uniform
-                chunk_mma<T, MT, NT>(acc, wv[p], xv[p]);
+#pragma unroll
+                for (int s = 0; s < 2; s++)
+#pragma unroll
+                    for (int i = 0; i < MT; i++) {
+                        const unsigned a[4] = {word(wv[p][i][0], 2 * s), word(wv[p][i][1], 2 * s),
+                                               word(wv[p][i][0], 2 * s + 1), word(wv[p][i][1], 2 * s + 1)};
+#pragma unroll
+                        for (int j = 0; j < NT; j++)
+                            mma(acc[i][j], a, word(xv[p][j], 2 * s), word(xv[p][j], 2 * s + 1),
+                                static_cast<const T*>(nullptr));
+                    }
                 const int nxt = t + PF;  // refill this slot with the chunk PF ahead
                 if (nxt < nck) {
 #pragma unroll
@@ -224,91 +209,5 @@ gemm_skinny(const T* __restrict__ x, const T* __restrict__ w, TO* __restrict__ y
 #pragma unroll
             for (int r = 0; r < 4; r++) gs_red[((warp * MT + i) * NT + j) * 128 + r * 32 + lane] = acc[i][j][r];
     __syncthreads();
-    finish_tile<T, TO, MT, NT, SWIGLU>(gs_red, ws, counters, &s_last, y, tile, blockIdx.y, S, gridDim.x, WK, M, N,
-                                       threadIdx.x, blockDim.x, true);
-}
-
-// gemm_skinny_xs: the same product with x's slice staged once in shared memory, shared by WR tiles. Why: in
-// gemm_skinny every block reads its slice of x from L2 for its 16 * MT weight rows, so at 32 rows as many x bytes
-// cross from L2 as weight bytes (MT = 2) or twice as many (MT = 1), and the time grows with the rows (gate_up 7.9 us
-// at 2 rows, 14.0 at 32: benchmarks/results/gemm_skinny.log). Here the block's WR row groups read x once.
-// Block (32 WK, WR): row group r = threadIdx.y owns tile blockIdx.x * WR + r, and its WK warps split the slice's
-// chunks as gemm_skinny's warps do (grid (ceil(tiles / WR), S)). After the PDL wait the block copies x's slice
-// (cp.async, L2 only: the previous kernel just wrote it) into shared memory in fragment order -- entry
-// (chunk, n-tile j, lane (g, c)) holds x row 8 j + g, elements [8c, 8c + 8) of the chunk, the 16 bytes the lane
-// gives its mma -- so a warp reads 512 contiguous bytes an n-tile, free of bank conflicts. With x out of the
-// register ring, the ring holds more weight chunks (PF). The partial tiles then reuse the same shared memory, and
-// each row group finishes its tile as gemm_skinny's block does (same sums, same order).
-// Dynamic shared memory: max(cps * NT * 512, WR * WK * F * 128) bytes, cps = K / 32 / S.
-constexpr int GS_MAX_WR = 8;
-
-template <typename T, typename TO, int MT, int NT, bool SWIGLU>
-__global__ void __launch_bounds__(256, 2)
-gemm_skinny_xs(const T* __restrict__ x, const T* __restrict__ w, TO* __restrict__ y, float* __restrict__ ws,
-               unsigned* __restrict__ counters, int M, int N, int K) {
-    static_assert(!SWIGLU || MT == 2, "SWIGLU pairs m-tile 0 (gate) with m-tile 1 (up)");
-    constexpr int PF = MT == 1 ? 8 : 4, F = MT * NT * 4, ROWS = SWIGLU ? 16 : 16 * MT;
-    extern __shared__ __align__(16) uint4 gs_x[];  // [cps][NT][32], then the partial tiles [WR][WK][F][32] floats
-    __shared__ bool s_last[GS_MAX_WR];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3, r = threadIdx.y;
-    const int WK = blockDim.x >> 5, WR = blockDim.y, S = gridDim.y, cps = K / GS_K / S;
-    const int tiles = (N + ROWS - 1) / ROWS, tile = blockIdx.x * WR + r, slice0 = blockIdx.y * cps;
-    const int nck = (cps - warp + WK - 1) / WK;  // this warp's chunks of the slice: warp, warp + WK, ...
-
-    const uint4* wrow[MT][2];
-    weight_rows<T, MT, SWIGLU>(wrow, w, min(tile, tiles - 1), N, K, slice0 + warp, g, c);
-    const int step = WK * 4;
-    uint4 wv[PF][MT][2];
-#pragma unroll
-    for (int p = 0; p < PF; p++)
-        if (p < nck)
-#pragma unroll
-            for (int i = 0; i < MT; i++)
-#pragma unroll
-                for (int h = 0; h < 2; h++) wv[p][i][h] = __ldg(wrow[i][h] + p * step);
-    pdl_enter();  // x comes from the previous kernel
-    for (int e = r * blockDim.x + threadIdx.x; e < cps * NT * 32; e += WR * blockDim.x) {
-        const int ch = e / (NT * 32), row = 8 * ((e >> 5) % NT) + ((e & 31) >> 2);
-        cp_async16(gs_x + e, x + (size_t)(row < M ? row : 0) * K + (size_t)(slice0 + ch) * GS_K + 8 * (e & 3),
-                   row < M);  // rows past M: zeros
-    }
-    cp_async_commit();
-    cp_async_wait<0>();
-    __syncthreads();
-
-    float acc[MT][NT][4];
-#pragma unroll
-    for (int i = 0; i < MT; i++)
-#pragma unroll
-        for (int j = 0; j < NT; j++) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.0f;
-    for (int base = 0; base < nck; base += PF) {
-#pragma unroll
-        for (int p = 0; p < PF; p++) {
-            const int t = base + p;
-            if (t < nck) {  // warp-uniform
-                const uint4* xc = gs_x + (size_t)(warp + t * WK) * NT * 32 + lane;
-                uint4 xv[NT];
-#pragma unroll
-                for (int j = 0; j < NT; j++) xv[j] = xc[32 * j];
-                chunk_mma<T, MT, NT>(acc, wv[p], xv);
-                const int nxt = t + PF;  // refill this slot with the chunk PF ahead
-                if (nxt < nck)
-#pragma unroll
-                    for (int i = 0; i < MT; i++)
-#pragma unroll
-                        for (int h = 0; h < 2; h++) wv[p][i][h] = __ldg(wrow[i][h] + nxt * step);
-            }
-        }
-    }
-    __syncthreads();  // every warp is done with x: its shared memory now takes the partial tiles
-    float* red = reinterpret_cast<float*>(gs_x) + r * WK * F * 32;
-#pragma unroll
-    for (int i = 0; i < MT; i++)
-#pragma unroll
-        for (int j = 0; j < NT; j++)
-#pragma unroll
-            for (int q = 0; q < 4; q++) red[((warp * MT + i) * NT + j) * 128 + q * 32 + lane] = acc[i][j][q];
-    __syncthreads();
-    finish_tile<T, TO, MT, NT, SWIGLU>(red, ws, counters, &s_last[r], y, tile, blockIdx.y, S, tiles, WK, M, N,
-                                       threadIdx.x, blockDim.x, tile < tiles);
+    finish_tile<T, TO, MT, NT, SWIGLU>(gs_red, ws, counters, &s_last, y, tile, blockIdx.y, S, gridDim.x, WK, M, N);
 }

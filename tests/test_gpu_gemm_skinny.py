@@ -1,7 +1,7 @@
 """gemm_skinny.cu (tensor-core projections at 2-32 rows) on the GPU against its CPU twin: the Qwen2.5 decode
 shapes, odd row counts, N not a multiple of the tile's rows, K of one chunk, (MT, WK, S) splits with and
-without split-K, the SwiGLU epilogue, fp32 logits out, repeat launches bit-identical, gemm_skinny_xs (x in shared
-memory) at its (MT, WK, S, WR) splits, and the backend's linear / linear_swiglu choosing it."""
+without split-K, the SwiGLU epilogue, fp32 logits out, repeat launches bit-identical, and the backend's
+linear / linear_swiglu choosing it."""
 import numpy as np
 import pytest
 
@@ -85,53 +85,6 @@ def test_every_split_is_right_and_deterministic(M, split):
     for _ in range(3):
         k.gemm_skinny(xd, wd, out, split=split)
         np.testing.assert_array_equal(cp.asnumpy(out), first)
-
-
-# gemm_skinny_xs: (MT, WK, S, WR), x's slice in shared memory shared by WR tiles (row groups) a block.
-XS_SPLITS = [(1, 2, 8, 4), (1, 1, 19, 8), (1, 4, 4, 2), (2, 4, 8, 2), (2, 2, 19, 4)]
-
-
-@pytest.mark.parametrize("M", [9, 13, 32])
-@pytest.mark.parametrize("split", XS_SPLITS)
-def test_gemm_skinny_xs_split_is_right_and_deterministic(M, split):
-    """Each gemm_skinny_xs split on the down projection (split-K over the row groups' tiles) is right, and repeat
-    launches give the same bits."""
-    N, Kin = 896, 4864
-    x, w, ref = case(M, N, Kin, "bfloat16", seed=7)
-    k = K("bfloat16")
-    xd, wd = dev(x, "bfloat16"), dev(w, "bfloat16")
-    out = cp.full((M, N), 7.0, cp.float32)
-    k.gemm_skinny(xd, wd, out, split=split)
-    first = cp.asnumpy(out)
-    check(f"gemm_skinny_xs split={split} M={M}", first, ref, "float32")
-    for _ in range(3):
-        k.gemm_skinny(xd, wd, out, split=split)
-        np.testing.assert_array_equal(cp.asnumpy(out), first)
-
-
-@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-@pytest.mark.parametrize("M", [16, 27, 32])
-@pytest.mark.parametrize("N, Kin, split, swiglu", [
-    (4864, 896, (2, 4, 1, 2), True), (4864, 896, (2, 2, 2, 4), True), (4864, 896, (2, 1, 4, 8), True),
-    (1000, 512, (1, 2, 2, 4), False),  # 63 tiles: the last block's fourth row group is past the end
-    (40, 64, (1, 1, 1, 8), False),     # one block, 3 tiles of 8 row groups; K of 2 chunks
-    (1152, 896, (2, 4, 1, 2), False), (768, 384, (2, 2, 3, 4), True)])
-def test_gemm_skinny_xs(dtype, M, N, Kin, split, swiglu):
-    """gemm_skinny_xs against the twin: SwiGLU and plain, bf16 and fp16 out, tiles past the end, split-K."""
-    x, w, ref = case(M, N, Kin, dtype, seed=8, swiglu=swiglu)
-    out = dev(np.full((M, N), 7.0), dtype)
-    K(dtype).gemm_skinny(dev(x, dtype), dev(w, dtype), out, swiglu=swiglu, split=split)
-    check(f"gemm_skinny_xs M={M} N={N} K={Kin} split={split}", host(out, dtype), ref, dtype)
-
-
-def test_gemm_skinny_xs_refuses_what_does_not_fit():
-    """x's slice past the shared memory (the down projection's whole K at 32 rows), or more than 8 warps."""
-    k = K("bfloat16")
-    x, w = cp.zeros((32, 4864), cp.uint16), cp.zeros((896, 4864), cp.uint16)
-    out = cp.zeros((32, 896), cp.uint16)
-    for split in ((1, 2, 1, 4), (1, 4, 4, 4)):
-        with pytest.raises(ValueError, match="does not fit"):
-            k.gemm_skinny(x, w, out, split=split)
 
 
 def test_lm_head_rows():

@@ -10,9 +10,6 @@ F32 = np.dtype(np.float32)
 K_CHUNK = 32         # GS_K in gemm_skinny.cu
 N_TILES = (1, 2, 4)  # gemm_skinny<..., NT, ...> instantiations: 8 rows an n-tile, so up to 32 rows
 MAX_ROWS = 8 * N_TILES[-1]
-XS_N_TILES = (2, 4)  # gemm_skinny_xs (x staged in shared memory) is for 9-32 rows
-XS_MAX_WR = 8        # GS_MAX_WR: row groups a block
-_SMEM_MAX = 227 * 1024
 
 
 def skinny_plan(M: int, N: int, K: int, n_sm: int, swiglu: bool = False) -> tuple:
@@ -44,12 +41,9 @@ def kernel_names(ctype: str) -> list:
     """gemm_skinny's instantiations for one element type (none for fp32: tensor cores take 16-bit inputs)."""
     if ctype == "float":
         return []
-    names = []
-    for kernel, tiles in (("gemm_skinny", N_TILES), ("gemm_skinny_xs", XS_N_TILES)):
-        names += [f"{kernel}<{ctype}, {o}, {mt}, {nt}, false>" for o in (ctype, "float") for mt in (1, 2)
-                  for nt in tiles]
-        names += [f"{kernel}<{ctype}, {ctype}, 2, {nt}, true>" for nt in tiles if nt > 1]
-    return names
+    plain = [f"gemm_skinny<{ctype}, {o}, {mt}, {nt}, false>" for o in (ctype, "float") for mt in (1, 2)
+             for nt in N_TILES]
+    return plain + [f"gemm_skinny<{ctype}, {ctype}, 2, {nt}, true>" for nt in N_TILES[1:]]
 
 
 def gemm_skinny(kernels, x, w, out, swiglu: bool = False, split=None):
@@ -76,31 +70,22 @@ def gemm_skinny(kernels, x, w, out, swiglu: bool = False, split=None):
 
 
 def _plan(kernels, M, N, K, swiglu, to, split):
-    """The launch: kernel, grid (blocks of tiles, slices), block, split-K workspace and counters, int arguments,
-    shared memory. WR (split's fourth entry, 0 if absent): 0 for gemm_skinny, else gemm_skinny_xs with WR tiles
-    (row groups) a block sharing x's slice in shared memory."""
+    """The launch: kernel, grid (tiles, slices), block, split-K workspace and counters, int arguments, shared
+    memory."""
     MT, NT, WK, S = skinny_plan(M, N, K, kernels.num_sms, swiglu)
-    WR = 0
     if split is not None:
-        MT, WK, S, WR = (*split, 0)[:4]
+        MT, WK, S = split
         MT = 2 if swiglu else MT
-    if WR:
-        NT = next(t for t in XS_N_TILES if 8 * t >= M)
     chunks = K // K_CHUNK
-    F = MT * NT * 4
-    cps = chunks // S if S and chunks % S == 0 else 0
-    red = max(WR, 1) * WK * F * 32 * 4  # the warps' fp32 partial tiles
-    smem = max(cps * NT * 512, red) if WR else red  # gemm_skinny_xs: x's slice first, in the same memory
-    if (not cps or cps < WK or WK * MT * NT * 4 > 256 or WR > XS_MAX_WR or (WR and WR * WK > 8)
-            or smem > _SMEM_MAX):
-        raise ValueError(f"gemm_skinny: split (MT {MT}, WK {WK}, S {S}, WR {WR}) does not fit {chunks} chunks of K "
-                         f"(each warp a chunk, partial tiles within 32 KB, at most 8 warps a block with WR)")
+    if chunks % S or chunks // S < WK or WK * MT * NT * 4 > 256:
+        raise ValueError(f"gemm_skinny: split (MT {MT}, WK {WK}, S {S}) does not fit {chunks} chunks of K "
+                         f"(each warp a chunk, partial tiles within 32 KB)")
     tiles = -(-N // (16 if swiglu else 16 * MT))
-    kernel = "gemm_skinny_xs" if WR else "gemm_skinny"
-    fn = kernels._fn("gemm_skinny", f"{kernel}<{kernels.ctype}, {to}, {MT}, {NT}, "
+    F = MT * NT * 4
+    smem = WK * F * 32 * 4  # the warps' fp32 partial tiles
+    fn = kernels._fn("gemm_skinny", f"gemm_skinny<{kernels.ctype}, {to}, {MT}, {NT}, "
                                     f"{'true' if swiglu else 'false'}>", smem)
     cp = kernels.cp
     ws = cp.empty(S * tiles * F * 32 if S > 1 else 1, cp.float32)  # each slice's fp32 tiles
     counters = cp.zeros(tiles if S > 1 else 1, cp.uint32)  # the kernel leaves them zero
-    grid, block = ((-(-tiles // WR), S), (32 * WK, WR)) if WR else ((tiles, S), (32 * WK,))
-    return fn, grid, block, ws, counters, tuple(np.int32(v) for v in (M, N, K)), smem
+    return fn, (tiles, S), (32 * WK,), ws, counters, tuple(np.int32(v) for v in (M, N, K)), smem
