@@ -1,6 +1,6 @@
 """gemm_skinny (tensor cores, 2-32 rows) against cuBLAS and torch at the decode projections, weights from DRAM.
 
-    python benchmarks/bench_gemm_skinny.py [--shape qwen2.5-0.5b] [--rows 2,4,8,16,32] [--reps 7] [--sweep] [--xs]
+    python benchmarks/bench_gemm_skinny.py [--shape qwen2.5-0.5b] [--rows 2,4,8,16,32] [--reps 7] [--sweep]
         [--ops qkv,down]
 
 Each timing is a CUDA graph of back-to-back calls (bench_kernels.time_calls), but every call reads another copy
@@ -26,11 +26,6 @@ from toolkit.shapes import NAMES, shape_config  # noqa: E402
 POOL_BYTES = 256 << 20
 SPLITS = ((1, 8, 1), (1, 16, 1), (2, 8, 1), (1, 8, 2), (1, 8, 4), (1, 16, 2), (1, 16, 4), (2, 8, 2), (2, 4, 1),
           (2, 4, 2), (2, 2, 1), (2, 4, 4), (2, 4, 8), (1, 4, 1), (1, 4, 2), (1, 4, 4), (1, 4, 8), (1, 2, 8), (1, 2, 4))
-# gemm_skinny_xs (x's slice in shared memory, WR tiles a block): MT x WK x S x WR; those that do not fit a shape
-# are skipped.
-XS_SPLITS = ((1, 8, 1, 1), (1, 4, 1, 2), (1, 2, 1, 4), (1, 2, 2, 4), (1, 1, 2, 8), (1, 4, 2, 2), (1, 2, 8, 4),
-             (1, 4, 8, 2), (1, 2, 19, 4), (1, 1, 19, 8), (1, 4, 4, 2), (2, 4, 8, 2), (2, 2, 19, 4), (2, 4, 1, 1),
-             (2, 4, 1, 2), (2, 2, 1, 4), (2, 2, 2, 4), (2, 1, 2, 8), (2, 4, 2, 2), (2, 2, 4, 4), (2, 1, 4, 8))
 
 
 def main():
@@ -39,7 +34,6 @@ def main():
     ap.add_argument("--rows", default="2,4,8,16,32")
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--sweep", action="store_true", help="also time every (MT, WK) split")
-    ap.add_argument("--xs", action="store_true", help="also time gemm_skinny_xs's splits (9-32 rows)")
     ap.add_argument("--ops", default="", help="only these ops (comma-separated names)")
     args = ap.parse_args()
     print("  ".join(f"{k}: {v}" for k, v in environment("cuda").items()))
@@ -112,15 +106,6 @@ def main():
                         or (N > 32768 and s > 1)):
                     continue
                 report(f"skinny {mt}x{wk}x{s}", time(lambda w, s=split: k.gemm_skinny(x, w, y, swiglu, s)), y)
-            for split in XS_SPLITS if args.xs and M > 8 else ():
-                if (swiglu and split[0] == 1) or (N > 32768 and split[2] > 1):
-                    continue
-                try:
-                    k.gemm_skinny(x, ws[0], y, swiglu, split)
-                except ValueError:
-                    continue  # does not fit this shape
-                report("xs " + "x".join(map(str, split)), time(lambda w, s=split: k.gemm_skinny(x, w, y, swiglu, s)),
-                       y)
             if has_torch and not swiglu:
                 tx = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
                 tws = [torch.randn(N, K, device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
