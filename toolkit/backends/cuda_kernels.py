@@ -142,6 +142,11 @@ def decode_head_blocks(batch: int, n_kv_heads: int, group: int, n_sm: int, kv_by
     return group
 
 
+def plan_kv_bytes(batch: int, n_kv_heads: int, D: int, itemsize: int, max_seq_len: int) -> int:
+    """A decode plan's K/V bytes a layer at its max_seq_len (what decode_head_blocks weighs)."""
+    return 2 * batch * max(1, max_seq_len) * n_kv_heads * D * itemsize
+
+
 def decode_tc_pays(batch: int, n_kv_heads: int, group: int, D: int, itemsize: int, n_sm: int,
                    max_seq_len: int) -> bool:
     """Whether a plan goes to the tensor-core decode kernel (one block a GQA group) under tensor_cores: wherever
@@ -150,7 +155,7 @@ def decode_tc_pays(batch: int, n_kv_heads: int, group: int, D: int, itemsize: in
     against 410 at 512 (Qwen2.5-0.5B; benchmarks/results/decode_tc_ab_on.log / _off.log). Where the CUDA-core
     kernel spreads a group over several blocks (a small batch at a short plan), one block a group measured as fast
     up to 200 keys and slower at 512 (batch 1: 204 against 154 us), so that stays."""
-    kv_bytes = 2 * batch * max(1, max_seq_len) * n_kv_heads * D * itemsize
+    kv_bytes = plan_kv_bytes(batch, n_kv_heads, D, itemsize, max_seq_len)
     return decode_head_blocks(batch, n_kv_heads, group, n_sm, kv_bytes) == math.ceil(group / 8)
 
 
@@ -526,7 +531,7 @@ class CudaKernels:
         if tc:  # a block takes the whole group (up to 16 heads: the A tile's rows), tiles of 64 keys
             head_blocks, kt = 1, TC_DECODE_KT
         else:
-            kv_bytes = 2 * B * max(1, max_seq_len) * Hkv * D * self.itemsize
+            kv_bytes = plan_kv_bytes(B, Hkv, D, self.itemsize, max_seq_len)
             head_blocks, kt = decode_head_blocks(B, Hkv, group, self.num_sms, kv_bytes), None
         n = decode_splits(B, Hkv, head_blocks, D, self.itemsize, self.num_sms, max(1, max_seq_len), kt)
         ws_ml = self.cp.empty((B, Hq, n, 2), self.cp.float32)
