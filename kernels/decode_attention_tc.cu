@@ -17,8 +17,8 @@
 //     tiles).
 //   - K/V tiles of 64 keys are gathered through the block table into shared memory with cp.async (each 16-byte
 //     chunk from its row's slot; keys past the split are zero-filled) and double-buffered: tile j + 1 loads while
-//     tile j is used, and the block-table entries of tile j + 2 are read meanwhile. Tile 0, but for the step's new
-//     key, starts loading before the PDL wait (see the kernel).
+//     tile j is used, and the block-table entries of tile j + 2 are read meanwhile. Tiles 0 and 1, but for the
+//     step's new key, start loading before the PDL wait (see the kernel).
 //   - Warp w scores keys 16w..16w+15 of a tile for all heads (mma.cuh's qk_tile, softmax_tile, pv_tile: the
 //     FlashAttention-2 steps of kernels/prefill_attention.cu, on a 16-key slice) with its own online softmax, so
 //     the 4 warps split the keys the way the CUDA-core kernel's do; at the end their partials meet in shared
@@ -37,6 +37,11 @@ constexpr int DT_KT = 64;    // keys a tile: 16 a warp
 // pays off.
 #ifndef DT_ONE_SPLIT_TILES
 #define DT_ONE_SPLIT_TILES 4
+#endif
+// Tile 1 issued before the PDL wait too (1), or only in the loop, after it (0: for A/B runs through
+// TOOLKIT_NVRTC_DEFINES=-DDT_EARLY_TILE1=0).
+#ifndef DT_EARLY_TILE1
+#define DT_EARLY_TILE1 1
 #endif
 
 // Cache slot of key `key` through one block-table row, or -1 (a zero-filled row) at or past `end`; the block id is
@@ -102,10 +107,16 @@ decode_attention_tc(const T* __restrict__ q, const T* __restrict__ k_cache, cons
 
     // Before the wait (PDL): what the previous kernels of this step cannot have written. The block tables and
     // lengths are staged before the step, and the cache rows of keys 0..length-2 were written by earlier steps:
-    // in a pure decode step (the only one launched with PDL) rope_qkv writes just each sequence's new key,
-    // length - 1, into its sequence's own last block. So the slots of tiles 0 and 1 are read, and tile 0's K/V
-    // rows but the new key's start loading, while the previous kernel still runs.
-    const int new_row = length - 1 - k_begin;  // the new key's row in tile 0, if it is there
+    // in a pure decode step (the only one launched with PDL) rope_qkv (or the qkv projection, with rope_in_gemm)
+    // writes just each sequence's new key, length - 1, into its sequence's own last block. So the slots of tiles
+    // 0 and 1 are read, and both tiles' K/V rows but the new key's start loading, while the previous kernel still
+    // runs: a sequence of up to 2 tiles then waits for no K/V load after the wait but the new key's. (Against
+    // loading tile 1 in the loop, after the wait: decode attention at batch 32 took 100.8 against 109.5 us a step
+    // at 65 keys, 142.6 against 153.6 at 129, 184.0 against 199.4 at 256; benchmarks/results/
+    // decode_tc_early_tile1_ab.log.)
+    // The new key's row counted from tile 0's first; -1 where it is not in this split (a split ends before it: then
+    // its tile-1 rows past k_end are zero-filled like any other, none skipped).
+    const int new_row = k_end == length ? length - 1 - k_begin : -1;
     if (tid < DT_KT) {
         s_slot[0][tid] = tile_slot(table, k_begin + tid, k_end, block_size, num_blocks);
         s_slot[1][tid] = tile_slot(table, k_begin + DT_KT + tid, k_end, block_size, num_blocks);
@@ -113,6 +124,10 @@ decode_attention_tc(const T* __restrict__ q, const T* __restrict__ k_cache, cons
     __syncthreads();
     load_tile_rows<T, D, LD>(Ks, kb, s_slot[0], kv_stride, new_row);
     load_tile_rows<T, D, LD>(Vs, vb, s_slot[0], kv_stride, new_row);
+    if (DT_EARLY_TILE1 && n_kt > 1) {
+        load_tile_rows<T, D, LD>(Ks + TILE, kb, s_slot[1], kv_stride, new_row - DT_KT);
+        load_tile_rows<T, D, LD>(Vs + TILE, vb, s_slot[1], kv_stride, new_row - DT_KT);
+    }
     cp_async_commit();
     pdl_enter();  // (pdl.cuh) q and the new key come from the previous kernels; a no-op unless launched with PDL
     // After it: the q rows (heads past Gb: zeros) and the new key's K/V row, one more cp.async group.
@@ -121,10 +136,12 @@ decode_attention_tc(const T* __restrict__ q, const T* __restrict__ k_cache, cons
         const int r = i / (D / 8), col = (i % (D / 8)) * 8;
         cp_async16(Qs + r * LD + col, qb + (size_t)min(r, Gb - 1) * D + col, r < Gb);
     }
-    if (new_row >= 0 && new_row < DT_KT && tid < D / 4) {  // D / 8 chunks of K, then of V (slot >= 0: key < k_end)
-        const int col = (tid % (D / 8)) * 8;
-        const size_t off = (size_t)s_slot[0][new_row] * kv_stride + col;
-        cp_async16((tid < D / 8 ? Ks : Vs) + new_row * LD + col, (tid < D / 8 ? kb : vb) + off, true);
+    // The new key's row, where it falls in tile 0 or 1 (in a later tile the loop loads it, after the wait).
+    // D / 8 chunks of K, then of V (new_row >= 0: the key is in this split, so its slot is >= 0).
+    if (new_row >= 0 && new_row < (1 + DT_EARLY_TILE1) * DT_KT && tid < D / 4) {
+        const int col = (tid % (D / 8)) * 8, t = new_row / DT_KT, r = new_row % DT_KT;
+        const size_t off = (size_t)s_slot[t][r] * kv_stride + col;
+        cp_async16((tid < D / 8 ? Ks : Vs) + t * TILE + r * LD + col, (tid < D / 8 ? kb : vb) + off, true);
     }
     cp_async_commit();
 
@@ -135,7 +152,8 @@ decode_attention_tc(const T* __restrict__ q, const T* __restrict__ k_cache, cons
 
     for (int j = 0; j < n_kt; j++) {
         const int buf = j & 1, k0 = k_begin + j * DT_KT + warp * 16;  // k0: this warp's first key of the tile
-        if (j + 1 < n_kt) {  // the next tile into the other buffer while this one is used
+        // The next tile into the other buffer while this one is used (tile 1: before the wait, above).
+        if (j >= DT_EARLY_TILE1 && j + 1 < n_kt) {
             load_slot_rows<T, D, LD, DT_KT>(Ks + (buf ^ 1) * TILE, kb, s_slot[buf ^ 1], kv_stride);
             load_slot_rows<T, D, LD, DT_KT>(Vs + (buf ^ 1) * TILE, vb, s_slot[buf ^ 1], kv_stride);
             cp_async_commit();

@@ -38,10 +38,21 @@
 // SWIGLU (gate_up, w = [2I, K]): the block's m-tile 0 is gate rows j0..j0+15 and m-tile 1 the up rows
 // I + j0..; the epilogue writes y[m, j] = swiglu(T(gate), T(up)) (elementwise.cuh), the bits silu_mul would
 // write from this kernel's gate_up, so gate_up is never written and silu_mul never launched.
+//
+// gemm_skinny_rope (the qkv projection of a decode step, EngineOptions.rope_in_gemm): rope_qkv's work as the
+// epilogue, so qkv is never written and rope_qkv never launched. RoPE pairs dims i and i + D/2 of a head, and the
+// mma tile's 16 rows are two halves of 8 (lane g holds rows g and g + 8), so tile t of head h = t / (D/16) streams
+// weight rows h D + 8q + g (the first half, q = t % (D/16)) and h D + D/2 + 8q + g (the second): each lane ends
+// with both members of its pairs. The epilogue is rope.cu's, value for value: T(y) (+ bias, rounded to T), the
+// rotation at positions[m] (rope.cuh's rope_pair), q to q_out, k and v to the caches at slot_mapping[m], with the
+// same skips (a position outside the table: no write; a padding slot: q only). Not for Qwen3's q/k norms, which
+// need the whole head. The positions, slots, cos/sin and bias are staged before the step, so they are read
+// before the PDL wait, while the previous kernel runs.
 #include "dtype.cuh"
 #include "elementwise.cuh"
 #include "mma.cuh"
 #include "pdl.cuh"
+#include "rope.cuh"
 
 constexpr int GS_K = 32;  // k per chunk: 2 mma k-steps, one 16-byte load per lane and row
 
@@ -71,25 +82,37 @@ __device__ __forceinline__ void store_out(TO* y, int M, int N, int m, int n, flo
     }
 }
 
-template <typename T, typename TO, int MT, int NT, bool SWIGLU>
-__device__ __forceinline__ void finish_tile(const float* red, float* ws, unsigned* counters, bool* s_last, TO* y,
-                                            int tile, int slice, int S, int tiles, int WK, int M, int N) {
-    constexpr int F = MT * NT * 4, OUT_F = SWIGLU ? NT * 4 : F, ROWS = SWIGLU ? 16 : 16 * MT;
-    constexpr int UP = NT * 4 * 32;  // SWIGLU: entry e's up partner
+// How a block's accumulators pair up in the epilogue. PLAIN: every entry alone. SWIGLU: entry e of m-tile 0 (gate)
+// with e + NT * 128 of m-tile 1 (up). ROPE (MT = 1): register r < 2 of a lane (row g, the pair's first half) with
+// r + 2 (row g + 8, its second half), entry e + 64. E: the entries that lead a pair; lead(o): the o-th of them.
+constexpr int GS_PLAIN = 0, GS_SWIGLU = 1, GS_ROPE = 2;
+template <int EPI, int MT, int NT> struct Pairs {
+    static constexpr int F = MT * NT * 4;
+    static constexpr int E = (EPI == GS_PLAIN ? F : F / 2) * 32;
+    static constexpr int partner = EPI == GS_SWIGLU ? NT * 4 * 32 : 64;
+    __device__ static int lead(int o) { return EPI == GS_ROPE ? (o >> 6) * 128 + (o & 63) : o; }
+};
+
+// The warps' partial tiles summed in warp order, then (S > 1) the slices in slice order by the last block of the
+// tile; store(e, v, u) writes entry e's value v (and its partner's, u) however the epilogue wants.
+template <int EPI, int MT, int NT, typename Store>
+__device__ __forceinline__ void finish_tile(const float* red, float* ws, unsigned* counters, bool* s_last, int tile,
+                                            int slice, int S, int tiles, int WK, Store store) {
+    using P = Pairs<EPI, MT, NT>;
+    constexpr int F = P::F, UP = P::partner;
     float* mine = ws + ((size_t)slice * tiles + tile) * F * 32;
-    for (int e = threadIdx.x; e < OUT_F * 32; e += blockDim.x) {
+    for (int o = threadIdx.x; o < P::E; o += blockDim.x) {
+        const int e = P::lead(o);
         float v = 0.0f, u = 0.0f;
         for (int q = 0; q < WK; q++) v += red[q * F * 32 + e];
-        if constexpr (SWIGLU)
+        if constexpr (EPI != GS_PLAIN)
             for (int q = 0; q < WK; q++) u += red[q * F * 32 + UP + e];
         if (S > 1) {
             mine[e] = v;
-            if constexpr (SWIGLU) mine[UP + e] = u;
+            if constexpr (EPI != GS_PLAIN) mine[UP + e] = u;
             continue;
         }
-        const int f = e >> 5, ln = e & 31, r = f & 3, j = (f >> 2) % NT, i = f / (NT * 4);
-        store_out<T, TO, SWIGLU>(y, M, N, 8 * j + 2 * (ln & 3) + (r & 1),
-                                 tile * ROWS + 16 * i + (ln >> 2) + 8 * (r >> 1), v, u);
+        store(e, v, u);
     }
     if (S == 1) return;
     __threadfence();
@@ -98,50 +121,55 @@ __device__ __forceinline__ void finish_tile(const float* red, float* ws, unsigne
     __syncthreads();
     if (!*s_last) return;
     __threadfence();
-    for (int e = threadIdx.x; e < OUT_F * 32; e += blockDim.x) {
+    for (int o = threadIdx.x; o < P::E; o += blockDim.x) {
+        const int e = P::lead(o);
         float v = 0.0f, u = 0.0f;
         for (int q = 0; q < S; q++) {  // L2 reads (__ldcg): other blocks wrote these
             const float* part = ws + ((size_t)q * tiles + tile) * F * 32;
             v += __ldcg(part + e);
-            if constexpr (SWIGLU) u += __ldcg(part + UP + e);
+            if constexpr (EPI != GS_PLAIN) u += __ldcg(part + UP + e);
         }
-        const int f = e >> 5, ln = e & 31, r = f & 3, j = (f >> 2) % NT, i = f / (NT * 4);
-        store_out<T, TO, SWIGLU>(y, M, N, 8 * j + 2 * (ln & 3) + (r & 1),
-                                 tile * ROWS + 16 * i + (ln >> 2) + 8 * (r >> 1), v, u);
+        store(e, v, u);
     }
     if (threadIdx.x == 0) counters[tile] = 0u;  // ready for the next launch (graph replays included)
 }
 
-// x T[M, K], w T[N, K] (SWIGLU: [2N, K], N = I), y TO[M, N]; ws float[S, tiles, F * 32] and counters[tiles]
-// (zero, and left zero) when S > 1. Grid (tiles, S): tiles = ceil(N / (16 * MT)) (SWIGLU: ceil(N / 16)); S divides
-// K / 32 into slices of at least WK chunks. Block: WK warps (blockDim.x = 32 WK). Dynamic shared memory:
-// WK * F * 32 floats.
-template <typename T, typename TO, int MT, int NT, bool SWIGLU>
-__global__ void __launch_bounds__(512)
-gemm_skinny(const T* __restrict__ x, const T* __restrict__ w, TO* __restrict__ y, float* __restrict__ ws,
-            unsigned* __restrict__ counters, int M, int N, int K) {
-    static_assert(!SWIGLU || MT == 2, "SWIGLU pairs m-tile 0 (gate) with m-tile 1 (up)");
-    constexpr int PF = Ring<MT, NT>::pf, F = MT * NT * 4;  // F: accumulator registers a lane
-    constexpr int ROWS = SWIGLU ? 16 : 16 * MT;            // output columns a tile
-    extern __shared__ __align__(16) float gs_red[];        // [WK][F][32]
-    __shared__ bool s_last;
+// Weight row of lane row g, half h (rows g or g + 8 of the mma tile) of m-tile i of tile `tile` (see the header;
+// PLAIN and SWIGLU rows past the end are clamped to the last row: loaded, never stored; ROPE tiles are whole).
+template <int EPI, int MT>
+__device__ __forceinline__ int weight_row(int tile, int i, int h, int g, int N, int D) {
+    if constexpr (EPI == GS_ROPE) {
+        const int tph = D / 16, head = tile / tph;  // tiles a head
+        return head * D + h * (D / 2) + 8 * (tile % tph) + g;
+    } else if constexpr (EPI == GS_SWIGLU) {
+        return min(tile * 16 + 8 * h + g, N - 1) + (i ? N : 0);
+    } else {
+        return min(tile * 16 * MT + 16 * i + 8 * h + g, N - 1);
+    }
+}
+
+// The loop every form shares: this block's tile (gridDim.x tiles) of one slice of K (gridDim.y slices), each
+// warp's partial tile left in red[warp][F][32] (shared), then a barrier. pre() runs between the first weight loads
+// and the PDL wait: where an epilogue reads step constants (gemm_skinny_rope), they load while the previous
+// kernel still runs.
+template <typename T, int MT, int NT, int EPI, typename Pre>
+__device__ __forceinline__ void skinny_partials(const T* __restrict__ x, const T* __restrict__ w, float* red, int M,
+                                                int N, int K, int D, Pre pre) {
+    constexpr int PF = Ring<MT, NT>::pf;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
     const int WK = blockDim.x >> 5, S = gridDim.y, cps = K / GS_K / S;  // chunks a slice
     const int nck = (cps - warp + WK - 1) / WK;  // this warp's chunks (>= 1: cps >= WK)
     const int tile = blockIdx.x, kc0 = blockIdx.y * cps + warp;  // this warp's first chunk
 
-    // Lane (g, c) streams weight rows (tile i, half h) = ROWS * tile + 16 i + 8 h + g (SWIGLU: m-tile 0 the gate
-    // rows 16 * tile + 8 h + g, m-tile 1 the up rows N + those), elements [8c, 8c + 8) of chunks kc0, kc0 + WK, ...
-    // Rows past the end are clamped to the last row: loaded, never stored.
+    // Lane (g, c) streams weight rows (tile i, half h) = weight_row(...), elements [8c, 8c + 8) of chunks kc0,
+    // kc0 + WK, ...
     const uint4* wrow[MT][2];
 #pragma unroll
     for (int i = 0; i < MT; i++)
 #pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const int n = tile * ROWS + 8 * h + g;
-            const int row = SWIGLU ? min(n, N - 1) + (i ? N : 0) : min(n + 16 * i, N - 1);
-            wrow[i][h] = reinterpret_cast<const uint4*>(w + (size_t)row * K) + kc0 * 4 + c;
-        }
+        for (int h = 0; h < 2; h++)
+            wrow[i][h] = reinterpret_cast<const uint4*>(w + (size_t)weight_row<EPI, MT>(tile, i, h, g, N, D) * K) +
+                         kc0 * 4 + c;
     // x rows 8 j + g of n-tile j (rows past M are zeros, never loaded: their columns are never stored).
     const uint4* xrow[NT];
     bool xok[NT];
@@ -161,6 +189,7 @@ gemm_skinny(const T* __restrict__ x, const T* __restrict__ w, TO* __restrict__ y
             for (int i = 0; i < MT; i++)
 #pragma unroll
                 for (int h = 0; h < 2; h++) wv[p][i][h] = __ldg(wrow[i][h] + p * step);
+    pre();
     pdl_enter();  // x comes from the previous kernel
 #pragma unroll
     for (int p = 0; p < PF; p++)
@@ -207,7 +236,78 @@ gemm_skinny(const T* __restrict__ x, const T* __restrict__ w, TO* __restrict__ y
 #pragma unroll
         for (int j = 0; j < NT; j++)
 #pragma unroll
-            for (int r = 0; r < 4; r++) gs_red[((warp * MT + i) * NT + j) * 128 + r * 32 + lane] = acc[i][j][r];
+            for (int r = 0; r < 4; r++) red[((warp * MT + i) * NT + j) * 128 + r * 32 + lane] = acc[i][j][r];
     __syncthreads();
-    finish_tile<T, TO, MT, NT, SWIGLU>(gs_red, ws, counters, &s_last, y, tile, blockIdx.y, S, gridDim.x, WK, M, N);
+}
+
+// x T[M, K], w T[N, K] (SWIGLU: [2N, K], N = I), y TO[M, N]; ws float[S, tiles, F * 32] and counters[tiles]
+// (zero, and left zero) when S > 1. Grid (tiles, S): tiles = ceil(N / (16 * MT)) (SWIGLU: ceil(N / 16)); S divides
+// K / 32 into slices of at least WK chunks. Block: WK warps (blockDim.x = 32 WK). Dynamic shared memory:
+// WK * F * 32 floats.
+template <typename T, typename TO, int MT, int NT, bool SWIGLU>
+__global__ void __launch_bounds__(512)
+gemm_skinny(const T* __restrict__ x, const T* __restrict__ w, TO* __restrict__ y, float* __restrict__ ws,
+            unsigned* __restrict__ counters, int M, int N, int K) {
+    static_assert(!SWIGLU || MT == 2, "SWIGLU pairs m-tile 0 (gate) with m-tile 1 (up)");
+    constexpr int EPI = SWIGLU ? GS_SWIGLU : GS_PLAIN;
+    constexpr int ROWS = SWIGLU ? 16 : 16 * MT;  // output columns a tile
+    extern __shared__ __align__(16) float gs_red[];  // [WK][F][32]
+    __shared__ bool s_last;
+    skinny_partials<T, MT, NT, EPI>(x, w, gs_red, M, N, K, 0, [] {});
+    const int tile = blockIdx.x;
+    finish_tile<EPI, MT, NT>(gs_red, ws, counters, &s_last, tile, blockIdx.y, gridDim.y, gridDim.x,
+                             blockDim.x >> 5, [&](int e, float v, float u) {
+        const int f = e >> 5, ln = e & 31, r = f & 3, j = (f >> 2) % NT, i = f / (NT * 4);
+        store_out<T, TO, SWIGLU>(y, M, N, 8 * j + 2 * (ln & 3) + (r & 1),
+                                 tile * ROWS + 16 * i + (ln >> 2) + 8 * (r >> 1), v, u);
+    });
+}
+
+// The qkv projection with rope_qkv's epilogue (see the header). x T[M, K]; w T[(Hq + 2 Hkv) D, K]; bias T[that]
+// or null; cos, sin float[n_pos, D/2]; positions, slot_mapping int[M]; q_out T[M, Hq, D]; k_cache, v_cache
+// T[num_slots, Hkv, D]. Grid (N / 16, S), block WK warps, ws and counters as gemm_skinny's (MT = 1); D % 16 == 0.
+template <typename T, int NT>
+__global__ void __launch_bounds__(512)
+gemm_skinny_rope(const T* __restrict__ x, const T* __restrict__ w, float* __restrict__ ws,
+                 unsigned* __restrict__ counters, int M, int K, const T* __restrict__ bias,
+                 const float* __restrict__ cos_t, const float* __restrict__ sin_t, const int* __restrict__ positions,
+                 const int* __restrict__ slot_mapping, int Hq, int Hkv, int D, int n_pos, int num_slots,
+                 T* __restrict__ q_out, T* __restrict__ k_cache, T* __restrict__ v_cache) {
+    extern __shared__ __align__(16) float gs_red[];  // [WK][F][32]
+    __shared__ bool s_last;
+    __shared__ int s_pos[32], s_slot[32];                   // a row's position (-1: outside the table) and slot
+    __shared__ float s_cos[32][8], s_sin[32][8], s_bias[16];  // this tile's 8 pairs at each row's position
+    const int N = (Hq + 2 * Hkv) * D, half = D / 2, tile = blockIdx.x, head = tile / (D / 16);
+    const int i0 = 8 * (tile % (D / 16));  // the tile's first pair: dims i0..i0+7 and half + those
+    skinny_partials<T, 1, NT, GS_ROPE>(x, w, gs_red, M, N, K, D, [&] {
+        for (int t = threadIdx.x; t < 8 * M; t += blockDim.x) {
+            const int m = t >> 3, k = t & 7, p = positions[m];
+            const bool in = (unsigned)p < (unsigned)n_pos;
+            s_cos[m][k] = in ? cos_t[(size_t)p * half + i0 + k] : 0.0f;
+            s_sin[m][k] = in ? sin_t[(size_t)p * half + i0 + k] : 0.0f;
+            if (k == 0) { s_pos[m] = in ? p : -1; s_slot[m] = slot_mapping[m]; }
+        }
+        const int t = threadIdx.x;
+        if (t < 16) s_bias[t] = bias ? to_f32(bias[head * D + (t < 8 ? i0 + t : half + i0 + t - 8)]) : 0.0f;
+    });  // (skinny_partials ends with a barrier: these are visible to the epilogue)
+    finish_tile<GS_ROPE, 1, NT>(gs_red, ws, counters, &s_last, tile, blockIdx.y, gridDim.y, gridDim.x,
+                                blockDim.x >> 5, [&](int e, float v, float u) {
+        const int f = e >> 5, ln = e & 31, k = ln >> 2;  // pair k of the tile: rows k and k + 8
+        const int m = 8 * (f >> 2) + 2 * (ln & 3) + (f & 1);
+        if (m >= M || s_pos[m] < 0) return;  // past the batch; a position outside the table writes nothing
+        float a = rnd<T>(v), b = rnd<T>(u);  // the Linear output, then its bias, each rounded to T (rope.cu)
+        if (bias) { a = rnd<T>(a + s_bias[k]); b = rnd<T>(b + s_bias[8 + k]); }
+        T* dst;
+        if (head < Hq) {
+            dst = q_out + ((size_t)m * Hq + head) * D;
+        } else {
+            const int slot = s_slot[m];
+            if ((unsigned)slot >= (unsigned)num_slots) return;  // a padding row (or a bad slot): q only
+            const int kv = head - Hq;
+            dst = (kv < Hkv ? k_cache : v_cache) + ((size_t)slot * Hkv + kv % Hkv) * D;
+        }
+        if (head < Hq + Hkv) rope_pair(a, b, s_cos[m][k], s_sin[m][k]);  // v heads are not rotated
+        dst[i0 + k] = from_f32<T>(a);
+        dst[half + i0 + k] = from_f32<T>(b);
+    });
 }

@@ -1,5 +1,6 @@
 """Skinny projection, CPU twin of gemm_skinny.cu: y[m, n] = sum_k x[m, k] * w[n, k] (y = x @ w.T) for a few rows,
-and its SwiGLU form (the gate_up projection with silu(gate) * up as the epilogue).
+its SwiGLU form (the gate_up projection with silu(gate) * up as the epilogue) and its RoPE form
+(gemm_skinny_rope: the qkv projection with rope_qkv as the epilogue).
 
 On the CPU BLAS streams the weights at memory speed for any number of rows, so the twin is the matmul the CPU
 backend's `linear` uses; it exists so the GPU kernel has a reference under its own name. `fragment_order`
@@ -9,6 +10,7 @@ check in NumPy that it covers every k once.
 import numpy as np
 
 from .gemv import projection, swiglu_projection
+from .rope import rope_qkv
 
 MAX_ROWS = 32  # gemm_skinny.cu is instantiated for NT = 1, 2, 4 n-tiles of 8 rows
 K_CHUNK = 32   # GS_K: k per chunk
@@ -23,6 +25,31 @@ def gemm_skinny_swiglu(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
     """out[M, I] = silu(x @ w[:I].T) * (x @ w[I:].T) for w = gate_up [2I, K]: the projection, then silu_mul's
     rounding, as gemm_skinny.cu's SWIGLU epilogue does it. float32, M <= MAX_ROWS."""
     swiglu_projection("gemm_skinny_swiglu", gemm_skinny, x, w, out)
+
+
+def gemm_skinny_rope(x: np.ndarray, w: np.ndarray, bias, cos: np.ndarray, sin: np.ndarray, positions: np.ndarray,
+                     slot_mapping: np.ndarray, n_heads: int, n_kv_heads: int, q_out: np.ndarray, k_cache: np.ndarray,
+                     v_cache: np.ndarray) -> None:
+    """The qkv projection, then rope_qkv's twin (no q/k norms): q -> q_out [M, Hq, D], K/V -> the caches at
+    slot_mapping, with rope_qkv's skips. float32, M <= MAX_ROWS."""
+    qkv = np.empty((x.shape[0], w.shape[0]), np.float32)
+    gemm_skinny(x, w, qkv)
+    rope_qkv(qkv, bias, None, None, 0.0, cos, sin, positions, slot_mapping, n_heads, n_kv_heads, q_out, k_cache,
+             v_cache)
+
+
+def rope_tile_rows(tile: int, h: int, g: int, D: int) -> int:
+    """gemm_skinny_rope's weight row for lane row g (0..7) of half h (the mma tile's rows g, g + 8) of a tile:
+    tile t of head t // (D/16) holds pairs i = 8 (t % (D/16)) + g, its half 0 being dim i and half 1 dim i + D/2
+    (gemm_skinny.cu's weight_row<GS_ROPE>)."""
+    tph = D // 16
+    return (tile // tph) * D + h * (D // 2) + 8 * (tile % tph) + g
+
+
+def rope_pair_entries(NT: int) -> list:
+    """(entry, partner) of gemm_skinny.cu's Pairs<GS_ROPE, 1, NT>: entry e = f * 32 + lane, f = 4 j + r, holds
+    register r of n-tile j in a lane; the epilogue pairs r < 2 (row g: half 0) with r + 2 (row g + 8: half 1)."""
+    return [((o >> 6) * 128 + (o & 63), (o >> 6) * 128 + (o & 63) + 64) for o in range(NT * 64)]
 
 
 def fragment_order() -> np.ndarray:

@@ -46,18 +46,24 @@ __device__ __forceinline__ void rope_norm(const T* norm, float eps, int D, int l
     }
 }
 
+// One pair (a, b) = (x[i], x[i+D/2]) rotated by (c, s) = (cos, sin): a c - b s and b c + a s, in fp32 (rounded
+// once, by the caller's store). Written with _rn intrinsics so that no call site is contracted into an FMA: the
+// products round as the NumPy twin's do, and every kernel that rotates (rope_qkv, decode attention's rope variant,
+// gemm_skinny_rope's epilogue) gives the same bits whatever the compiler fuses around it.
+__device__ __forceinline__ void rope_pair(float& a, float& b, float c, float s) {
+    const float x = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+    b = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
+    a = x;
+}
+
 // Rotate in place at the position whose tables are cr, sr: out[i] = x[i] c - x[i+D/2] s, out[i+D/2] = x[i+D/2] c +
-// x[i] s, in fp32 (rounded once, by the caller's store).
+// x[i] s (rope_pair).
 __device__ __forceinline__ void rope_rotate(const float* cr, const float* sr, int half, int lane,
                                             float (&x1)[MAX_PAIRS], float (&x2)[MAX_PAIRS]) {
 #pragma unroll
     for (int k = 0; k < MAX_PAIRS; k++) {
         const int i = lane + 32 * k;
-        if (i < half) {
-            const float c = cr[i], s = sr[i], a = x1[k], b = x2[k];
-            x1[k] = a * c - b * s;
-            x2[k] = b * c + a * s;
-        }
+        if (i < half) rope_pair(x1[k], x2[k], cr[i], sr[i]);
     }
 }
 

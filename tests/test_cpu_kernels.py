@@ -187,6 +187,29 @@ def test_rope_qkv(rng, Hq, Hkv, D, bs, with_bias, with_norm):
     assert np.isnan(k_cache[rest]).all() and np.isnan(v_cache[rest]).all()
 
 
+def test_gemm_skinny_rope_twin(rng):
+    """gemm_skinny_rope's twin (the qkv projection with rope_qkv as its epilogue) against NumPy: x W^T + bias,
+    rotated; K/V at the rows' slots, a padding row (slot -1) writing q only."""
+    from kernels.gemm_skinny import gemm_skinny_rope
+
+    Hq, Hkv, D, M, Kin, num_slots = 4, 2, 16, 5, 24, 40
+    x, w, bias = randn(rng, M, Kin), randn(rng, (Hq + 2 * Hkv) * D, Kin), randn(rng, (Hq + 2 * Hkv) * D)
+    positions = np.array([3, 0, 17, 9, 30], I32)
+    slots = np.array([7, 2, 31, -1, 11], I32)
+    cos, sin = rope_tables(32, D)
+    q_out = np.empty((M, Hq, D), np.float32)
+    k_cache = np.full((num_slots, Hkv, D), np.nan, np.float32)
+    v_cache = k_cache.copy()
+    gemm_skinny_rope(x, w, bias, cos, sin, positions, slots, Hq, Hkv, q_out, k_cache, v_cache)
+    y = x.astype(np.float64) @ w.T.astype(np.float64) + bias
+    q, k, v = (y[:, a * D:b * D].reshape(M, -1, D) for a, b in ((0, Hq), (Hq, Hq + Hkv), (Hq + Hkv, Hq + 2 * Hkv)))
+    assert_close(q_out, ref_rope(q, positions, cos, sin))
+    real = slots >= 0
+    assert_close(k_cache[slots[real]], ref_rope(k, positions, cos, sin)[real])
+    assert_close(v_cache[slots[real]], v[real])
+    assert np.isnan(np.delete(k_cache, slots[real], axis=0)).all()
+
+
 @pytest.mark.parametrize("T,I", [(1, 1000), (9, 5)])
 def test_silu_mul(rng, T, I):
     gate_up = randn(rng, T, 2 * I, scale=3.0)

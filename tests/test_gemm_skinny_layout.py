@@ -1,10 +1,12 @@
 """gemm_skinny.cu's fragment layout in NumPy (no GPU): lane c's 16-byte load of a 32-wide chunk, split over two
 mma k-steps as the kernel does, covers every k of the chunk exactly once, on A and B alike, so the product is the
-dot product; and the launch plan. (The twins against NumPy: tests/test_cpu_kernels.py::test_projection_*.)"""
+dot product; the launch plan; and gemm_skinny_rope's row and register pairing. (The twins against NumPy:
+tests/test_cpu_kernels.py::test_projection_*, ::test_gemm_skinny_rope_twin.)"""
 import numpy as np
+import pytest
 from hypothesis import given, settings, strategies as st
 
-from kernels.gemm_skinny import K_CHUNK, fragment_order, logical_k
+from kernels.gemm_skinny import K_CHUNK, fragment_order, logical_k, rope_pair_entries, rope_tile_rows
 from toolkit.backends.cuda_gemm import MAX_ROWS, N_TILES, skinny_plan
 
 
@@ -70,3 +72,25 @@ def test_which_projections_the_backend_sends_here():
                       9: [True, True, False, False], 32: [True, True, False, False], 33: [False] * 4}
     fake.kernels.itemsize = 4  # fp32 stays on cuBLAS
     assert not CudaBackend._skinny_ok(fake, 8, 896, 896)
+
+
+@pytest.mark.parametrize("D", [32, 64, 80, 128, 256])
+@pytest.mark.parametrize("heads", [3, 18])
+def test_rope_tiles_cover_every_row_once_in_pairs(D, heads):
+    """gemm_skinny_rope's tiles (16 rows each, heads * D / 16 of them) stream every weight row of the fused qkv
+    once, and lane row g of a tile's two halves is a RoPE pair: dims i and i + D/2 of one head."""
+    pairs = [(rope_tile_rows(t, 0, g, D), rope_tile_rows(t, 1, g, D)) for t in range(heads * D // 16)
+             for g in range(8)]
+    assert sorted(r for p in pairs for r in p) == list(range(heads * D))
+    assert all(b - a == D // 2 and a % D < D // 2 for a, b in pairs)
+
+
+@pytest.mark.parametrize("NT", N_TILES)
+def test_rope_epilogue_pairs_every_accumulator_once(NT):
+    """Its epilogue's (entry, partner) pairs cover a block's NT * 4 accumulators a lane once, each pair in one
+    lane and n-tile: register r < 2 (row g, half 0) with r + 2 (row g + 8, half 1)."""
+    pairs = rope_pair_entries(NT)
+    assert sorted(e for p in pairs for e in p) == list(range(NT * 4 * 32))
+    for e, u in pairs:
+        f, fu = e >> 5, u >> 5
+        assert e & 31 == u & 31 and f >> 2 == fu >> 2 and f & 3 < 2 and fu & 3 == (f & 3) + 2

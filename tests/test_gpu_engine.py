@@ -33,6 +33,25 @@ def run_batch(engine, batch, n_tokens, toggle=None):
     return [got[r] for r in rids], steps
 
 
+def switch_changes_no_token(eng, reqs, switch: str, kernel: str, monkeypatch, **fixed):
+    """reqs with `switch` off and on, each from graphs (captured afresh) and eagerly: every step records the switch
+    as set, the spied CudaKernels method `kernel` runs only with it on, and the tokens are the same in all four."""
+    cls = type(eng.backend.kernels)  # the class: the PDL twin's kernels are a copy of the backend's
+    real, launches = getattr(cls, kernel), []
+    monkeypatch.setattr(cls, kernel, lambda *a, **k: (launches.append(1), real(*a, **k)))
+    runs = {}
+    for on in (False, True):
+        for graphs in (True, False):
+            before = len(launches)
+            eng.runner.graphs.clear()
+            eng.set_options(EngineOptions(cuda_graphs=graphs, **{switch: on}, **fixed))
+            runs[on, graphs], steps = run_batch(eng, reqs, 8)
+            assert all(getattr(s.options, switch) == on for s in steps)
+            assert (len(launches) > before) == on
+    eng.set_options(EngineOptions())
+    assert all(r == runs[False, False] for r in runs.values())
+
+
 @pytest.fixture(scope="module")
 def tiny_bf16():
     return build_engine(shape="tiny", device="cuda", dtype="bfloat16", max_context=256, kv_cache_tokens=256 * 80)
@@ -77,23 +96,17 @@ def test_pdl_changes_no_token(tiny_bf16, batch, fused):
 @pytest.mark.parametrize("pdl", [True, False])
 def test_mlp_kernel_changes_no_token(tiny_bf16, pdl, monkeypatch):
     """The persistent MLP kernel (batch-1 steps) gives the tokens of the unfused kernels, from graphs and eagerly,
-    and runs: a batch-1 decode step launches it once a layer."""
-    eng = tiny_bf16
-    reqs = prompts(np.random.default_rng(50), eng.cfg.vocab_size, 1)
-    cls = type(eng.backend.kernels)  # the class: the PDL twin's kernels are a copy of the backend's
-    real, launches = cls.decode_mlp, []
-    monkeypatch.setattr(cls, "decode_mlp", lambda *a: (launches.append(1), real(*a)))
-    runs = {}
-    for on in (False, True):
-        for graphs in (True, False):
-            before = len(launches)
-            eng.runner.graphs.clear()
-            eng.set_options(EngineOptions(mlp_kernel=on, cuda_graphs=graphs, pdl=pdl))
-            runs[on, graphs], steps = run_batch(eng, reqs, 8)
-            assert all(s.options.mlp_kernel == on for s in steps)
-            assert (len(launches) > before) == on
-    eng.set_options(EngineOptions())
-    assert all(r == runs[False, False] for r in runs.values())
+    and runs (batch-1 decode steps launch it)."""
+    reqs = prompts(np.random.default_rng(50), tiny_bf16.cfg.vocab_size, 1)
+    switch_changes_no_token(tiny_bf16, reqs, "mlp_kernel", "decode_mlp", monkeypatch, pdl=pdl)
+
+
+@pytest.mark.parametrize("pdl", [True, False])
+def test_rope_in_gemm_changes_no_token(tiny_bf16, pdl, monkeypatch):
+    """RoPE and the K/V write in the qkv projection's epilogue (gemm_skinny_rope, decode steps of 2-32 rows) give
+    the tokens of gemm_skinny + rope_qkv, from graphs and eagerly, and run (decode steps of 5 rows launch it)."""
+    reqs = prompts(np.random.default_rng(70), tiny_bf16.cfg.vocab_size, 5)
+    switch_changes_no_token(tiny_bf16, reqs, "rope_in_gemm", "gemm_skinny_rope", monkeypatch, pdl=pdl)
 
 
 def test_toggling_graphs_mid_request_changes_no_token(tiny_bf16):

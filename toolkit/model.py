@@ -112,6 +112,9 @@ class Model:
         # A pure decode step can do rope_qkv's work inside decode attention (one launch a layer fewer); a step with
         # prompt rows needs q and the cache written for every row before its prefill attention.
         rope_inside = options.rope_in_attention and nd == N
+        # rope_in_gemm: the qkv projection does rope_qkv's work in its epilogue where gemm_skinny takes it (2-32
+        # rows of a pure decode step, no q/k norms): one kernel a layer fewer.
+        rope_gemm = options.rope_in_gemm and not (fused or rope_inside)
         # mlp_kernel (batch 1): each MLP block is one persistent kernel (decode_mlp) that also does both residual
         # adds, so h is complete after it and the next RMSNorm adds nothing.
         mlp_one = (options.mlp_kernel and options.small_batch_gemv and not fused
@@ -127,11 +130,15 @@ class Model:
                 be.gemv_fused(s.h, L.qkv, s.qkv, "norm", L.input_norm, eps)
             else:
                 be.add_rmsnorm(None if i == 0 or added else s.mlp_out, s.h, L.input_norm, eps, s.x)
-                be.linear(s.x, L.qkv, s.qkv)
             rope = (s.qkv, L.qkv_bias, L.q_norm, L.k_norm, eps, self.cos, self.sin, step.positions,
                     step.slot_mapping)
-            if not rope_inside:
-                be.rope_qkv(*rope, c.num_heads, c.num_kv_heads, s.q, kv.k[i], kv.v[i])
+            if rope_gemm:  # qkv and rope_qkv: one kernel where it can be (else the two, in turn)
+                be.linear_rope(s.x, L.qkv, *rope, c.num_heads, c.num_kv_heads, s.q, kv.k[i], kv.v[i])
+            else:
+                if not fused:
+                    be.linear(s.x, L.qkv, s.qkv)
+                if not rope_inside:
+                    be.rope_qkv(*rope, c.num_heads, c.num_kv_heads, s.q, kv.k[i], kv.v[i])
             self._attention(be, step, kv, i, s, nd, B, options, timer, rope if rope_inside else None)
             if fused:  # h += W_o attn
                 be.gemv_fused(s.attn.reshape(N, -1), L.o_proj, s.h, "add")
@@ -192,6 +199,9 @@ class _Ops:
 
     def linear_swiglu(self, x, w, gate_up, act):
         self._be.linear_swiglu(x, w, gate_up, act, self._swiglu, self._skinny)
+
+    def linear_rope(self, x, w, *rope):
+        self._be.linear_rope(x, w, *rope, small_batch_gemv=self._gemv, skinny_gemm=self._skinny)
 
     def __getattr__(self, name):
         return getattr(self._be, name)

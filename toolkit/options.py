@@ -48,6 +48,9 @@ class EngineOptions:
     skinny_gemm: bool = _switch("our tensor-core GEMM (gemm_skinny) instead of cuBLAS for the small projections of a "
                                 "decode step of 2-32 rows (Qwen2.5-0.5B: qkv and o, and down up to 8 rows; GPU, "
                                 "16-bit)")
+    rope_in_gemm: bool = _switch("in a pure decode step of 2-32 rows, apply RoPE and write the new K/V in the "
+                                 "epilogue of the qkv projection (gemm_skinny_rope, with skinny_gemm) instead of a "
+                                 "separate rope_qkv launch: one kernel a layer fewer (GPU, 16-bit, no q/k norms)")
     sampler_fast_path: bool = _switch("skip the FP32 logits copy when no request in the batch needs logits processing")
     sparse_prefill: bool = _switch("prefill attention over the sliding window + the indexer's top-k key blocks "
                                    "(exact when it covers every block)")
@@ -95,9 +98,11 @@ class EngineOptions:
         on_gpu = backend_name == "cuda"
         gemv = self.small_batch_gemv and on_gpu
         graphs = self.cuda_graphs and on_gpu
+        skinny = self.skinny_gemm and on_gpu and dtype != "float32"
+        rope_attn = self.rope_in_attention and on_gpu  # (where both are asked for, the attention does RoPE)
         return replace(self, cuda_graphs=graphs, tensor_cores=self.tensor_cores and on_gpu and dtype != "float32",
-                       rope_in_attention=self.rope_in_attention and on_gpu,
-                       small_batch_gemv=gemv, skinny_gemm=self.skinny_gemm and on_gpu and dtype != "float32",
+                       rope_in_attention=rope_attn, rope_in_gemm=self.rope_in_gemm and skinny and not rope_attn,
+                       small_batch_gemv=gemv, skinny_gemm=skinny,
                        fused_gemv=self.fused_gemv and gemv,
                        gemv_swiglu=self.gemv_swiglu and gemv, mlp_kernel=self.mlp_kernel and gemv,
                        pdl=self.pdl and graphs)  # PDL runs in graph-replayed steps only (runner.py says why)

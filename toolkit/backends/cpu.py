@@ -83,6 +83,13 @@ class CpuBackend:
         self.linear(x, w, gate_up)
         silu_mul(gate_up, act)
 
+    def linear_rope(self, x, w, qkv, bias, q_norm, k_norm, eps, cos, sin, positions, slot_mapping, n_heads,
+                    n_kv_heads, q_out, k_cache, v_cache, small_batch_gemv=False, skinny_gemm=False):
+        # (the CUDA kernel's twin, kernels/gemm_skinny.py's gemm_skinny_rope, is this same matmul + rope_qkv)
+        self.linear(x, w, qkv)
+        rope_qkv(qkv, bias, q_norm, k_norm, eps, cos, sin, positions, slot_mapping, n_heads, n_kv_heads, q_out,
+                 k_cache, v_cache)
+
     def launching(self, pdl: bool) -> "CpuBackend":
         return self  # no launches to overlap
 

@@ -279,6 +279,22 @@ class CudaBackend:
         self.linear(x, w, gate_up)
         self.kernels.silu_mul(gate_up, act)
 
+    def linear_rope(self, x, w, qkv, bias, q_norm, k_norm, eps, cos, sin, positions, slot_mapping, n_heads,
+                    n_kv_heads, q_out, k_cache, v_cache, small_batch_gemv: bool = False, skinny_gemm: bool = False):
+        """qkv = x @ w.T, then rope_qkv (bias, RoPE, q -> q_out, K/V -> the caches): where gemm_skinny takes the
+        projection (not our GEMV) and there are no q/k norms (they need the whole head; a tile holds 8 of its
+        pairs), one kernel, gemm_skinny_rope, and qkv is not written. The same bits either way."""
+        T, K = x.shape
+        N = w.shape[0]
+        if (skinny_gemm and q_norm is None and k_cache.shape[2] % 16 == 0 and self._skinny_ok(T, N, K)
+                and not (small_batch_gemv and self._gemv_ok(T, N, K))):
+            self.kernels.gemm_skinny_rope(x, w, bias, cos, sin, positions, slot_mapping, n_heads, n_kv_heads, q_out,
+                                          k_cache, v_cache)
+            return
+        self.linear(x, w, qkv, small_batch_gemv, skinny_gemm)
+        self.rope_qkv(qkv, bias, q_norm, k_norm, eps, cos, sin, positions, slot_mapping, n_heads, n_kv_heads, q_out,
+                      k_cache, v_cache)
+
     def _gemv_ok(self, rows: int, n: int, k: int) -> bool:
         """Whether out[rows, n] = x[rows, k] @ w.T goes to our GEMV (when small_batch_gemv is on)."""
         return rows <= _GEMV_ROWS and n <= _GEMV_MAX_N and k % self.kernels.vec == 0

@@ -12,7 +12,7 @@ N_TILES = (1, 2, 4)  # gemm_skinny<..., NT, ...> instantiations: 8 rows an n-til
 MAX_ROWS = 8 * N_TILES[-1]
 
 
-def skinny_plan(M: int, N: int, K: int, n_sm: int, swiglu: bool = False) -> tuple:
+def skinny_plan(M: int, N: int, K: int, n_sm: int, swiglu: bool = False, rope: bool = False) -> tuple:
     """(MT, NT, WK, S) for y[M, N] = x[M, K] @ w.T (swiglu: N = I output columns from 2I weight rows).
     NT: the fewest 8-row n-tiles that hold M (2 or more with SwiGLU). MT: 2 m-tiles (32 weight rows a tile) when
     there are still a tile an SM, else 1: every block reads its slice of x from L2, so wider tiles read it fewer
@@ -21,9 +21,9 @@ def skinny_plan(M: int, N: int, K: int, n_sm: int, swiglu: bool = False) -> tupl
     gets 16 warps a block (more weight bytes in flight). Else 8 warps. Measured on the H200 at 2-32 rows
     (benchmarks/results/gemm_skinny.log): 16 warps beat 8 on qkv at 32 rows (3.76 against 4.48 us) and o (3.56
     against 4.33); on the down projection 4 slices of 8 warps beat 1 of 16 (6.65 against 8.15 us at 2 rows, 9.12
-    against 10.06 at 32)."""
+    against 10.06 at 32). rope (gemm_skinny_rope): MT = 1, a RoPE pair's halves being one m-tile's two rows."""
     NT = next(t for t in N_TILES if 8 * t >= M and (t > 1 or not swiglu))  # (SwiGLU at NT = 1 spills registers)
-    MT = 2 if swiglu or -(-N // 32) >= n_sm else 1
+    MT = 2 if swiglu or (-(-N // 32) >= n_sm and not rope) else 1
     tiles = -(-N // (16 if swiglu else 16 * MT))
     chunks = K // K_CHUNK
     WK, S = min(8, chunks), 1  # (a K of fewer than 8 chunks: a warp a chunk)
@@ -43,7 +43,8 @@ def kernel_names(ctype: str) -> list:
         return []
     plain = [f"gemm_skinny<{ctype}, {o}, {mt}, {nt}, false>" for o in (ctype, "float") for mt in (1, 2)
              for nt in N_TILES]
-    return plain + [f"gemm_skinny<{ctype}, {ctype}, 2, {nt}, true>" for nt in N_TILES[1:]]
+    return (plain + [f"gemm_skinny<{ctype}, {ctype}, 2, {nt}, true>" for nt in N_TILES[1:]]
+            + [f"gemm_skinny_rope<{ctype}, {nt}>" for nt in N_TILES])
 
 
 def gemm_skinny(kernels, x, w, out, swiglu: bool = False, split=None):
@@ -69,10 +70,33 @@ def gemm_skinny(kernels, x, w, out, swiglu: bool = False, split=None):
     kernels._go(fn, grid, block, (x, w, out, ws, counters, *ints), smem)
 
 
-def _plan(kernels, M, N, K, swiglu, to, split):
+def gemm_skinny_rope(kernels, x, w, bias, cos, sin, positions, slot_mapping, n_heads, n_kv_heads, q_out, k_cache,
+                     v_cache, split=None):
+    """The qkv projection x[M, K] @ w.T with rope_qkv's epilogue (bias, RoPE, q to q_out, K/V to the caches at
+    slot_mapping; see CudaKernels.gemm_skinny_rope, which checks the rope arguments). split: (WK, S) instead of
+    the plan's."""
+    M, K = x.shape
+    num_slots, _, D = k_cache.shape
+    N = (n_heads + 2 * n_kv_heads) * D
+    if (kernels.itemsize != 2 or not 1 <= M <= MAX_ROWS or w.shape != (N, K) or K % K_CHUNK or D % 16
+            or (bias is not None and bias.shape != (N,))):
+        raise ValueError(f"gemm_skinny_rope: x {x.shape}, w {w.shape}, head dim {D}, Hq {n_heads}, Hkv "
+                         f"{n_kv_heads} in {kernels.dtype} (16-bit types, 1 <= M <= {MAX_ROWS}, w [(Hq + 2 Hkv) D, "
+                         f"K], K % {K_CHUNK} == 0, D % 16 == 0)")
+    key = (M, N, K, "rope", D, split and (1, *split))
+    plan = kernels._gemm_plans.get(key)
+    if plan is None:
+        plan = kernels._gemm_plans[key] = _plan(kernels, M, N, K, False, kernels.ctype, split and (1, *split), D)
+    fn, grid, block, ws, counters, (m, _, k), smem = plan
+    kernels._go(fn, grid, block, (x, w, ws, counters, m, k, bias, cos, sin, positions, slot_mapping,
+                                  np.int32(n_heads), np.int32(n_kv_heads), np.int32(D), np.int32(cos.shape[0]),
+                                  np.int32(num_slots), q_out, k_cache, v_cache), smem)
+
+
+def _plan(kernels, M, N, K, swiglu, to, split, rope_d=0):
     """The launch: kernel, grid (tiles, slices), block, split-K workspace and counters, int arguments, shared
-    memory."""
-    MT, NT, WK, S = skinny_plan(M, N, K, kernels.num_sms, swiglu)
+    memory. rope_d: gemm_skinny_rope's, for heads of rope_d dims."""
+    MT, NT, WK, S = skinny_plan(M, N, K, kernels.num_sms, swiglu, rope=bool(rope_d))
     if split is not None:
         MT, WK, S = split
         MT = 2 if swiglu else MT
@@ -83,8 +107,9 @@ def _plan(kernels, M, N, K, swiglu, to, split):
     tiles = -(-N // (16 if swiglu else 16 * MT))
     F = MT * NT * 4
     smem = WK * F * 32 * 4  # the warps' fp32 partial tiles
-    fn = kernels._fn("gemm_skinny", f"gemm_skinny<{kernels.ctype}, {to}, {MT}, {NT}, "
-                                    f"{'true' if swiglu else 'false'}>", smem)
+    name = (f"gemm_skinny_rope<{kernels.ctype}, {NT}>" if rope_d else
+            f"gemm_skinny<{kernels.ctype}, {to}, {MT}, {NT}, {'true' if swiglu else 'false'}>")
+    fn = kernels._fn("gemm_skinny", name, smem)
     cp = kernels.cp
     ws = cp.empty(S * tiles * F * 32 if S > 1 else 1, cp.float32)  # each slice's fp32 tiles
     counters = cp.zeros(tiles if S > 1 else 1, cp.uint32)  # the kernel leaves them zero

@@ -26,6 +26,7 @@ import numpy as np
 import kernels as _kernels_pkg
 
 from .cuda_gemm import gemm_skinny as _gemm_skinny
+from .cuda_gemm import gemm_skinny_rope as _gemm_skinny_rope
 from .cuda_gemm import kernel_names as _skinny_names
 
 KERNEL_DIR = Path(_kernels_pkg.__file__).parent
@@ -282,14 +283,15 @@ class CudaKernels:
 
     def _check_rope(self, op, rows, n_heads, n_kv_heads, D, qkv, bias, q_norm, k_norm, cos, sin, positions,
                     slot_mapping):
-        """RoPE's inputs for `rows` tokens (rope_qkv, and decode attention doing its work): dtypes, then shapes."""
+        """RoPE's inputs for `rows` tokens (rope_qkv, decode attention or gemm_skinny_rope doing its work): dtypes,
+        then shapes. qkv None: the projection is computed in the same kernel (gemm_skinny_rope)."""
         self._check(op, self.storage, qkv, bias, q_norm, k_norm)
         self._check(op, F32, cos, sin)
         self._check(op, I32, positions, slot_mapping)
         NH = n_heads + 2 * n_kv_heads
-        if qkv.shape[0] < rows or qkv.shape[1] != NH * D or D % 2 or D > 256:
-            raise ValueError(f"{op}: qkv {qkv.shape} for {rows} tokens, Hq={n_heads}, Hkv={n_kv_heads}, D={D} "
-                             "(D even, <= 256)")
+        if (qkv is not None and (qkv.shape[0] < rows or qkv.shape[1] != NH * D)) or D % 2 or D > 256:
+            raise ValueError(f"{op}: qkv {None if qkv is None else qkv.shape} for {rows} tokens, Hq={n_heads}, "
+                             f"Hkv={n_kv_heads}, D={D} (D even, <= 256)")
         if positions.shape[0] < rows or slot_mapping.shape[0] < rows:
             raise ValueError(f"{op}: positions {positions.shape} / slot_mapping {slot_mapping.shape} must cover "
                              f"{rows} tokens")
@@ -383,6 +385,22 @@ class CudaKernels:
         """out[M, N] = x[M, K] @ w[N, K].T on tensor cores for 1 <= M <= 32 rows (bf16/fp16, K % 32 == 0); with
         swiglu, w = gate_up [2I, K] and out[M, I] = silu(gate) * up. gemm_skinny.cu, launched by cuda_gemm.py."""
         _gemm_skinny(self, x, w, out, swiglu, split)
+
+    def gemm_skinny_rope(self, x, w, bias, cos, sin, positions, slot_mapping, n_heads, n_kv_heads, q_out, k_cache,
+                         v_cache, split=None):
+        """qkv = x @ w.T and then rope_qkv's work in one kernel (no q/k norms): bias, RoPE, q -> q_out, K/V ->
+        the caches at slot_mapping, with rope_qkv's skips and roundings; the qkv projection of a decode step at
+        1 <= M <= 32 rows (bf16/fp16). gemm_skinny.cu's gemm_skinny_rope, launched by cuda_gemm.py."""
+        M = x.shape[0]
+        num_slots, Hkv, D = kshape = k_cache.shape
+        self._check_rope("gemm_skinny_rope", M, n_heads, n_kv_heads, D, None, bias, None, None, cos, sin, positions,
+                         slot_mapping)
+        self._check("gemm_skinny_rope", self.storage, x, w, q_out, k_cache, v_cache)
+        if Hkv != n_kv_heads or q_out.shape != (M, n_heads, D) or v_cache.shape != kshape:
+            raise ValueError(f"gemm_skinny_rope: x {x.shape}, q_out {q_out.shape}, k_cache {kshape}, "
+                             f"v_cache {v_cache.shape}, Hq={n_heads}, Hkv={n_kv_heads}")
+        _gemm_skinny_rope(self, x, w, bias, cos, sin, positions, slot_mapping, n_heads, n_kv_heads, q_out, k_cache,
+                          v_cache, split)
 
     def gemv_swiglu(self, x, w, out):
         """out[M, I] = silu(x @ w[:I].T) * (x @ w[I:].T), w = gate_up [2I, K]: gemv and silu_mul in one kernel

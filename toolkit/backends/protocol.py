@@ -44,6 +44,11 @@ class Backend(Protocol):
     def decode_mlp(self, attn, h, norm_w, eps: float, w_gate_up, w_down, act) -> None: ...
     def rope_qkv(self, qkv, bias, q_norm, k_norm, eps, cos, sin, positions, slot_mapping, n_heads: int,
                  n_kv_heads: int, q_out, k_cache, v_cache) -> None: ...
+    # linear(x, w, qkv), then rope_qkv: one kernel where the skinny GEMM takes the projection and there are no q/k
+    # norms (kernels/gemm_skinny.cu's gemm_skinny_rope; qkv is then not written); the same bits either way.
+    def linear_rope(self, x, w, qkv, bias, q_norm, k_norm, eps, cos, sin, positions, slot_mapping, n_heads: int,
+                    n_kv_heads: int, q_out, k_cache, v_cache, small_batch_gemv: bool = False,
+                    skinny_gemm: bool = False) -> None: ...
     # rope = rope_qkv's (qkv, bias, q_norm, k_norm, eps, cos, sin, positions, slot_mapping) for a pure decode step:
     # apply it inside the attention (the new K/V written to the caches first); q is then scratch. tensor_cores
     # (without rope): the GQA-packed tensor-core kernel where the GPU backend has one (the same function).

@@ -1,0 +1,12 @@
+"""EngineOptions.effective: a switch the backend cannot honour reads as off, so each step's record says what ran."""
+from toolkit.options import EngineOptions
+
+
+def test_rope_in_gemm_reads_as_on_only_where_its_kernel_runs():
+    assert EngineOptions().rope_in_gemm is True
+    assert EngineOptions().effective("cuda", "bfloat16").rope_in_gemm is True
+    assert EngineOptions().effective("cuda", "float32").rope_in_gemm is False  # gemm_skinny is 16-bit
+    assert EngineOptions().effective("cpu", "float32").rope_in_gemm is False
+    assert EngineOptions(skinny_gemm=False).effective("cuda", "bfloat16").rope_in_gemm is False
+    both = EngineOptions(rope_in_attention=True).effective("cuda", "bfloat16")  # the attention does RoPE then
+    assert both.rope_in_attention is True and both.rope_in_gemm is False
