@@ -1,13 +1,14 @@
 """gemm_skinny (tensor cores, 2-32 rows) against cuBLAS and torch at the decode projections, weights from DRAM.
 
     python benchmarks/bench_gemm_skinny.py [--shape qwen2.5-0.5b] [--rows 2,4,8,16,32] [--reps 7] [--sweep]
-        [--ops qkv,down]
+        [--ops qkv,down] [--stream-sweep]
 
 Each timing is a CUDA graph of back-to-back calls (bench_kernels.time_calls), but every call reads another copy
 of the weight matrix (at least 256 MB of copies in all), so the weights come from DRAM as in a decode step (24
 layers x 30 MB) instead of from the 50 MB L2. GB/s = weight bytes / time. "MTxWKxS" rows sweep gemm_skinny's
 split (m-tiles a tile x warps a block x slices of K); "*" marks the engine's (cuda_gemm.skinny_plan). gate_up+swiglu is the
-engine's MLP op: cuBLAS then silu_mul, against gemm_skinny with SwiGLU in its epilogue. The last column checks
+engine's MLP op: cuBLAS then silu_mul, against gemm_skinny with SwiGLU in its epilogue. "stream SxBxNS" is
+gemm_stream (weights through shared memory by the TMA unit; slices of K x blocks a slice x stages). The last column checks
 each result against cuBLAS's (max |difference| / max |value|).
 """
 import argparse
@@ -19,7 +20,7 @@ import cupy as cp  # noqa: E402
 
 from bench_kernels import time_calls  # noqa: E402
 from toolkit.backends.cuda import CudaBackend  # noqa: E402
-from toolkit.backends.cuda_gemm import skinny_plan  # noqa: E402
+from toolkit.backends.cuda_gemm import skinny_plan, stream_plan  # noqa: E402
 from toolkit.bench.env import environment  # noqa: E402
 from toolkit.shapes import NAMES, shape_config  # noqa: E402
 
@@ -34,6 +35,7 @@ def main():
     ap.add_argument("--rows", default="2,4,8,16,32")
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--sweep", action="store_true", help="also time every (MT, WK) split")
+    ap.add_argument("--stream-sweep", action="store_true", help="also time gemm_stream at 1-16 slices of K")
     ap.add_argument("--ops", default="", help="only these ops (comma-separated names)")
     args = ap.parse_args()
     print("  ".join(f"{k}: {v}" for k, v in environment("cuda").items()))
@@ -97,6 +99,14 @@ def main():
                 report("cublas", time(lambda w: be.linear(x, w, y)))
             if M > 32:
                 continue
+            if k.stream_ok(M, n_out, K, swiglu):
+                NT_, S_, B_, NS = stream_plan(M, n_out, K, k.num_sms, k.smem_optin, 2, swiglu)
+                report(f"stream {S_}x{B_}x{NS}*", time(lambda w: k.gemm_stream(x, w, y, swiglu)), y)
+                for s in (1, 2, 4, 8, 16) if args.sweep or args.stream_sweep else ():
+                    sp = stream_plan(M, n_out, K, k.num_sms, k.smem_optin, 2, swiglu, s)
+                    if sp and s != S_:
+                        report(f"stream {s}x{sp[2]}x{sp[3]}",
+                               time(lambda w, s=s: k.gemm_stream(x, w, y, swiglu, s)), y)
             MT, NT, WK, S = skinny_plan(M, N // 2 if swiglu else N, K, k.num_sms, swiglu)
             report(f"skinny {MT}x{WK}x{S}*", time(lambda w: k.gemm_skinny(x, w, y, swiglu)), y)
             chunks = K // 32

@@ -424,7 +424,8 @@ def test_tests_can_fail(rng):
 
 
 # The small-batch projection twins: (module, projection, its SwiGLU form, most rows its kernel takes).
-PROJECTION_TWINS = [("gemv", "gemv", "gemv_swiglu", 4), ("gemm_skinny", "gemm_skinny", "gemm_skinny_swiglu", 32)]
+PROJECTION_TWINS = [("gemv", "gemv", "gemv_swiglu", 4), ("gemm_skinny", "gemm_skinny", "gemm_skinny_swiglu", 32),
+                    ("gemm_stream", "gemm_stream", "gemm_stream_swiglu", 32)]
 
 
 @pytest.mark.parametrize("mod, proj, _, max_rows", PROJECTION_TWINS)

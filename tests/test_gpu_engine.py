@@ -109,6 +109,18 @@ def test_rope_in_gemm_changes_no_token(tiny_bf16, pdl, monkeypatch):
     switch_changes_no_token(tiny_bf16, reqs, "rope_in_gemm", "gemm_skinny_rope", monkeypatch, pdl=pdl)
 
 
+@pytest.mark.parametrize("pdl", [True, False])
+def test_stream_gemm_changes_no_token(tiny_bf16, pdl, monkeypatch):
+    """The MLP's projections on gemm_stream (decode steps of 2-32 rows; here every projection, the default model's
+    weights being under the size it takes in the engine, and gemm_skinny off) give the tokens of cuBLAS, from
+    graphs and eagerly, and run."""
+    import toolkit.backends.cuda as cuda_backend
+
+    monkeypatch.setattr(cuda_backend, "_STREAM_WEIGHTS", (0, 64 << 20))
+    reqs = prompts(np.random.default_rng(90), tiny_bf16.cfg.vocab_size, 5)
+    switch_changes_no_token(tiny_bf16, reqs, "stream_gemm", "gemm_stream", monkeypatch, pdl=pdl, skinny_gemm=False)
+
+
 def test_toggling_graphs_mid_request_changes_no_token(tiny_bf16):
     eng = tiny_bf16
     reqs = prompts(np.random.default_rng(7), eng.cfg.vocab_size, 5)

@@ -18,7 +18,9 @@ SHAPES = [(1152, 896), (896, 896), (9728, 896), (896, 4864), (2048, 1536), (1536
 SPLITS = [(1, 8, 1), (1, 16, 1), (2, 8, 1), (2, 4, 1), (1, 8, 4), (1, 16, 2), (2, 8, 19)]
 
 
-def case(M, N, Kin, dtype, seed=0, swiglu=False):
+def case(M, N, Kin, dtype, seed=0, swiglu=False, twins=(gemm_skinny, gemm_skinny_swiglu)):
+    """x [M, K], w [N, K] (swiglu: [2N, K]) and the reference out [M, N] from `twins` (the projection's twin, its
+    SwiGLU form); also test_gpu_gemm_stream.py's, with gemm_stream's twins."""
     rng = np.random.default_rng(seed + M * N + Kin)
     x = rounded(rng.standard_normal((M, Kin)), dtype)
     w = rounded(0.05 * rng.standard_normal((2 * N if swiglu else N, Kin)), dtype)
@@ -26,7 +28,7 @@ def case(M, N, Kin, dtype, seed=0, swiglu=False):
     if M > 32:  # past the kernel: the reference for cuBLAS
         np.matmul(x, w.T, out=ref)
     else:
-        (gemm_skinny_swiglu if swiglu else gemm_skinny)(x, w, ref)
+        twins[swiglu](x, w, ref)
     return x, w, ref
 
 

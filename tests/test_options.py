@@ -10,3 +10,12 @@ def test_rope_in_gemm_reads_as_on_only_where_its_kernel_runs():
     assert EngineOptions(skinny_gemm=False).effective("cuda", "bfloat16").rope_in_gemm is False
     both = EngineOptions(rope_in_attention=True).effective("cuda", "bfloat16")  # the attention does RoPE then
     assert both.rope_in_attention is True and both.rope_in_gemm is False
+
+
+def test_stream_gemm_reads_as_on_only_on_the_gpu_in_16_bit():
+    assert EngineOptions().stream_gemm is False  # measured slower than cuBLAS in the step
+    on = EngineOptions(stream_gemm=True)
+    assert on.effective("cuda", "bfloat16").stream_gemm is True
+    assert on.effective("cuda", "float16").stream_gemm is True
+    assert on.effective("cuda", "float32").stream_gemm is False  # tensor cores take 16-bit inputs
+    assert on.effective("cpu", "bfloat16").stream_gemm is False

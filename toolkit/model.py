@@ -104,7 +104,7 @@ class Model:
         # every step, a warm run of the same prompts began with another token: the test that PDL changes no token
         # failed on that, not on PDL; benchmarks/results/skinny_pdl_check.log).
         be = _Ops(self.be.launching(options.pdl), options.small_batch_gemv, options.gemv_swiglu,
-                  options.skinny_gemm and nd == N)
+                  options.skinny_gemm and nd == N, options.stream_gemm and nd == N)
         s = self.scratch.view(N)
         # A batch-1 decode step is launch-bound: with fused_gemv the residual adds, RMSNorms and SwiGLU ride
         # inside the GEMVs (gemv_fused), 6 kernels a layer instead of 9; same arithmetic, same roundings.
@@ -187,18 +187,19 @@ class Model:
 
 
 class _Ops:
-    """The backend with `linear` and `linear_swiglu` bound to this step's GEMM choice; every other op passes
-    through."""
+    """The backend with `linear`, `linear_swiglu` and `linear_rope` bound to this step's GEMM choices; every
+    other op passes through."""
 
-    def __init__(self, backend, small_batch_gemv: bool, gemv_swiglu: bool, skinny_gemm: bool = False):
+    def __init__(self, backend, small_batch_gemv: bool, gemv_swiglu: bool, skinny_gemm: bool = False,
+                 stream_gemm: bool = False):
         self._be, self._gemv, self._swiglu = backend, small_batch_gemv, small_batch_gemv and gemv_swiglu
-        self._skinny = skinny_gemm
+        self._skinny, self._stream = skinny_gemm, stream_gemm
 
     def linear(self, x, w, out):
-        self._be.linear(x, w, out, self._gemv, self._skinny)
+        self._be.linear(x, w, out, self._gemv, self._skinny, self._stream)
 
     def linear_swiglu(self, x, w, gate_up, act):
-        self._be.linear_swiglu(x, w, gate_up, act, self._swiglu, self._skinny)
+        self._be.linear_swiglu(x, w, gate_up, act, self._swiglu, self._skinny, self._stream)
 
     def linear_rope(self, x, w, *rope):
         self._be.linear_rope(x, w, *rope, small_batch_gemv=self._gemv, skinny_gemm=self._skinny)

@@ -51,6 +51,10 @@ class EngineOptions:
     rope_in_gemm: bool = _switch("in a pure decode step of 2-32 rows, apply RoPE and write the new K/V in the "
                                  "epilogue of the qkv projection (gemm_skinny_rope, with skinny_gemm) instead of a "
                                  "separate rope_qkv launch: one kernel a layer fewer (GPU, 16-bit, no q/k norms)")
+    # Off by default: measured slower in the decode step than cuBLAS (README, "Streaming the MLP weights").
+    stream_gemm: bool = _switch("our TMA weight-streaming GEMM (gemm_stream) instead of cuBLAS for the MLP's gate_up "
+                                "(with SwiGLU in its epilogue) and down projections of a decode step of 2-32 rows "
+                                "(GPU, 16-bit, Hopper+)", default=False)
     sampler_fast_path: bool = _switch("skip the FP32 logits copy when no request in the batch needs logits processing")
     sparse_prefill: bool = _switch("prefill attention over the sliding window + the indexer's top-k key blocks "
                                    "(exact when it covers every block)")
@@ -103,6 +107,7 @@ class EngineOptions:
         return replace(self, cuda_graphs=graphs, tensor_cores=self.tensor_cores and on_gpu and dtype != "float32",
                        rope_in_attention=rope_attn, rope_in_gemm=self.rope_in_gemm and skinny and not rope_attn,
                        small_batch_gemv=gemv, skinny_gemm=skinny,
+                       stream_gemm=self.stream_gemm and on_gpu and dtype != "float32",
                        fused_gemv=self.fused_gemv and gemv,
                        gemv_swiglu=self.gemv_swiglu and gemv, mlp_kernel=self.mlp_kernel and gemv,
                        pdl=self.pdl and graphs)  # PDL runs in graph-replayed steps only (runner.py says why)

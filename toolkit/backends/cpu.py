@@ -71,12 +71,13 @@ class CpuBackend:
         pass
 
     # -- ops --------------------------------------------------------------------
-    def linear(self, x, w, out, small_batch_gemv=False, skinny_gemm=False):
+    def linear(self, x, w, out, small_batch_gemv=False, skinny_gemm=False, stream_gemm=False):
         # HF layout: w is [out, in]; BLAS reads w.T without a copy. (BLAS is the GEMV twin too: kernels/gemv.py.)
         np.matmul(x, w.T, out=out)
 
-    def linear_swiglu(self, x, w, gate_up, act, small_batch_gemv=False, skinny_gemm=False):
-        # (skinny_gemm: the CUDA kernel's twin, kernels/gemm_skinny.py, is this same matmul + silu_mul in fp32)
+    def linear_swiglu(self, x, w, gate_up, act, small_batch_gemv=False, skinny_gemm=False, stream_gemm=False):
+        # (skinny_gemm, stream_gemm: the CUDA kernels' twins, kernels/gemm_skinny.py and gemm_stream.py, are this
+        # same matmul + silu_mul in fp32)
         if small_batch_gemv and x.shape[0] <= GEMV_MAX_ROWS:  # the twin of CUDA's one-kernel path
             gemv_swiglu(x, w, act)
             return

@@ -44,6 +44,11 @@ _GEMV_ROWS, _GEMV_MAX_N = 1, 32768
 _SKINNY_ROWS = (2, 32)
 _SKINNY_SMALL_ROWS, _SKINNY_SMALL_WEIGHTS = 8, 6 << 20
 _SKINNY_MAX_WEIGHTS = int(os.environ.get("TOOLKIT_SKINNY_MAX_WEIGHTS", 4 << 20))
+# With stream_gemm, the projections of 2-32 rows whose weights gemm_skinny does not take, up to the MLP's size:
+# gate_up and down (Qwen2.5-0.5B: 8.7M and 4.4M weights; -1.5B: 27.5M and 13.8M), not the lm_head (136M), which
+# measured slower there than on cuBLAS (83.0 against 74.1 us at 32 rows, gemm_stream_dev.log).
+# (qkv and o, 1.0M and 0.8M, stay on gemm_skinny or cuBLAS: its first design took 17-22 us there against 3-4.)
+_STREAM_WEIGHTS = (2 << 20, 64 << 20)
 
 
 class CudaTimer:
@@ -246,9 +251,11 @@ class CudaBackend:
         return dev[:n].get(stream=self.stream)
 
     # -- ops --------------------------------------------------------------------
-    def linear(self, x, w, out, small_batch_gemv: bool = False, skinny_gemm: bool = False):
-        """out[T, N] = x[T, K] @ w[N, K].T, fp32 accumulation: where asked and the shape fits, our GEMV (one row)
-        or our tensor-core gemm_skinny (2-32 rows); else cuBLAS.
+    def linear(self, x, w, out, small_batch_gemv: bool = False, skinny_gemm: bool = False,
+               stream_gemm: bool = False):
+        """out[T, N] = x[T, K] @ w[N, K].T, fp32 accumulation: where asked and the shape fits, our GEMV (one row),
+        our tensor-core gemm_skinny (2-32 rows, small weights) or gemm_stream (2-32 rows, the MLP's weights); else
+        cuBLAS.
 
         cuBLAS is column-major: our row-major w[N, K] is its K x N matrix, so we ask
         for C(N x T) = op_T(w) @ x, which is exactly the row-major out[T, N].
@@ -261,20 +268,27 @@ class CudaBackend:
         if skinny_gemm and self._skinny_ok(T, N, K):
             self.kernels.gemm_skinny(x, w, out)
             return
+        if stream_gemm and self._stream_ok(T, N, K) and out.dtype != np.float32:
+            self.kernels.gemm_stream(x, w, out)
+            return
         out_type = 0 if out.dtype == np.float32 else self._in_type
         self._gemm(_OP_T, _OP_N, N, T, K, w.data.ptr, self._in_type, K, x.data.ptr, self._in_type, K,
                    out.data.ptr, out_type, N)
 
-    def linear_swiglu(self, x, w, gate_up, act, small_batch_gemv: bool = False, skinny_gemm: bool = False):
-        """act[T, I] = silu(x @ w[:I].T) * (x @ w[I:].T) for w = gate_up [2I, K]: where our GEMV or gemm_skinny
-        takes the projection, one kernel with SwiGLU as its epilogue (gate_up is not written), else the GEMM into
-        gate_up, then silu_mul. The same roundings either way."""
+    def linear_swiglu(self, x, w, gate_up, act, small_batch_gemv: bool = False, skinny_gemm: bool = False,
+                      stream_gemm: bool = False):
+        """act[T, I] = silu(x @ w[:I].T) * (x @ w[I:].T) for w = gate_up [2I, K]: where our GEMV, gemm_skinny or
+        gemm_stream takes the projection, one kernel with SwiGLU as its epilogue (gate_up is not written), else
+        the GEMM into gate_up, then silu_mul. The same roundings either way."""
         T, K = x.shape
         if small_batch_gemv and self._gemv_ok(T, w.shape[0], K):
             self.kernels.gemv_swiglu(x, w, act)
             return
         if skinny_gemm and self._skinny_ok(T, w.shape[0], K):
             self.kernels.gemm_skinny(x, w, act, swiglu=True)
+            return
+        if stream_gemm and self._stream_ok(T, w.shape[0], K, swiglu=True):
+            self.kernels.gemm_stream(x, w, act, swiglu=True)
             return
         self.linear(x, w, gate_up)
         self.kernels.silu_mul(gate_up, act)
@@ -305,6 +319,13 @@ class CudaBackend:
         lo, hi = _SKINNY_ROWS
         most = _SKINNY_SMALL_WEIGHTS if rows <= _SKINNY_SMALL_ROWS else _SKINNY_MAX_WEIGHTS
         return lo <= rows <= hi and n * k <= most and k % 32 == 0 and self.kernels.itemsize == 2
+
+    def _stream_ok(self, rows: int, n: int, k: int, swiglu: bool = False) -> bool:
+        """Whether out = x[rows, k] @ w.T (w with n rows) goes to gemm_stream (when stream_gemm is on): 2-32 rows,
+        the MLP's weights (_STREAM_WEIGHTS; the lm_head's are past it), a shape it takes (Hopper+, 16-bit)."""
+        lo, hi = _STREAM_WEIGHTS
+        return (_SKINNY_ROWS[0] <= rows <= _SKINNY_ROWS[1] and lo <= n * k <= hi
+                and self.kernels.stream_ok(rows, n // 2 if swiglu else n, k, swiglu))
 
     def fused_gemv_ok(self, rows: int, cfg) -> bool:
         """Whether a step of `rows` tokens runs its projections as gemv_fused (the batch-1 GEMV path, with the

@@ -27,7 +27,10 @@ import kernels as _kernels_pkg
 
 from .cuda_gemm import gemm_skinny as _gemm_skinny
 from .cuda_gemm import gemm_skinny_rope as _gemm_skinny_rope
+from .cuda_gemm import gemm_stream as _gemm_stream
 from .cuda_gemm import kernel_names as _skinny_names
+from .cuda_gemm import stream_kernel_names as _stream_names
+from .cuda_gemm import stream_plan as _stream_plan
 
 KERNEL_DIR = Path(_kernels_pkg.__file__).parent
 CTYPES = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16"}
@@ -78,6 +81,8 @@ def kernel_names(op: str, ctype: str) -> list:
         return sample + [f"{k}<{ctype}>" for k in ["to_fp32", "logprobs"] + (f32 if ctype == "float" else [])]
     if op == "gemm_skinny":
         return _skinny_names(ctype)
+    if op == "gemm_stream":
+        return _stream_names(ctype)
     if op == "gemv":
         outs = [ctype] if ctype == "float" else [ctype, "float"]
         rows = range(1, GEMV_MAX_ROWS + 1)
@@ -385,6 +390,17 @@ class CudaKernels:
         """out[M, N] = x[M, K] @ w[N, K].T on tensor cores for 1 <= M <= 32 rows (bf16/fp16, K % 32 == 0); with
         swiglu, w = gate_up [2I, K] and out[M, I] = silu(gate) * up. gemm_skinny.cu, launched by cuda_gemm.py."""
         _gemm_skinny(self, x, w, out, swiglu, split)
+
+    def gemm_stream(self, x, w, out, swiglu: bool = False, split: int = None):
+        """out[M, N] = x[M, K] @ w[N, K].T for 1 <= M <= 32 rows with the weights streamed through shared memory
+        by the TMA unit (bf16/fp16, Hopper+; N % 16 == 0); with swiglu, w = gate_up [2I, K] and out[M, I] =
+        silu(gate) * up. gemm_stream.cu, launched by cuda_gemm.py; stream_ok says which shapes it takes."""
+        _gemm_stream(self, x, w, out, swiglu, split)
+
+    def stream_ok(self, M: int, N: int, K: int, swiglu: bool = False) -> bool:
+        """Whether gemm_stream takes out[M, N] = x[M, K] @ w.T (N output columns; swiglu: from 2N weight rows)."""
+        return (self.itemsize == 2 and self.cc >= 90 and 2 <= M <= 32
+                and _stream_plan(M, N, K, self.num_sms, self.smem_optin, self.itemsize, swiglu) is not None)
 
     def gemm_skinny_rope(self, x, w, bias, cos, sin, positions, slot_mapping, n_heads, n_kv_heads, q_out, k_cache,
                          v_cache, split=None):

@@ -24,13 +24,15 @@ class Backend(Protocol):
     def upload(self, host: np.ndarray, dev, n: int, offset: int = 0) -> None: ...  # dev[o:o+n] = host[o:o+n], async
 
     # -- ops (kernels/<op>.cu and their CPU twins kernels/<op>.py) ------------------------------------
-    # out[T, N] = x[T, K] @ w[N, K].T; small_batch_gemv / skinny_gemm: our GEMV (1 row) / tensor-core GEMM (2-32
-    # rows) where they take the shape, else cuBLAS (the CPU's BLAS takes every shape: kernels/gemv.py, gemm_skinny.py)
-    def linear(self, x, w, out, small_batch_gemv: bool = False, skinny_gemm: bool = False) -> None: ...
-    # act[T, I] = silu(x @ w[:I].T) * (x @ w[I:].T), w = gate_up [2I, K]: one kernel where our GEMV or skinny GEMM
+    # out[T, N] = x[T, K] @ w[N, K].T; small_batch_gemv / skinny_gemm / stream_gemm: our GEMV (1 row) / tensor-core
+    # GEMM (2-32 rows, small weights) / weight-streaming GEMM (2-32 rows, the MLP's) where they take the shape, else
+    # cuBLAS (the CPU's BLAS takes every shape: kernels/gemv.py, gemm_skinny.py, gemm_stream.py)
+    def linear(self, x, w, out, small_batch_gemv: bool = False, skinny_gemm: bool = False,
+               stream_gemm: bool = False) -> None: ...
+    # act[T, I] = silu(x @ w[:I].T) * (x @ w[I:].T), w = gate_up [2I, K]: one kernel where one of our GEMMs
     # takes the projection (SwiGLU in its epilogue; gate_up untouched), else linear into gate_up + silu_mul.
-    def linear_swiglu(self, x, w, gate_up, act, small_batch_gemv: bool = False,
-                      skinny_gemm: bool = False) -> None: ...
+    def linear_swiglu(self, x, w, gate_up, act, small_batch_gemv: bool = False, skinny_gemm: bool = False,
+                      stream_gemm: bool = False) -> None: ...
     def embedding(self, ids, table, out) -> None: ...  # out[t] = table[ids[t]] (also a row gather)
     def add_rmsnorm(self, x, residual, weight, eps: float, out) -> None: ...
     # A projection with its neighbours folded in (kernels/gemv.cu's gemv_fused): kind "norm" (y = RMSNorm(x) @ w.T),

@@ -186,7 +186,7 @@ class ModelRunner:
     def _graph_key(bucket: int, context_bucket: int, options, fast: bool) -> tuple:
         # A graph bakes in its kernels: one per batch bucket, per context bucket (decode attention's grid and
         # workspace) and per option that changes a decode step's kernels or their launches (our GEMV, our skinny
-        # GEMM or cuBLAS,
+        # or streaming GEMMs or cuBLAS,
         # fused or not, SwiGLU in the GEMV or not, the MLP kernel or not, PDL or not, RoPE in the attention, in
         # the qkv GEMM or on its own, decode attention on tensor cores or not; the sampler's fast path or its slow
         # path with every processing stage).
@@ -198,7 +198,7 @@ class ModelRunner:
         # and, the first time a step reaches it, one eager step plus the capture.
         return (bucket, context_bucket, options.small_batch_gemv, options.skinny_gemm, options.fused_gemv,
                 options.gemv_swiglu, options.mlp_kernel, options.pdl, options.rope_in_attention,
-                options.rope_in_gemm, options.tensor_cores, fast)
+                options.rope_in_gemm, options.stream_gemm, options.tensor_cores, fast)
 
     def _graph(self, bucket: int, step, sb, options):
         key = self._graph_key(bucket, step.context_bucket, options, sb.fast)
