@@ -5,22 +5,23 @@
 // time to read the weights, and what decides it is how many weight bytes are in flight and whether every SM
 // streams the same number of them. gemm_skinny keeps its weights in flight in registers (about 4 KB a warp,
 // 64 KB an SM) and hands out whole tiles (1.15 waves of them for gate_up at Qwen2.5-0.5B), and on the two MLP
-// projections it measured slower than cuBLAS. Here:
+// projections it measured slower than cuBLAS. So does this kernel, in the decode step (0.894 against 0.808 ms at
+// batch 32, Qwen2.5-0.5B), so stream_gemm is off by default; it is kept as the measured alternative. Here:
 //   - the grid is at most one block an SM, and block b of a slice owns tiles [b T / B, (b + 1) T / B): every SM
 //     streams the same weight bytes, to within a tile;
 //   - a producer warp copies each tile (16 weight rows of one slice of K) into a stage of shared memory, a bulk
-//     copy a row, completing on the stage's mbarrier. NS stages are in flight (the launcher fits NS to the
+//     copy a row, completing on the tile's mbarrier. NS stages are in flight (the launcher fits NS to the
 //     shared memory: 5 x 29 KB for gate_up at Qwen2.5-0.5B, every tile of the block), and the first NS are
 //     issued before the PDL wait, while the previous kernel still runs: the weights are constants;
 //   - after the wait the 8 consumer warps copy this slice of x (at most 32 rows) into shared memory once, with
 //     16-byte loads (as 4-byte fragment loads straight from L2 this took 9 of the kernel's 17 us at 32 rows);
 //   - consumer warp w takes the block's tiles w, w + 8, ...: it waits for the tile's stage, runs its k-steps
 //     (A and B by ldmatrix a k-step ahead, mma.m16n8k16, fp32 accumulators in two sets, even and odd k-steps,
-//     to halve the dependent chain), frees the stage for the producer, and stores its 16 x 8 NT outputs from registers: no
-//     block-wide barrier per tile. With S > 1 slices of K (the down projection: 56 tiles of 4,864 columns at
-//     Qwen2.5-0.5B, too few tiles for 132 SMs) it writes its slice's fp32 tile to ws and counts itself in
-//     counters[tile]; the tile's last warp adds the S tiles in slice order. A fixed order: the same bits on
-//     every launch, graph or eager.
+//     to halve the dependent chain), frees the stage for the producer, and stores its 16 x 8 NT outputs from
+//     registers: no block-wide barrier per tile. With S > 1 slices of K (the down projection: 56 tiles of 4,864
+//     columns at Qwen2.5-0.5B, too few tiles for 132 SMs) it writes its slice's fp32 tile to ws and counts
+//     itself in counters[tile]; the tile's last warp adds the S tiles in slice order. A fixed order: the same
+//     bits on every launch, graph or eager.
 // Shared-memory rows (stages and x) are LD elements, LD / 8 odd: the 8 rows of an ldmatrix matrix fall in 8
 // different bank quads.
 //
