@@ -24,17 +24,33 @@
 #include "dtype.cuh"
 #include "elementwise.cuh"
 #include "pdl.cuh"
-#include "grid.cuh"
 #include "gemv.cuh"
 
 constexpr int MLP_WARPS = 16;
 
 __device__ __forceinline__ unsigned smem_u32(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
 
-// Every block of the grid waits here until all have arrived (grid.cuh).
+// Every block of the grid waits here until all have arrived. A generation counter makes it reusable: the last
+// block to arrive resets the count, then bumps the generation the others spin on. A block reads the generation
+// before it arrives, and the generation cannot move before every block (this one included) has arrived.
 __device__ __forceinline__ void grid_barrier(unsigned* count, unsigned* gen) {
     __syncthreads();
-    if (threadIdx.x == 0) grid_arrive_and_wait(count, gen);
+    if (threadIdx.x == 0) {
+        unsigned g;
+        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(g) : "l"(gen) : "memory");
+        __threadfence();  // this block's writes (act) are visible to every block that passes the barrier
+        if (atomicAdd(count, 1u) == gridDim.x - 1u) {
+            atomicExch(count, 0u);
+            __threadfence();
+            atomicAdd(gen, 1u);
+        } else {
+            unsigned now;
+            do {
+                asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(now) : "l"(gen) : "memory");
+            } while (now == g);
+        }
+        __threadfence();
+    }
     __syncthreads();
 }
 

@@ -38,7 +38,6 @@
 #include "elementwise.cuh"
 #include "mma.cuh"
 #include "pdl.cuh"
-#include "grid.cuh"
 
 constexpr int STREAM_CW = 8;  // consumer warps; warp STREAM_CW is the producer
 
@@ -69,21 +68,6 @@ __device__ __forceinline__ void copy_tile(unsigned char* dst, int ld_bytes, Src 
         asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
                      ::"r"(smem_addr(dst + lane * ld_bytes)), "l"(src(lane)), "r"(row_bytes), "r"(smem_addr(bar))
                      : "memory");
-}
-
-// Rows [0, XR) of src (row stride ld_src, `cols` columns) into shared rows of LD elements, zeros past row M, by
-// the consumer warps: cp.async, so every 16-byte load is in flight at once (a loop of load-then-store kept one a
-// thread in flight: staging 57 KB of x took 2-4 us of mlp_stream's 21, gemm_stream_dev.log), through L2 (the
-// previous kernel, or this one's other blocks, wrote them). The caller waits for the consumers after it.
-template <typename T>
-__device__ __forceinline__ void stage_rows(T* xs, int LD, const T* src, size_t ld_src, int cols, int M, int XR) {
-    const int cpr = cols / 8;
-    for (int i = threadIdx.x; i < XR * cpr; i += 32 * STREAM_CW) {
-        const int r = i / cpr, q = i - r * cpr;
-        cp_async16(xs + (size_t)r * LD + 8 * q, src + (size_t)(r < M ? r : 0) * ld_src + 8 * q, r < M);
-    }
-    cp_async_commit();
-    cp_async_wait<0>();
 }
 
 template <typename T, int NT, bool SWIGLU>
@@ -125,7 +109,13 @@ gemm_stream(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y,
     }
 
     pdl_enter();  // x comes from the previous kernel
-    stage_rows(xs, LD, x + k0, (size_t)K, KSL, M, XR);  // (rows past M are zeros: their outputs are never stored)
+    const int cpr = KSL / 8;  // 16-byte chunks a row
+    for (int i = threadIdx.x; i < XR * cpr; i += 32 * STREAM_CW) {
+        const int r = i / cpr, q = i - r * cpr;
+        uint4 v = make_uint4(0u, 0u, 0u, 0u);  // rows past M are zeros: their outputs are never stored
+        if (r < M) v = __ldcg(reinterpret_cast<const uint4*>(x + (size_t)r * K + k0) + q);  // (L2: just written)
+        *reinterpret_cast<uint4*>(xs + (size_t)r * LD + 8 * q) = v;
+    }
     asm volatile("bar.sync 1, %0;" ::"n"(32 * STREAM_CW) : "memory");  // the consumers only
 
     // ldmatrix.x4 addresses: A = the stage's rows 0-15, k +0 / +8; B = x rows of n-tiles 2p, 2p + 1, k +0 / +8.
@@ -205,221 +195,4 @@ gemm_stream(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y,
                 }
             }
     }
-}
-
-// ---- mlp_stream: the MLP block of a 2-32-row decode step, out = W_down SwiGLU(W_gate_up x), in one kernel ----
-// (EngineOptions.stream_gemm, where mlp_plan fits; README, "The MLP block in one kernel at 2-32 rows".) At batch 32
-// cuBLAS's gate_up, silu_mul and cuBLAS's down are three dependent kernels, each of which drains the GPU, and
-// neither GEMM reaches the bandwidth its bytes need (17.4 and 8.7 MB at Qwen2.5-0.5B). Here:
-//   - phase 1 is gemm_stream's SWIGLU tiles over all G blocks (block b owns [b T1 / G, (b + 1) T1 / G)); act is
-//     written to global memory; a grid barrier (grid.cuh); phase 2 is the down tiles of S slices of K = I, block
-//     b in slice b / B2 owning that slice's tiles [..] as gemm_stream's blocks do;
-//   - the producer streams the block's phase-1 tiles and then its phase-2 tiles through one ring of NS stages,
-//     never waiting for the barrier: the down weights land while gate_up finishes, so the whole MLP's weights are
-//     one stream of copies (the first NS issued before the PDL wait);
-//   - the 8 consumer warps split every tile's k-steps (a tile's math on all four SM sub-partitions at once, so
-//     the tile that lands last is done a few hundred cycles after it lands; a warp a tile, as in gemm_stream,
-//     left that tile to one sub-partition), write their fp32 partial tiles to shared memory and add them in warp
-//     order: the same bits on every launch. Split-K across blocks as in gemm_stream: each slice's fp32 tile to
-//     ws, the tile's last block adds them in slice order.
-// Layout: x T[M, H]; wgu T[2I, H]; wd T[H, I]; act T[M, I] (scratch, written); y T[M, H]; ws float[S, H / 16,
-// NT * 128], counters u32[H / 16] (zero, left zero); bar u32[2] (grid.cuh). H % 16 == 0, I % (16 S) == 0. Grid
-// S * B2 blocks, at most one an SM (all resident: the grid barrier), 288 threads; dynamic shared memory: NS stages
-// of 16 LDS elements, XR rows of x (then of act's slice) of LDS elements, STREAM_CW partial tiles of NT * 128
-// floats, 2 (most1 + most2) mbarriers (cuda_gemm.py's mlp_smem).
-constexpr int MLP_MOST2 = 32;
-#ifndef MLP_PRE
-#define MLP_PRE 1000
-#endif  // down tiles a block at most (cuda_gemm.mlp_plan)
-
-// Per-block %globaltimer stamps of mlp_stream's phases, compiled in only with -DMLP_PROF (TOOLKIT_NVRTC_DEFINES;
-// benchmarks/bench_mlp_stream.py --prof reads them).
-#ifdef MLP_PROF
-__device__ unsigned long long mlp_prof[1024 * 8];
-#define PROF(i)                                                                                         \
-    if (threadIdx.x == 0) {                                                                             \
-        unsigned long long t_;                                                                          \
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t_));                                          \
-        mlp_prof[blockIdx.x * 8 + (i)] = t_;                                                            \
-    }
-#else
-#define PROF(i)
-#endif
-
-// Output u of a down tile t (lane-major: u = (n-tile * 4 + accumulator) * 32 + lane), rounded into y[m, n].
-template <typename T>
-__device__ __forceinline__ void store_down(T* y, float v, int u, int t, int M, int H) {
-    const int n = u >> 7, r = (u >> 5) & 3, ln = u & 31, m = 8 * n + 2 * (ln & 3) + (r & 1);
-    if (m < M) y[(size_t)m * H + 16 * t + (ln >> 2) + 8 * (r >> 1)] = from_f32<T>(v);
-}
-
-__device__ __forceinline__ int stream_ld(int ksl) { return ksl + ((ksl / 8) % 2 ? 0 : 8); }
-
-__device__ __forceinline__ void consumers_sync() {
-    asm volatile("bar.sync 1, %0;" ::"n"(32 * STREAM_CW) : "memory");
-}
-
-// This warp's share of a tile's nks k-steps (st: the stage's 16 rows, xs: the x rows, both of LD elements) into
-// its fp32 partial tile red[warp][(n * 4 + r) * 32 + lane].
-template <typename T, int NT>
-__device__ __forceinline__ void ksplit_tile(const T* st, const T* xs, int LD, int nks, int warp, int lane,
-                                            float* red) {
-    constexpr int NP = (NT + 1) / 2;
-    const T* a = st + (lane & 15) * LD + (lane >> 4) * 8;
-    const T* b = xs + (((lane >> 4) << 3) + (lane & 7)) * LD + ((lane >> 3) & 1) * 8;
-    const int k0 = warp * nks / STREAM_CW, k1 = (warp + 1) * nks / STREAM_CW;
-    struct Frag { unsigned a[4], b[NP][4]; };
-    auto load = [&](Frag& f, int ks) {
-        ldmatrix_x4(f.a, a + ks * 16);
-#pragma unroll
-        for (int p = 0; p < NP; p++) ldmatrix_x4(f.b[p], b + (size_t)16 * p * LD + ks * 16);
-    };
-    float acc[NT][4] = {};
-    auto math = [&](const Frag& f) {
-#pragma unroll
-        for (int n = 0; n < NT; n++)
-            mma(acc[n], f.a, f.b[n / 2][2 * (n & 1)], f.b[n / 2][2 * (n & 1) + 1], static_cast<const T*>(nullptr));
-    };
-    Frag f0, f1;
-    if (k0 < k1) load(f0, k0);
-    for (int ks = k0; ks < k1; ks += 2) {  // the next k-step's fragments load before this one's mma
-        if (ks + 1 < k1) load(f1, ks + 1);
-        math(f0);
-        if (ks + 1 < k1) {
-            if (ks + 2 < k1) load(f0, ks + 2);
-            math(f1);
-        }
-    }
-    float* mine = red + warp * NT * 128 + lane;
-#pragma unroll
-    for (int n = 0; n < NT; n++)
-#pragma unroll
-        for (int r = 0; r < 4; r++) mine[(n * 4 + r) * 32] = acc[n][r];
-}
-
-template <typename T, int NT>
-__global__ void __launch_bounds__(32 * (STREAM_CW + 1), 1)
-mlp_stream(const T* __restrict__ x, const T* __restrict__ wgu, const T* __restrict__ wd, T* __restrict__ act,
-           T* __restrict__ y, float* __restrict__ ws, unsigned* __restrict__ counters, unsigned* __restrict__ bar,
-           int M, int H, int I, int S, int NS) {
-    constexpr int XR = 8 * (NT > 2 ? NT : 2), F = NT * 128, CT = 32 * STREAM_CW;
-    extern __shared__ __align__(128) unsigned char st_smem[];
-    __shared__ unsigned last[MLP_MOST2];  // phase 2: whether this block adds up tile t2 + q
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, tid = threadIdx.x;
-    const int G = gridDim.x, B2 = G / S, T1 = I / 8, T2 = H / 16, KSL = I / S;
-    const int t1 = (int)((long long)blockIdx.x * T1 / G), n1 = (int)((long long)(blockIdx.x + 1) * T1 / G) - t1;
-    const int slice = blockIdx.x / B2, b2 = blockIdx.x % B2, k0 = slice * KSL;
-    const int t2 = (int)((long long)b2 * T2 / B2), n2 = (int)((long long)(b2 + 1) * T2 / B2) - t2;
-    const int LD1 = stream_ld(H), LD2 = stream_ld(KSL), LDS = LD1 > LD2 ? LD1 : LD2;
-    T* stage = reinterpret_cast<T*>(st_smem);
-    T* xs = stage + (size_t)NS * 16 * LDS;
-    float* red = reinterpret_cast<float*>(xs + (size_t)XR * LDS);
-    const int most = (T1 + G - 1) / G + (T2 + B2 - 1) / B2;  // the busiest block's copies
-    unsigned long long* full = reinterpret_cast<unsigned long long*>(red + STREAM_CW * F);
-    unsigned long long* done = full + most;
-    unsigned long long* x_ready = done + most;  // x staged: the producer issues copies past `pre` after it
-
-    PROF(0);
-    if (tid == 0) {
-        for (int s = 0; s < 2 * most + 1; s++) mbar_init(full + s);
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    }
-    __syncthreads();
-
-    if (warp == STREAM_CW) {  // the producer: copy j (gate_up tiles, then down tiles) into stage j % NS
-        for (int j = 0; j < n1 + n2; j++) {
-            if (j == MLP_PRE) mbar_wait(x_ready, 0u);
-            if (j >= NS) mbar_wait(done + j - NS, 0u);
-            unsigned char* dst = reinterpret_cast<unsigned char*>(stage + (size_t)(j % NS) * 16 * LDS);
-            if (j < n1) {
-                const int t = t1 + j;
-                copy_tile(dst, LD1 * (int)sizeof(T), [&](int r) {
-                    return wgu + (size_t)(r < 8 ? 8 * t + r : I + 8 * t + r - 8) * H; }, (unsigned)(H * sizeof(T)),
-                    full + j, lane);
-            } else {
-                const int t = t2 + j - n1;
-                copy_tile(dst, LD2 * (int)sizeof(T), [&](int r) { return wd + (size_t)(16 * t + r) * I + k0; },
-                          (unsigned)(KSL * sizeof(T)), full + j, lane);
-            }
-        }
-        return;
-    }
-
-    pdl_enter();  // x comes from the previous kernel
-    PROF(1);
-    stage_rows(xs, LD1, x, (size_t)H, H, M, XR);
-    consumers_sync();
-    if (tid == 0) mbar_arrive(x_ready);
-    PROF(2);
-    // Phase 1: act = SwiGLU(gate_up x), tile t = gate rows 8t.. and up rows I + 8t.. (gemm_stream's SWIGLU tile).
-    for (int j = 0; j < n1; j++) {
-        mbar_wait(full + j, 0u);
-        ksplit_tile<T, NT>(stage + (size_t)(j % NS) * 16 * LDS, xs, LD1, H / 16, warp, lane, red);
-        consumers_sync();
-        if (tid == 0) mbar_arrive(done + j);  // every warp has read the stage
-        if (tid < NT * 64) {  // (n-tile, row half, lane): gate in accumulator r < 2, up in r + 2
-            const int u = (tid >> 6) * 128 + ((tid >> 5) & 1) * 32 + (tid & 31);
-            float gs = 0.0f, us = 0.0f;
-#pragma unroll
-            for (int w = 0; w < STREAM_CW; w++) {
-                gs += red[w * F + u];
-                us += red[w * F + u + 64];
-            }
-            const int m = 8 * (tid >> 6) + 2 * (tid & 3) + ((tid >> 5) & 1);
-            if (m < M) act[(size_t)m * I + 8 * (t1 + j) + ((tid & 31) >> 2)] = swiglu(from_f32<T>(gs), from_f32<T>(us));
-        }
-        consumers_sync();  // red is free again
-    }
-    PROF(3);
-    if (tid == 0) grid_arrive_and_wait(bar, bar + 1);  // every block's act is written (the sync above covers it)
-    consumers_sync();
-    PROF(4);
-
-    // Phase 2: y = down act, this block's tiles of slice `slice` (K columns k0..k0 + KSL of act).
-    stage_rows(xs, LD2, act + k0, (size_t)I, KSL, M, XR);
-    consumers_sync();
-    constexpr int PER = (F + CT - 1) / CT;  // outputs a thread adds up
-    for (int q = 0; q < n2; q++) {
-        const int j = n1 + q, t = t2 + q;
-        mbar_wait(full + j, 0u);
-        ksplit_tile<T, NT>(stage + (size_t)(j % NS) * 16 * LDS, xs, LD2, KSL / 16, warp, lane, red);
-        consumers_sync();
-        if (tid == 0) mbar_arrive(done + j);
-#pragma unroll
-        for (int e = 0; e < PER; e++) {
-            const int u = tid + e * CT;
-            if (u >= F) continue;
-            float v = 0.0f;
-#pragma unroll
-            for (int w = 0; w < STREAM_CW; w++) v += red[w * F + u];
-            if (S > 1) ws[((size_t)slice * T2 + t) * F + u] = v;  // this slice's tile; added below
-            else store_down(y, v, u, t, M, H);
-        }
-        consumers_sync();  // red is free again
-    }
-    PROF(5);
-    if (S == 1) return;
-    // The block's tiles counted at once (one fence, one round of atomics for all of them, not one a tile); each
-    // tile's last block adds its S slices in slice order and resets the tile's counter for the next launch.
-    __threadfence();
-    consumers_sync();
-    if (tid < n2) last[tid] = atomicAdd(counters + t2 + tid, 1u) == (unsigned)S - 1;
-    consumers_sync();
-    bool fenced = false;
-    for (int q = 0; q < n2; q++) {
-        if (!last[q]) continue;
-        if (!fenced) __threadfence();
-        fenced = true;
-        const int t = t2 + q;
-#pragma unroll
-        for (int e = 0; e < PER; e++) {
-            const int u = tid + e * CT;
-            if (u >= F) continue;
-            float v = 0.0f;
-            for (int p = 0; p < S; p++) v += __ldcg(ws + ((size_t)p * T2 + t) * F + u);
-            store_down(y, v, u, t, M, H);
-        }
-        if (tid == 0) counters[t] = 0u;
-    }
-    PROF(6);
 }

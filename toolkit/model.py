@@ -153,7 +153,8 @@ class Model:
                 be.decode_mlp(s.attn_out, s.h, L.post_norm, eps, L.gate_up, L.down, s.act)
             else:
                 be.add_rmsnorm(s.attn_out, s.h, L.post_norm, eps, s.x)
-                be.mlp(s.x, L.gate_up, L.down, s.gate_up, s.act, s.mlp_out)
+                be.linear_swiglu(s.x, L.gate_up, s.gate_up, s.act)  # one kernel where our GEMV takes it
+                be.linear(s.act, L.down, s.mlp_out)
             timer.lap("mlp")
         be.add_rmsnorm(None if added else s.mlp_out, s.h, w.final_norm, eps, s.x)
         if all_rows:
@@ -186,7 +187,7 @@ class Model:
 
 
 class _Ops:
-    """The backend with `linear`, `linear_swiglu`, `mlp` and `linear_rope` bound to this step's GEMM choices; every
+    """The backend with `linear`, `linear_swiglu` and `linear_rope` bound to this step's GEMM choices; every
     other op passes through."""
 
     def __init__(self, backend, small_batch_gemv: bool, gemv_swiglu: bool, skinny_gemm: bool = False,
@@ -199,9 +200,6 @@ class _Ops:
 
     def linear_swiglu(self, x, w, gate_up, act):
         self._be.linear_swiglu(x, w, gate_up, act, self._swiglu, self._skinny, self._stream)
-
-    def mlp(self, x, w_gate_up, w_down, gate_up, act, out):
-        self._be.mlp(x, w_gate_up, w_down, gate_up, act, out, self._gemv, self._swiglu, self._skinny, self._stream)
 
     def linear_rope(self, x, w, *rope):
         self._be.linear_rope(x, w, *rope, small_batch_gemv=self._gemv, skinny_gemm=self._skinny)

@@ -75,12 +75,6 @@ class CpuBackend:
         # HF layout: w is [out, in]; BLAS reads w.T without a copy. (BLAS is the GEMV twin too: kernels/gemv.py.)
         np.matmul(x, w.T, out=out)
 
-    def mlp(self, x, w_gate_up, w_down, gate_up, act, out, small_batch_gemv=False, gemv_swiglu=False,
-            skinny_gemm=False, stream_gemm=False):
-        # (stream_gemm: mlp_stream's twin is gemm_stream's, these same two projections)
-        self.linear_swiglu(x, w_gate_up, gate_up, act, small_batch_gemv and gemv_swiglu, skinny_gemm, stream_gemm)
-        self.linear(act, w_down, out, small_batch_gemv, skinny_gemm, stream_gemm)
-
     def linear_swiglu(self, x, w, gate_up, act, small_batch_gemv=False, skinny_gemm=False, stream_gemm=False):
         # (skinny_gemm, stream_gemm: the CUDA kernels' twins, kernels/gemm_skinny.py and gemm_stream.py, are this
         # same matmul + silu_mul in fp32)

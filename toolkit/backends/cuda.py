@@ -293,20 +293,6 @@ class CudaBackend:
         self.linear(x, w, gate_up)
         self.kernels.silu_mul(gate_up, act)
 
-    def mlp(self, x, w_gate_up, w_down, gate_up, act, out, small_batch_gemv: bool = False, gemv_swiglu: bool = False,
-            skinny_gemm: bool = False, stream_gemm: bool = False):
-        """out = W_down SwiGLU(W_gate_up x): with stream_gemm, where our GEMV does not take the rows, one kernel
-        (mlp_stream: 2-32 rows, 16-bit, Hopper+, a plan that fits); else linear_swiglu (our GEMV only with
-        gemv_swiglu too), then linear."""
-        T, H = x.shape
-        I = w_down.shape[1]
-        if (stream_gemm and _SKINNY_ROWS[0] <= T <= _SKINNY_ROWS[1] and self.kernels.mlp_stream_ok(T, H, I)
-                and not (small_batch_gemv and self._gemv_ok(T, 2 * I, H))):
-            self.kernels.mlp_stream(x, w_gate_up, w_down, act, out)
-            return
-        self.linear_swiglu(x, w_gate_up, gate_up, act, small_batch_gemv and gemv_swiglu, skinny_gemm, stream_gemm)
-        self.linear(act, w_down, out, small_batch_gemv, skinny_gemm, stream_gemm)
-
     def linear_rope(self, x, w, qkv, bias, q_norm, k_norm, eps, cos, sin, positions, slot_mapping, n_heads,
                     n_kv_heads, q_out, k_cache, v_cache, small_batch_gemv: bool = False, skinny_gemm: bool = False):
         """qkv = x @ w.T, then rope_qkv (bias, RoPE, q -> q_out, K/V -> the caches): where gemm_skinny takes the

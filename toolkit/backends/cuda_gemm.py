@@ -121,8 +121,7 @@ def _plan(kernels, M, N, K, swiglu, to, split, rope_d=0):
 STREAM_CW = 8            # consumer warps a block in gemm_stream.cu (and one producer warp)
 STREAM_MAX_STAGES = 8
 STREAM_CHAIN = 64        # most k-steps a tile (one warp's chain of mma) before K is sliced
-STREAM_SLICE_COST = 0.03
-MLP_MOST2 = 32           # down tiles a block at most in mlp_stream (gemm_stream.cu)  # each slice of K, as a fraction of the weight bytes (partials written, then added)
+STREAM_SLICE_COST = 0.03  # each slice of K, as a fraction of the weight bytes (partials written, then added)
 
 
 def stream_ld(ksl: int) -> int:
@@ -172,8 +171,7 @@ def stream_kernel_names(ctype: str) -> list:
     """gemm_stream's instantiations for one element type (none for fp32)."""
     if ctype == "float":
         return []
-    return ([f"gemm_stream<{ctype}, {nt}, {sw}>" for nt in N_TILES for sw in ("false", "true")]
-            + [f"mlp_stream<{ctype}, {nt}>" for nt in N_TILES])
+    return [f"gemm_stream<{ctype}, {nt}, {sw}>" for nt in N_TILES for sw in ("false", "true")]
 
 
 def gemm_stream(kernels, x, w, out, swiglu: bool = False, split: int = None):
@@ -205,68 +203,3 @@ def gemm_stream(kernels, x, w, out, swiglu: bool = False, split: int = None):
         plan = kernels._gemm_plans[key] = (fn, (S * B,), (32 * (STREAM_CW + 1),), ws, counters, ints, smem)
     fn, grid, block, ws, counters, ints, smem = plan
     kernels._go(fn, grid, block, (x, w, out, ws, counters, *ints), smem)
-
-
-def mlp_smem(NT: int, H: int, I: int, S: int, NS: int, most: int, itemsize: int = 2) -> int:
-    """mlp_stream's dynamic shared memory: NS stages of 16 rows and 8 max(NT, 2) rows of x (then of act's slice),
-    each of the longer row (H, or I / S columns), STREAM_CW fp32 partial tiles, 2 mbarriers for each of the
-    busiest block's `most` copies."""
-    LD = max(stream_ld(H), stream_ld(I // S))
-    return (NS * 16 + 8 * max(NT, 2)) * LD * itemsize + STREAM_CW * NT * 128 * 4 + 16 * most + 8
-
-
-@functools.lru_cache(maxsize=64)
-def mlp_plan(M: int, H: int, I: int, n_sm: int, smem: int, itemsize: int = 2, split: int = None) -> tuple:
-    """(NT, S, B2, NS) for mlp_stream (the MLP block of M <= 32 rows, hidden H, intermediate I): the down
-    projection's K = I cut into S slices of B2 blocks each, S * B2 <= n_sm blocks in all (the gate_up tiles are
-    shared out over all of them), NS stages. The plan whose busiest block streams the fewest weight columns,
-    each slice of K counted STREAM_SLICE_COST dearer (its partial tiles written, then added); `split` forces S.
-    None where nothing fits (fewer than 2 stages)."""
-    NT = next((t for t in N_TILES if 8 * t >= M), None)
-    if NT is None or H % 16 or I % 16:
-        return None
-    T1, T2, best = I // 8, H // 16, None
-    for S in (s for s in range(1, min(I // 16, n_sm) + 1) if (I // 16) % s == 0 and split in (None, s)):
-        B2 = min(n_sm // S, T2)
-        per1, per2 = -(-T1 // (S * B2)), -(-T2 // B2)
-        LD = max(stream_ld(H), stream_ld(I // S))
-        NS = min(STREAM_MAX_STAGES, per1 + per2,
-                 (smem - mlp_smem(NT, H, I, S, 0, per1 + per2, itemsize) - 1024) // (16 * LD * itemsize))
-        if NS < 2 or per2 > MLP_MOST2:
-            continue
-        cost = per1 * H + per2 * (I // S) * (1.0 + STREAM_SLICE_COST * S)
-        if best is None or cost < best[0]:
-            best = (cost, (NT, S, B2, NS))
-    return best and best[1]
-
-
-def mlp_stream(kernels, x, w_gate_up, w_down, act, out, split: int = None):
-    """out[M, H] = W_down SwiGLU(W_gate_up x) for x [M, H], M <= 32 rows, in one kernel (gemm_stream.cu's
-    mlp_stream; 16-bit types, Hopper+); act [M, I] is scratch, left holding SwiGLU's output. split: S slices of
-    the down projection's K instead of the plan's (benchmarks and tests)."""
-    kernels._check("mlp_stream", kernels.storage, x, w_gate_up, w_down, act, out)
-    M, H = x.shape
-    I = w_down.shape[1]
-    key = ("mlp", M, H, I, split)
-    plan = kernels._gemm_plans.get(key)
-    if plan is None:
-        mp = None
-        if (kernels.itemsize == 2 and kernels.cc >= 90 and w_gate_up.shape == (2 * I, H)
-                and w_down.shape == (H, I) and act.shape == (M, I) and out.shape == (M, H)):
-            mp = mlp_plan(M, H, I, kernels.num_sms, kernels.smem_optin, kernels.itemsize, split)
-        if mp is None:
-            raise ValueError(f"mlp_stream: x {x.shape}, w_gate_up {w_gate_up.shape}, w_down {w_down.shape}, act "
-                             f"{act.shape}, out {out.shape} in {kernels.dtype} (16-bit types, Hopper+, 1 <= M <= "
-                             f"{MAX_ROWS}, H and I multiples of 16, a plan that fits: mlp_plan)")
-        NT, S, B2, NS = mp
-        T1, T2 = I // 8, H // 16
-        smem = mlp_smem(NT, H, I, S, NS, -(-T1 // (S * B2)) + -(-T2 // B2), kernels.itemsize)
-        fn = kernels._fn("gemm_stream", f"mlp_stream<{kernels.ctype}, {NT}>", smem)
-        cp = kernels.cp
-        ws = cp.empty(S * T2 * NT * 128 if S > 1 else 1, cp.float32)
-        counters = cp.zeros(T2, cp.uint32)  # the kernel leaves them zero
-        bar = cp.zeros(2, cp.uint32)  # grid barrier count and generation (grid.cuh)
-        ints = tuple(np.int32(v) for v in (M, H, I, S, NS))
-        plan = kernels._gemm_plans[key] = (fn, (S * B2,), (32 * (STREAM_CW + 1),), ws, counters, bar, ints, smem)
-    fn, grid, block, ws, counters, bar, ints, smem = plan
-    kernels._go(fn, grid, block, (x, w_gate_up, w_down, act, out, ws, counters, bar, *ints), smem)

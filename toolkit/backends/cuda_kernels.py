@@ -29,8 +29,6 @@ from .cuda_gemm import gemm_skinny as _gemm_skinny
 from .cuda_gemm import gemm_skinny_rope as _gemm_skinny_rope
 from .cuda_gemm import gemm_stream as _gemm_stream
 from .cuda_gemm import kernel_names as _skinny_names
-from .cuda_gemm import mlp_plan as _mlp_plan
-from .cuda_gemm import mlp_stream as _mlp_stream
 from .cuda_gemm import stream_kernel_names as _stream_names
 from .cuda_gemm import stream_plan as _stream_plan
 
@@ -403,17 +401,6 @@ class CudaKernels:
         """Whether gemm_stream takes out[M, N] = x[M, K] @ w.T (N output columns; swiglu: from 2N weight rows)."""
         return (self.itemsize == 2 and self.cc >= 90 and 2 <= M <= 32
                 and _stream_plan(M, N, K, self.num_sms, self.smem_optin, self.itemsize, swiglu) is not None)
-
-    def mlp_stream(self, x, w_gate_up, w_down, act, out, split: int = None):
-        """out[M, H] = W_down SwiGLU(W_gate_up x) for 1 <= M <= 32 rows in one kernel, the weights of both
-        projections streamed through shared memory (gemm_stream.cu's mlp_stream, launched by cuda_gemm.py; act is
-        scratch); mlp_stream_ok says which shapes it takes."""
-        _mlp_stream(self, x, w_gate_up, w_down, act, out, split)
-
-    def mlp_stream_ok(self, M: int, H: int, I: int) -> bool:
-        """Whether mlp_stream takes an MLP block of M rows, hidden size H, intermediate size I on this GPU."""
-        return (self.itemsize == 2 and self.cc >= 90 and 2 <= M <= 32
-                and _mlp_plan(M, H, I, self.num_sms, self.smem_optin, self.itemsize) is not None)
 
     def gemm_skinny_rope(self, x, w, bias, cos, sin, positions, slot_mapping, n_heads, n_kv_heads, q_out, k_cache,
                          v_cache, split=None):

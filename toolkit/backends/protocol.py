@@ -33,11 +33,6 @@ class Backend(Protocol):
     # takes the projection (SwiGLU in its epilogue; gate_up untouched), else linear into gate_up + silu_mul.
     def linear_swiglu(self, x, w, gate_up, act, small_batch_gemv: bool = False, skinny_gemm: bool = False,
                       stream_gemm: bool = False) -> None: ...
-    # out[T, H] = W_down SwiGLU(W_gate_up x), the MLP block's two projections; act [T, I] and gate_up [T, 2I] are
-    # scratch. With stream_gemm, one kernel where it takes the block (kernels/gemm_stream.cu's mlp_stream, 2-32
-    # rows); else linear_swiglu (our GEMV only with gemv_swiglu too), then linear, with the same switches.
-    def mlp(self, x, w_gate_up, w_down, gate_up, act, out, small_batch_gemv: bool = False, gemv_swiglu: bool = False,
-            skinny_gemm: bool = False, stream_gemm: bool = False) -> None: ...
     def embedding(self, ids, table, out) -> None: ...  # out[t] = table[ids[t]] (also a row gather)
     def add_rmsnorm(self, x, residual, weight, eps: float, out) -> None: ...
     # A projection with its neighbours folded in (kernels/gemv.cu's gemv_fused): kind "norm" (y = RMSNorm(x) @ w.T),
