@@ -103,7 +103,11 @@ class CpuBackend:
     embedding = staticmethod(embedding)
     decode_mlp = staticmethod(decode_mlp)
     gemv_fused = staticmethod(gemv_fused)
-    add_rmsnorm = staticmethod(add_rmsnorm)
+    def add_rmsnorm(self, x, residual, weight, eps, out, prefetch=None):
+        add_rmsnorm(x, residual, weight, eps, out)  # (prefetch: an L2 hint; there is no table on the CPU)
+
+    def prefetch_table(self, arrays):
+        return None
     silu_mul = staticmethod(silu_mul)
     rope_qkv = staticmethod(rope_qkv)
 
