@@ -4,8 +4,7 @@
 // The double rounding matches Hugging Face for 16-bit T: the residual add happens in T, and RMSNorm rounds the
 // normalised value to T before multiplying by the weight. For T = float both roundings are no-ops.
 //
-// Layout (row-major): x, residual, out T[rows, H]; weight T[H]. x may be nullptr (no residual add). pf: nullptr,
-// or pf_n (address, bytes) pairs of weights to prefetch into L2 (prefetch_l2, below).
+// Layout (row-major): x, residual, out T[rows, H]; weight T[H]. x may be nullptr (no residual add).
 // Launch: grid (rows), block = a multiple of 32 (the wrapper sizes it so one pass covers the row in 16-byte
 // chunks: 128 threads for H = 896 bf16). Math in fp32. Two passes over the row: the first adds and sums
 // squares, the second re-reads the residual it just wrote (same thread, same addresses, so no barrier is
@@ -36,33 +35,8 @@ __device__ __forceinline__ float add_one(T& r, const T* xe, int j) {
     return v;
 }
 
-// EngineOptions.l2_prefetch: the layer's first kernel asks L2 for the weights its later kernels will read
-// (cp.async.bulk.prefetch.L2, Hopper+: DRAM -> L2, nothing comes back to the SM), so that at batch 32 the GEMMs,
-// which reach 1.2-2.4 TB/s from DRAM (README), find them in L2, while the attention half of the layer, which
-// keeps DRAM mostly idle, runs. The ranges are cut into 64 KB pieces dealt out over every thread of the grid in
-// range order. Weights are constants: this runs before the PDL wait. (The bytes are only a hint: results never
-// depend on it.)
-__device__ __forceinline__ void prefetch_l2(const unsigned long long* __restrict__ pf, int n) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    constexpr unsigned long long CH = 64 << 10;
-    const unsigned long long t = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
-    const unsigned long long nt = (unsigned long long)gridDim.x * blockDim.x;
-    unsigned long long before = 0;  // pieces of the ranges before range r: piece g goes to thread g % nt
-    for (int r = 0; r < n; r++) {
-        const unsigned long long a = __ldg(pf + 2 * r), bytes = __ldg(pf + 2 * r + 1);
-        const unsigned long long pieces = (bytes + CH - 1) / CH;
-        for (unsigned long long c = (t + nt - before % nt) % nt; c < pieces; c += nt) {
-            const unsigned long long off = c * CH, len = bytes - off < CH ? bytes - off : CH;
-            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(a + off), "r"((unsigned)len) : "memory");
-        }
-        before += pieces;
-    }
-#endif
-}
-
 template <typename T>
-__global__ void add_rmsnorm(const T* x, T* residual, const T* __restrict__ weight, T* out, float eps, int H,
-                            const unsigned long long* __restrict__ pf, int pf_n) {
+__global__ void add_rmsnorm(const T* x, T* residual, const T* __restrict__ weight, T* out, float eps, int H) {
     // No __restrict__ on x/residual/out: callers may alias out with x or residual (each element is read before
     // the same thread writes it, so aliasing is safe as long as the compiler is not told otherwise).
     constexpr int VEC = 16 / sizeof(T);  // elements per 16-byte chunk
@@ -76,7 +50,6 @@ __global__ void add_rmsnorm(const T* x, T* residual, const T* __restrict__ weigh
     const int i0 = threadIdx.x * VEC;
     Chunk<T> w0, r0;
     if (vec && i0 < H) w0.u = __ldg(reinterpret_cast<const uint4*>(weight + i0));
-    if (pf) prefetch_l2(pf, pf_n);
     pdl_enter();  // (pdl.cuh) a no-op unless launched with PDL
 
     // Pass 1: residual add, write back, sum of squares (of the rounded values, like HF's fp32 upcast of T).
@@ -120,9 +93,7 @@ __global__ void add_rmsnorm(const T* x, T* residual, const T* __restrict__ weigh
     }
 }
 
-template __global__ void add_rmsnorm<float>(const float*, float*, const float*, float*, float, int,
-                                            const unsigned long long*, int);
-template __global__ void add_rmsnorm<__half>(const __half*, __half*, const __half*, __half*, float, int,
-                                             const unsigned long long*, int);
+template __global__ void add_rmsnorm<float>(const float*, float*, const float*, float*, float, int);
+template __global__ void add_rmsnorm<__half>(const __half*, __half*, const __half*, __half*, float, int);
 template __global__ void add_rmsnorm<__nv_bfloat16>(const __nv_bfloat16*, __nv_bfloat16*, const __nv_bfloat16*,
-                                                    __nv_bfloat16*, float, int, const unsigned long long*, int);
+                                                    __nv_bfloat16*, float, int);

@@ -19,10 +19,3 @@ def test_stream_gemm_reads_as_on_only_on_the_gpu_in_16_bit():
     assert on.effective("cuda", "float16").stream_gemm is True
     assert on.effective("cuda", "float32").stream_gemm is False  # tensor cores take 16-bit inputs
     assert on.effective("cpu", "bfloat16").stream_gemm is False
-
-
-def test_l2_prefetch_reads_as_on_only_on_the_gpu():
-    on = EngineOptions(l2_prefetch=True)
-    assert on.effective("cuda", "bfloat16").l2_prefetch is True
-    assert on.effective("cuda", "float32").l2_prefetch is True  # a hint for any weights (the kernel skips it pre-Hopper)
-    assert on.effective("cpu", "bfloat16").l2_prefetch is False

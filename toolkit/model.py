@@ -25,16 +25,10 @@ is on, else the dense varlen prefill kernel, over the same cache. The lm_head
 writes logits in the buffer's dtype: the compute dtype for the sampler (bf16
 on the GPU), fp32 for `all_rows` scoring.
 """
-import os
 from dataclasses import dataclass
 
 from .config import ModelConfig, rope_tables
 from .weights import Weights
-
-
-# l2_prefetch: the weights of its layer that each pre-attention add_rmsnorm asks L2 for (LayerWeights fields, in
-# order). (TOOLKIT_L2_PREFETCH overrides it, comma-separated, for A/B runs.)
-L2_PREFETCH = tuple(os.environ.get("TOOLKIT_L2_PREFETCH", "gate_up,down").split(","))
 
 
 @dataclass
@@ -84,7 +78,6 @@ class Model:
         self.scratch = self._alloc_scratch(max_tokens)
         self.x_last = backend.empty((max_seqs, cfg.hidden_size))
         self._sparse = None  # the sparse prefill's workspaces (toolkit/sparse.py), made at its first use
-        self._l2_tables = None  # l2_prefetch's per-layer tables, made at the first step that asks (outside capture)
 
     def _alloc_scratch(self, rows: int) -> Scratch:
         be, c = self.be, self.cfg
@@ -127,9 +120,6 @@ class Model:
         mlp_one = (options.mlp_kernel and options.small_batch_gemv and not fused
                    and self.be.decode_mlp_ok(N, c))
         added = fused or mlp_one  # h already holds the MLP output when the next block starts
-        # l2_prefetch (a pure decode step): each layer's first add_rmsnorm asks L2 for the layer's MLP weights, which
-        # DRAM then streams while the attention half of the layer, latency-bound, runs (kernels/rmsnorm.cu).
-        tables = self._prefetch_tables() if options.l2_prefetch and nd == N else None
         timer.start()
         be.embedding(step.input_ids, w.embed, s.h)
         timer.lap("embedding")
@@ -139,8 +129,7 @@ class Model:
             if fused:  # h already holds every add: qkv = W (RMSNorm(h) * w)
                 be.gemv_fused(s.h, L.qkv, s.qkv, "norm", L.input_norm, eps)
             else:
-                be.add_rmsnorm(None if i == 0 or added else s.mlp_out, s.h, L.input_norm, eps, s.x,
-                               tables[i] if tables else None)
+                be.add_rmsnorm(None if i == 0 or added else s.mlp_out, s.h, L.input_norm, eps, s.x)
             rope = (s.qkv, L.qkv_bias, L.q_norm, L.k_norm, eps, self.cos, self.sin, step.positions,
                     step.slot_mapping)
             if rope_gemm:  # qkv and rope_qkv: one kernel where it can be (else the two, in turn)
@@ -178,11 +167,6 @@ class Model:
             be.linear(x_last, w.lm_head, logits[:B])
         timer.lap("lm_head")
         return logits
-
-    def _prefetch_tables(self):
-        if self._l2_tables is None:
-            self._l2_tables = [self.be.prefetch_table([getattr(L, n) for n in L2_PREFETCH]) for L in self.w.layers]
-        return self._l2_tables
 
     def _attention(self, be, step, kv: KVCache, layer: int, s: Scratch, nd: int, B: int, options, timer,
                    rope=None):

@@ -55,9 +55,6 @@ class EngineOptions:
     stream_gemm: bool = _switch("our TMA weight-streaming GEMM (gemm_stream) instead of cuBLAS for the MLP's gate_up "
                                 "(with SwiGLU in its epilogue) and down projections of a decode step of 2-32 rows "
                                 "(GPU, 16-bit, Hopper+)", default=False)
-    l2_prefetch: bool = _switch("in a pure decode step, each layer's first kernel (its RMSNorm) asks L2 for the "
-                                "layer's MLP weights, which DRAM streams while the attention half of the layer runs "
-                                "(GPU, Hopper+)", default=False)
     sampler_fast_path: bool = _switch("skip the FP32 logits copy when no request in the batch needs logits processing")
     sparse_prefill: bool = _switch("prefill attention over the sliding window + the indexer's top-k key blocks "
                                    "(exact when it covers every block)")
@@ -111,7 +108,6 @@ class EngineOptions:
                        rope_in_attention=rope_attn, rope_in_gemm=self.rope_in_gemm and skinny and not rope_attn,
                        small_batch_gemv=gemv, skinny_gemm=skinny,
                        stream_gemm=self.stream_gemm and on_gpu and dtype != "float32",
-                       l2_prefetch=self.l2_prefetch and on_gpu,
                        fused_gemv=self.fused_gemv and gemv,
                        gemv_swiglu=self.gemv_swiglu and gemv, mlp_kernel=self.mlp_kernel and gemv,
                        pdl=self.pdl and graphs)  # PDL runs in graph-replayed steps only (runner.py says why)

@@ -103,11 +103,7 @@ class CpuBackend:
     embedding = staticmethod(embedding)
     decode_mlp = staticmethod(decode_mlp)
     gemv_fused = staticmethod(gemv_fused)
-    def add_rmsnorm(self, x, residual, weight, eps, out, prefetch=None):
-        add_rmsnorm(x, residual, weight, eps, out)  # (prefetch: an L2 hint; there is no table on the CPU)
-
-    def prefetch_table(self, arrays):
-        return None
+    add_rmsnorm = staticmethod(add_rmsnorm)
     silu_mul = staticmethod(silu_mul)
     rope_qkv = staticmethod(rope_qkv)
 

@@ -347,12 +347,8 @@ class CudaBackend:
     def embedding(self, ids, table, out):
         self.kernels.embedding(ids, table, out)
 
-    def add_rmsnorm(self, x, residual, weight, eps, out, prefetch=None):
-        self.kernels.add_rmsnorm(x, residual, weight, eps, out, prefetch)
-
-    def prefetch_table(self, arrays):
-        with self._on_stream():
-            return self.kernels.prefetch_table(arrays)
+    def add_rmsnorm(self, x, residual, weight, eps, out):
+        self.kernels.add_rmsnorm(x, residual, weight, eps, out)
 
     def rope_qkv(self, qkv, bias, q_norm, k_norm, eps, cos, sin, positions, slot_mapping, n_heads, n_kv_heads,
                  q_out, k_cache, v_cache):

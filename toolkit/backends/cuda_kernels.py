@@ -319,10 +319,8 @@ class CudaKernels:
             self._go(self._fn("embedding", self._names["embedding"][0]), (T,), (128,),
                      (ids, table, out, _i32(V), _i32(H)))
 
-    def add_rmsnorm(self, x, residual, weight, eps, out, prefetch=None):
-        """residual += x (if x is not None), out = rmsnorm(residual) * weight; rows of H = residual.shape[-1].
-        prefetch: None, or a prefetch_table's uint64 [n, 2] (address, bytes) ranges for the kernel to ask L2 for
-        before its PDL wait (rmsnorm.cu's prefetch_l2; Hopper+, else ignored)."""
+    def add_rmsnorm(self, x, residual, weight, eps, out):
+        """residual += x (if x is not None), out = rmsnorm(residual) * weight; rows of H = residual.shape[-1]."""
         self._check("add_rmsnorm", self.storage, x, residual, weight, out)
         shape = residual.shape
         H = shape[-1]
@@ -333,15 +331,8 @@ class CudaKernels:
         # One 16-byte chunk per thread covers the row in one pass (128 threads for H = 896 in bf16).
         threads = min(1024, max(32, 32 * -(-H // (32 * self.vec))))
         if rows:
-            pf = prefetch if prefetch is not None and self.cc >= 90 else None
             self._go(self._fn("rmsnorm", self._names["rmsnorm"][0]), (rows,), (threads,),
-                     (x, residual, weight, out, _f32(eps), _i32(H), pf, _i32(0 if pf is None else pf.shape[0])))
-
-    def prefetch_table(self, arrays) -> object:
-        """The (address, bytes) of each device array, as the uint64 [n, 2] device table add_rmsnorm's prefetch
-        takes (built once, at the first step that asks: the weights do not move)."""
-        table = np.array([[a.data.ptr, a.nbytes] for a in arrays], np.uint64).reshape(-1, 2)
-        return self.cp.asarray(table)
+                     (x, residual, weight, out, _f32(eps), _i32(H)))
 
     def rope_qkv(self, qkv, bias, q_norm, k_norm, eps, cos, sin, positions, slot_mapping, n_heads, n_kv_heads,
                  q_out, k_cache, v_cache):
