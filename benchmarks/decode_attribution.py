@@ -57,6 +57,8 @@ VARIANTS = {  # name -> (class, attribute, replacement) patched while the graph 
     "gemv (qkv, o, down at 1-4 rows)": [(CudaKernels, "gemv", noop)],
     "gemv_swiglu (gate_up at 1-4 rows)": [(CudaKernels, "gemv_swiglu", noop)],
     "silu_mul": [(CudaKernels, "silu_mul", noop)],
+    "gemm_skinny (qkv with RoPE, o at 2-32 rows)": [(CudaKernels, "gemm_skinny", noop),
+                                                    (CudaKernels, "gemm_skinny_rope", noop)],
     "cuBLAS projections": [(gemm_cls, "__call__", gemm_without(lm_head=False))],
     "lm_head (cuBLAS)": [(gemm_cls, "__call__", gemm_without(lm_head=True))],
     "embedding": [(CudaKernels, "embedding", noop)],
