@@ -398,8 +398,9 @@ class CudaKernels:
         _gemm_stream(self, x, w, out, swiglu, split)
 
     def stream_ok(self, M: int, N: int, K: int, swiglu: bool = False) -> bool:
-        """Whether gemm_stream takes out[M, N] = x[M, K] @ w.T (N output columns; swiglu: from 2N weight rows)."""
-        return (self.itemsize == 2 and self.cc >= 90 and 2 <= M <= 32
+        """Whether gemm_stream takes out[M, N] = x[M, K] @ w.T (N output columns; swiglu: from 2N weight rows): 16-bit,
+        Hopper+, a plan that fits (none past 32 rows). Which row counts the engine sends it: CudaBackend._stream_ok."""
+        return (self.itemsize == 2 and self.cc >= 90 and M >= 1
                 and _stream_plan(M, N, K, self.num_sms, self.smem_optin, self.itemsize, swiglu) is not None)
 
     def gemm_skinny_rope(self, x, w, bias, cos, sin, positions, slot_mapping, n_heads, n_kv_heads, q_out, k_cache,
