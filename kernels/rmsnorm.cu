@@ -93,7 +93,74 @@ __global__ void add_rmsnorm(const T* x, T* residual, const T* __restrict__ weigh
     }
 }
 
+// add_rmsnorm_partials: the same, with x given as S fp32 partial products of a GEMM split over K (the down
+// projection at 2-32 rows as one strided-batched cuBLAS call, CudaBackend.linear_partials): x = T(p[0] + ... +
+// p[S-1]), added in slice order, then exactly add_rmsnorm's add and norm. That leaves out cuBLAS's own split-K
+// reduce kernel, one launch a layer. parts: float[S][rows][H], slab after slab. Launch: as add_rmsnorm, H a
+// multiple of the 16-byte chunk, 1 <= S <= PART_MAX (the wrapper checks).
+#define PART_MAX 8
+template <typename T>
+__global__ void add_rmsnorm_partials(const float* parts, int S, T* residual, const T* __restrict__ weight, T* out,
+                                     float eps, int H) {
+    constexpr int VEC = 16 / sizeof(T);
+    const size_t row = (size_t)blockIdx.x * H, slab = (size_t)gridDim.x * H;
+    T* rr = residual + row;
+    T* orow = out + row;
+    const int i0 = threadIdx.x * VEC;
+    Chunk<T> w0, r0;
+    if (i0 < H) w0.u = __ldg(reinterpret_cast<const uint4*>(weight + i0));
+    pdl_enter();
+    float ss = 0.0f;
+    for (int i = i0; i < H; i += blockDim.x * VEC) {
+        // Every slice's loads first, then the adds in slice order: one L2 round trip for up to PART_MAX slices.
+        float4 v[PART_MAX][VEC / 4];
+#pragma unroll
+        for (int s = 0; s < PART_MAX; s++)
+            if (s < S)
+#pragma unroll
+                for (int q = 0; q < VEC / 4; q++) v[s][q] = reinterpret_cast<const float4*>(parts + s * slab + row + i)[q];
+        float x[VEC];
+#pragma unroll
+        for (int q = 0; q < VEC / 4; q++) {
+            x[4 * q] = v[0][q].x; x[4 * q + 1] = v[0][q].y; x[4 * q + 2] = v[0][q].z; x[4 * q + 3] = v[0][q].w;
+        }
+#pragma unroll
+        for (int s = 1; s < PART_MAX; s++)
+            if (s < S)
+#pragma unroll
+                for (int q = 0; q < VEC / 4; q++) {
+                    x[4 * q] += v[s][q].x; x[4 * q + 1] += v[s][q].y; x[4 * q + 2] += v[s][q].z;
+                    x[4 * q + 3] += v[s][q].w;
+                }
+        Chunk<T> rv;
+        rv.u = *reinterpret_cast<const uint4*>(rr + i);
+#pragma unroll
+        for (int j = 0; j < VEC; j++) {
+            const T xt = from_f32<T>(x[j]);  // the GEMM's output, rounded to T as cuBLAS writes it
+            float v = add_one(rv.e[j], &xt, 0);
+            ss += v * v;
+        }
+        *reinterpret_cast<uint4*>(rr + i) = rv.u;
+        if (i == i0) r0 = rv;
+    }
+    const float inv = rsqrtf(block_sum(ss) / (float)H + eps);
+    for (int i = i0; i < H; i += blockDim.x * VEC) {
+        Chunk<T> rv = r0, wv = w0, ov;
+        if (i != i0) {
+            rv.u = *reinterpret_cast<const uint4*>(rr + i);
+            wv.u = *reinterpret_cast<const uint4*>(weight + i);
+        }
+#pragma unroll
+        for (int j = 0; j < VEC; j++) ov.e[j] = rms_scale(to_f32(rv.e[j]), inv, wv.e[j]);
+        *reinterpret_cast<uint4*>(orow + i) = ov.u;
+    }
+}
+
 template __global__ void add_rmsnorm<float>(const float*, float*, const float*, float*, float, int);
 template __global__ void add_rmsnorm<__half>(const __half*, __half*, const __half*, __half*, float, int);
 template __global__ void add_rmsnorm<__nv_bfloat16>(const __nv_bfloat16*, __nv_bfloat16*, const __nv_bfloat16*,
                                                     __nv_bfloat16*, float, int);
+template __global__ void add_rmsnorm_partials<float>(const float*, int, float*, const float*, float*, float, int);
+template __global__ void add_rmsnorm_partials<__half>(const float*, int, __half*, const __half*, __half*, float, int);
+template __global__ void add_rmsnorm_partials<__nv_bfloat16>(const float*, int, __nv_bfloat16*, const __nv_bfloat16*,
+                                                             __nv_bfloat16*, float, int);

@@ -39,3 +39,15 @@ def add_rmsnorm(x, residual: np.ndarray, weight: np.ndarray, eps: float, out: np
     if x is not None and x.shape != residual.shape:
         raise ValueError(f"add_rmsnorm: x {x.shape} != residual {residual.shape}")
     _add_rmsnorm(_NO_X if x is None else x, x is not None, residual, weight, float(eps), out)
+
+
+def add_rmsnorm_partials(parts: np.ndarray, residual: np.ndarray, weight: np.ndarray, eps: float,
+                         out: np.ndarray) -> None:
+    """add_rmsnorm with x = parts[0] + ... + parts[S-1] (float32 [S, T, H], added in slice order): the partial
+    products of a GEMM split over K (twin of rmsnorm.cu's add_rmsnorm_partials)."""
+    if parts.ndim != 3 or parts.shape[1:] != residual.shape:
+        raise ValueError(f"add_rmsnorm_partials: parts {parts.shape}, residual {residual.shape}")
+    x = parts[0].copy()
+    for s in range(1, parts.shape[0]):
+        x += parts[s]
+    add_rmsnorm(x, residual, weight, eps, out)

@@ -19,7 +19,7 @@ from kernels.decode_attention import decode_attention
 from kernels.decode_attention_tc import decode_attention_tc, split_chunk as tc_split_chunk
 from kernels.embedding import embedding
 from kernels.prefill_attention import prefill_attention
-from kernels.rmsnorm import add_rmsnorm
+from kernels.rmsnorm import add_rmsnorm, add_rmsnorm_partials
 from kernels.rope import rope_qkv
 
 EPS = 1e-6
@@ -142,6 +142,35 @@ def test_add_rmsnorm(rng, T, H, with_x):
     expect_r = r0 + x if with_x else r0  # fp32 add, exactly as the kernel and HF do it
     np.testing.assert_array_equal(residual, expect_r)  # the residual stream is written back
     assert_close(out, ref_rmsnorm(expect_r, w))
+
+
+@pytest.mark.parametrize("S,T,H", [(1, 3, 24), (4, 5, 384), (8, 2, 64)])
+def test_add_rmsnorm_partials(rng, S, T, H):
+    """split_down's norm: the partials added in slice order (fp32), then add_rmsnorm exactly."""
+    parts, r0, w = np.stack([randn(rng, T, H) for _ in range(S)]), randn(rng, T, H, scale=3.0), randn(rng, H)
+    x = parts[0].copy()
+    for p in parts[1:]:
+        x += p
+    want_r, want = r0.copy(), np.empty((T, H), np.float32)
+    add_rmsnorm(x, want_r, w, EPS, want)
+    residual, out = r0.copy(), np.empty((T, H), np.float32)
+    add_rmsnorm_partials(parts, residual, w, EPS, out)
+    np.testing.assert_array_equal(residual, want_r)
+    np.testing.assert_array_equal(out, want)
+    assert_close(out, ref_rmsnorm(r0 + parts.astype(np.float64).sum(0), w))
+    with pytest.raises(ValueError):
+        add_rmsnorm_partials(parts[:, :1], residual, w, EPS, out)
+
+
+def test_cpu_backend_linear_partials(rng):
+    """The CPU backend's linear_partials: slice s of K's product; the slices add up to the whole product."""
+    from toolkit.backends.cpu import CpuBackend
+
+    x, w = randn(rng, 3, 64), randn(rng, 24, 64)
+    parts = np.empty((4, 3, 24), np.float32)
+    CpuBackend().linear_partials(x, w, parts)
+    np.testing.assert_allclose(parts[2], x[:, 32:48] @ w[:, 32:48].T, rtol=1e-6)
+    np.testing.assert_allclose(parts.sum(0), x @ w.T, rtol=1e-5, atol=1e-5)
 
 
 def test_add_rmsnorm_out_may_alias_x(rng):

@@ -121,6 +121,35 @@ def test_stream_gemm_changes_no_token(tiny_bf16, pdl, monkeypatch):
     switch_changes_no_token(tiny_bf16, reqs, "stream_gemm", "gemm_stream", monkeypatch, pdl=pdl, skinny_gemm=False)
 
 
+@pytest.mark.parametrize("pdl", [True, False])
+def test_split_down_changes_no_token_fp32(pdl, monkeypatch):
+    """The down projection in slices (split_down, decode steps of 2-128 rows) gives the tokens of one cuBLAS call in
+    fp32 (only the fp32 summation order differs), from graphs and eagerly, and runs (batch 5: 2 slices of the tiny
+    shape's 688 columns)."""
+    eng = build_engine(shape="tiny", device="cuda", dtype="float32", max_context=256, kv_cache_tokens=256 * 8)
+    reqs = prompts(np.random.default_rng(90), eng.cfg.vocab_size, 5)
+    switch_changes_no_token(eng, reqs, "split_down", "add_rmsnorm_partials", monkeypatch, pdl=pdl)
+
+
+def test_split_down_bf16_agreement(tiny_bf16):
+    """In bf16 the down output may round differently (another fp32 summation order before the rounding): report
+    how often the tokens agree with it on and off; with it on, graphs and eager steps agree exactly."""
+    eng = tiny_bf16
+    reqs = prompts(np.random.default_rng(91), eng.cfg.vocab_size, 24)
+    runs = {}
+    for on, graphs in ((False, True), (True, True), (True, False)):
+        eng.set_options(EngineOptions(split_down=on, cuda_graphs=graphs))
+        runs[on, graphs], steps = run_batch(eng, reqs, 16)
+        assert all(st.options.split_down == on for st in steps)
+    eng.set_options(EngineOptions())
+    assert runs[True, True] == runs[True, False]
+    first_diff = [next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(a))
+                  for a, b in zip(runs[True, True], runs[False, True])]
+    agree = sum(first_diff) / sum(len(t) for t in runs[False, True])
+    print(f"split_down bf16, batch 24, tiny: {agree:.1%} of tokens before the first divergence")
+    assert agree > 0.8
+
+
 def test_toggling_graphs_mid_request_changes_no_token(tiny_bf16):
     eng = tiny_bf16
     reqs = prompts(np.random.default_rng(7), eng.cfg.vocab_size, 5)

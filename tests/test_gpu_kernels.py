@@ -21,7 +21,7 @@ from kernels.decode_attention import decode_attention
 from kernels.decode_attention_tc import decode_attention_tc
 from kernels.embedding import embedding
 from kernels.prefill_attention import prefill_attention
-from kernels.rmsnorm import add_rmsnorm
+from kernels.rmsnorm import add_rmsnorm, add_rmsnorm_partials
 from kernels.rope import rope_qkv
 
 cp = pytest.importorskip("cupy")
@@ -106,6 +106,64 @@ def test_add_rmsnorm(dtype, T, with_x, H):
     K(dtype).add_rmsnorm(None if x is None else dev(x, dtype), d_res, dev(w, dtype), 1e-6, d_out)
     check("add_rmsnorm.out", host(d_out, dtype), ref_out, dtype)
     check("add_rmsnorm.residual", host(d_res, dtype), ref_res, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("S, T", [(8, 32), (8, 2), (4, 128), (1, 5), (3, 256)])
+def test_add_rmsnorm_partials(dtype, S, T):
+    """split_down's norm against its twin, and bit for bit add_rmsnorm given the partials' sum (fp32, in slice
+    order) rounded to the compute dtype: the one rounding split_down adds is the GEMM output's own."""
+    rng = np.random.default_rng(S * 1000 + T)
+    parts = rng.standard_normal((S, T, H)).astype(np.float32)
+    res = rounded(rng.standard_normal((T, H)) * 3, dtype)
+    w = rounded(1 + 0.1 * rng.standard_normal(H), dtype)
+    ref_res, ref_out = res.copy(), np.empty((T, H), np.float32)
+    add_rmsnorm_partials(parts, ref_res, w, 1e-6, ref_out)
+    d_res, d_out = dev(res, dtype), dev(np.zeros((T, H)), dtype)
+    K(dtype).add_rmsnorm_partials(cp.asarray(parts), d_res, dev(w, dtype), 1e-6, d_out)
+    check("add_rmsnorm_partials.out", host(d_out, dtype), ref_out, dtype)
+    check("add_rmsnorm_partials.residual", host(d_res, dtype), ref_res, dtype)
+    x = parts[0].copy()
+    for p in parts[1:]:
+        x += p
+    p_res, p_out = dev(res, dtype), dev(np.zeros((T, H)), dtype)
+    K(dtype).add_rmsnorm(dev(x, dtype), p_res, dev(w, dtype), 1e-6, p_out)
+    assert (p_res == d_res).all() and (p_out == d_out).all()
+    with pytest.raises(ValueError):  # more slices than the kernel holds
+        K(dtype).add_rmsnorm_partials(cp.zeros((9, T, H), cp.float32), d_res, dev(w, dtype), 1e-6, d_out)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("T", [2, 32, 128])
+def test_linear_partials(dtype, T):
+    """split_down's GEMM (one strided-batched cuBLAS call): slice s of K's fp32 product, at the down projection's
+    shape with the slices down_slices picks; their sum is the whole product."""
+    be = _backend(dtype)
+    S = be.down_slices(T, H, I)
+    assert S == (8 if T <= 32 else 4)
+    rng = np.random.default_rng(T)
+    x, w = rounded(rng.standard_normal((T, I)), dtype), rounded(0.02 * rng.standard_normal((H, I)), dtype)
+    parts, dx, dw = cp.zeros((S, T, H), cp.float32), dev(x, dtype), dev(w, dtype)
+    cp.cuda.Device().synchronize()  # (the backend's stream does not wait for the default one)
+    be.linear_partials(dx, dw, parts)
+    be.stream.synchronize()
+    got = cp.asnumpy(parts)
+    ks = I // S
+    for s in range(S):
+        ref = x[:, s * ks:(s + 1) * ks].astype(np.float64) @ w[:, s * ks:(s + 1) * ks].T.astype(np.float64)
+        check(f"linear_partials[{s}]", got[s], ref.astype(np.float32), "float32")
+    check("linear_partials.sum", got.sum(0), (x.astype(np.float64) @ w.T.astype(np.float64)).astype(np.float32),
+          "float32")
+    assert be.down_slices(1, H, I) == 0 and be.down_slices(129, H, I) == 0 and be.down_slices(8, H, 688) == 2
+    with pytest.raises(ValueError):
+        be.linear_partials(dev(x, dtype), dev(w, dtype), cp.zeros((3, T, H), cp.float32))  # 4864 / 3
+
+
+@functools.lru_cache(maxsize=None)
+def _backend(dtype):
+    from toolkit.backends.cuda import CudaBackend
+
+    return CudaBackend(dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

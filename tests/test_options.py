@@ -19,3 +19,9 @@ def test_stream_gemm_reads_as_on_only_on_the_gpu_in_16_bit():
     assert on.effective("cuda", "float16").stream_gemm is True
     assert on.effective("cuda", "float32").stream_gemm is False  # tensor cores take 16-bit inputs
     assert on.effective("cpu", "bfloat16").stream_gemm is False
+
+
+def test_split_down_is_a_gpu_switch():
+    assert EngineOptions().split_down is True
+    assert EngineOptions().effective("cuda", "float32").split_down is True  # cuBLAS takes every dtype
+    assert EngineOptions().effective("cpu", "float32").split_down is False

@@ -27,6 +27,8 @@ on the GPU), fp32 for `all_rows` scoring.
 """
 from dataclasses import dataclass
 
+import numpy as np
+
 from .config import ModelConfig, rope_tables
 from .weights import Weights
 
@@ -43,9 +45,14 @@ class Scratch:
     gate_up: object  # [N, 2I]
     act: object  # [N, I]
     mlp_out: object  # [N, H]
+    parts: object  # fp32, flat: split_down's partial products [S, N, H] (parts_view)
 
     def view(self, n: int) -> "Scratch":
-        return Scratch(**{k: v[:n] for k, v in vars(self).items()})
+        return Scratch(**{k: v if k == "parts" else v[:n] for k, v in vars(self).items()})
+
+    def parts_view(self, S: int, n: int, H: int):
+        """The first S * n * H words as [S, n, H]: each slice's rows contiguous, as linear_partials writes them."""
+        return self.parts[:S * n * H].reshape(S, n, H)
 
 
 @dataclass
@@ -86,7 +93,8 @@ class Model:
             h=be.empty((rows, H)), x=be.empty((rows, H)), qkv=be.empty((rows, c.qkv_size)),
             q=be.empty((rows, c.num_heads, D)), attn=be.empty((rows, c.num_heads, D)),
             attn_out=be.empty((rows, H)), gate_up=be.empty((rows, 2 * I)),
-            act=be.empty((rows, I)), mlp_out=be.empty((rows, H)))
+            act=be.empty((rows, I)), mlp_out=be.empty((rows, H)),
+            parts=be.empty((max(be.down_slices(r, H, I) * r for r in range(1, rows + 1)) * H,), np.float32))
 
     def forward(self, step, kv: KVCache, logits, options, timer, all_rows: bool = False):
         """Run the staged `step`; write the logits of each request's last row into logits[:B].
@@ -120,6 +128,19 @@ class Model:
         mlp_one = (options.mlp_kernel and options.small_batch_gemv and not fused
                    and self.be.decode_mlp_ok(N, c))
         added = fused or mlp_one  # h already holds the MLP output when the next block starts
+        # split_down (a pure decode step of 2-128 rows, like skinny_gemm: a prompt's logits must not depend on how
+        # many of its rows a prefix hit left): the down projection as S fp32 partial products (one strided-batched
+        # cuBLAS call instead of cuBLAS's split-K kernel and its reduce kernel), which the next add_rmsnorm adds:
+        # one launch a layer fewer. mlp_out is then not written.
+        split = options.split_down and nd == N and not added
+        S = self.be.down_slices(N, c.hidden_size, c.intermediate_size) if split else 0
+        parts = s.parts_view(S, N, c.hidden_size) if S else None
+
+        def add_norm(x, weight):  # h += x (the MLP's output: mlp_out, or the partials), then x = RMSNorm(h)
+            if parts is not None and x is s.mlp_out:
+                be.add_rmsnorm_partials(parts, s.h, weight, eps, s.x)
+            else:
+                be.add_rmsnorm(x, s.h, weight, eps, s.x)
         timer.start()
         be.embedding(step.input_ids, w.embed, s.h)
         timer.lap("embedding")
@@ -129,7 +150,7 @@ class Model:
             if fused:  # h already holds every add: qkv = W (RMSNorm(h) * w)
                 be.gemv_fused(s.h, L.qkv, s.qkv, "norm", L.input_norm, eps)
             else:
-                be.add_rmsnorm(None if i == 0 or added else s.mlp_out, s.h, L.input_norm, eps, s.x)
+                add_norm(None if i == 0 or added else s.mlp_out, L.input_norm)
             rope = (s.qkv, L.qkv_bias, L.q_norm, L.k_norm, eps, self.cos, self.sin, step.positions,
                     step.slot_mapping)
             if rope_gemm:  # qkv and rope_qkv: one kernel where it can be (else the two, in turn)
@@ -154,9 +175,12 @@ class Model:
             else:
                 be.add_rmsnorm(s.attn_out, s.h, L.post_norm, eps, s.x)
                 be.linear_swiglu(s.x, L.gate_up, s.gate_up, s.act)  # one kernel where our GEMV takes it
-                be.linear(s.act, L.down, s.mlp_out)
+                if parts is not None:
+                    be.linear_partials(s.act, L.down, parts)
+                else:
+                    be.linear(s.act, L.down, s.mlp_out)
             timer.lap("mlp")
-        be.add_rmsnorm(None if added else s.mlp_out, s.h, w.final_norm, eps, s.x)
+        add_norm(None if added else s.mlp_out, w.final_norm)
         if all_rows:
             be.linear(s.x, w.lm_head, logits[:N])
         elif nd == N:  # every request fed one token: row b is request b's last row already

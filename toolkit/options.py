@@ -55,6 +55,9 @@ class EngineOptions:
     stream_gemm: bool = _switch("our TMA weight-streaming GEMM (gemm_stream) instead of cuBLAS for the MLP's gate_up "
                                 "(with SwiGLU in its epilogue) and down projections of a decode step of 2-32 rows "
                                 "(GPU, 16-bit, Hopper+)", default=False)
+    split_down: bool = _switch("in a decode step of 2-128 rows, the down projection as one strided-batched cuBLAS "
+                               "GEMM over slices of K whose fp32 partials the next add_rmsnorm adds: cuBLAS's split-K "
+                               "reduce kernel left out, one launch a layer fewer (GPU)")
     sampler_fast_path: bool = _switch("skip the FP32 logits copy when no request in the batch needs logits processing")
     sparse_prefill: bool = _switch("prefill attention over the sliding window + the indexer's top-k key blocks "
                                    "(exact when it covers every block)")
@@ -108,6 +111,7 @@ class EngineOptions:
                        rope_in_attention=rope_attn, rope_in_gemm=self.rope_in_gemm and skinny and not rope_attn,
                        small_batch_gemv=gemv, skinny_gemm=skinny,
                        stream_gemm=self.stream_gemm and on_gpu and dtype != "float32",
+                       split_down=self.split_down and on_gpu,
                        fused_gemv=self.fused_gemv and gemv,
                        gemv_swiglu=self.gemv_swiglu and gemv, mlp_kernel=self.mlp_kernel and gemv,
                        pdl=self.pdl and graphs)  # PDL runs in graph-replayed steps only (runner.py says why)

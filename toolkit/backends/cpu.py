@@ -23,7 +23,7 @@ from kernels.decode_mlp import decode_mlp
 from kernels.embedding import embedding
 from kernels.gemv import MAX_ROWS as GEMV_MAX_ROWS, gemv_fused, gemv_swiglu
 from kernels.prefill_attention import prefill_attention
-from kernels.rmsnorm import add_rmsnorm
+from kernels.rmsnorm import add_rmsnorm, add_rmsnorm_partials
 from kernels.rope import rope_qkv
 from kernels import sampler as _smp
 
@@ -74,6 +74,18 @@ class CpuBackend:
     def linear(self, x, w, out, small_batch_gemv=False, skinny_gemm=False, stream_gemm=False):
         # HF layout: w is [out, in]; BLAS reads w.T without a copy. (BLAS is the GEMV twin too: kernels/gemv.py.)
         np.matmul(x, w.T, out=out)
+
+    def down_slices(self, rows: int, n: int, k: int) -> int:
+        return 0  # (split_down is a GPU switch: here one BLAS call is the whole product)
+
+    def linear_partials(self, x, w, parts):
+        S = parts.shape[0]
+        ks = x.shape[1] // S
+        for s in range(S):
+            np.matmul(x[:, s * ks:(s + 1) * ks], w[:, s * ks:(s + 1) * ks].T, out=parts[s])
+
+    def add_rmsnorm_partials(self, parts, residual, weight, eps, out):
+        add_rmsnorm_partials(parts, residual, weight, eps, out)
 
     def linear_swiglu(self, x, w, gate_up, act, small_batch_gemv=False, skinny_gemm=False, stream_gemm=False):
         # (skinny_gemm, stream_gemm: the CUDA kernels' twins, kernels/gemm_skinny.py and gemm_stream.py, are this

@@ -49,6 +49,11 @@ _SKINNY_MAX_WEIGHTS = int(os.environ.get("TOOLKIT_SKINNY_MAX_WEIGHTS", 4 << 20))
 # measured slower there than on cuBLAS (83.0 against 74.1 us at 32 rows, gemm_stream_dev.log).
 # (qkv and o, 1.0M and 0.8M, stay on gemm_skinny or cuBLAS: its first design took 17-22 us there against 3-4.)
 _STREAM_WEIGHTS = (2 << 20, 64 << 20)
+# split_down: slices of K for the down projection (one strided-batched cuBLAS GEMM, no split-K reduce kernel; the
+# next add_rmsnorm adds the fp32 partials), by rows. Measured on the H200 at Qwen2.5-0.5B (down_partials.log, the
+# projection + the add_rmsnorm after it, weights from DRAM): at 2-32 rows 8 slices, 7.00-8.12 us against gemmEx +
+# add_rmsnorm's 8.93-9.38 (4 slices 7.29-8.16); at 64 and 128 rows 4 slices, 8.40 / 8.75 against 9.69 / 10.09.
+_DOWN_SLICES = ((32, 8), (128, 4))  # (up to rows, slices)
 
 
 class CudaTimer:
@@ -126,6 +131,11 @@ class _NvmathGemm:
         self._cublas.gemm_ex(self._handle, transa, transb, m, n, k, self._alpha, a, atype, lda, b, btype, ldb,
                              self._beta, c, ctype, ldc, _COMPUTE_32F, _GEMM_DEFAULT)
 
+    def strided(self, transa, transb, m, n, k, a, atype, lda, sa, b, btype, ldb, sb, c, ctype, ldc, sc, count):
+        self._cublas.gemm_strided_batched_ex(self._handle, transa, transb, m, n, k, self._alpha, a, atype, lda, sa,
+                                             b, btype, ldb, sb, self._beta, c, ctype, ldc, sc, count, _COMPUTE_32F,
+                                             _GEMM_DEFAULT)
+
 
 class _CupyGemm:
     """CuPy's cuBLAS wrapper: fine eagerly, refused inside stream capture."""
@@ -143,6 +153,12 @@ class _CupyGemm:
         self._cublas.setStream(self._handle, self._stream.ptr)
         self._cublas.gemmEx(self._handle, transa, transb, m, n, k, self._one.ctypes.data, a, atype, lda, b,
                             btype, ldb, self._zero.ctypes.data, c, ctype, ldc, _COMPUTE_32F, _GEMM_DEFAULT)
+
+    def strided(self, transa, transb, m, n, k, a, atype, lda, sa, b, btype, ldb, sb, c, ctype, ldc, sc, count):
+        self._cublas.setStream(self._handle, self._stream.ptr)
+        self._cublas.gemmStridedBatchedEx(self._handle, transa, transb, m, n, k, self._one.ctypes.data, a, atype,
+                                          lda, sa, b, btype, ldb, sb, self._zero.ctypes.data, c, ctype, ldc, sc,
+                                          count, _COMPUTE_32F, _GEMM_DEFAULT)
 
 
 def _has_cuda_bindings() -> bool:
@@ -274,6 +290,29 @@ class CudaBackend:
         out_type = 0 if out.dtype == np.float32 else self._in_type
         self._gemm(_OP_T, _OP_N, N, T, K, w.data.ptr, self._in_type, K, x.data.ptr, self._in_type, K,
                    out.data.ptr, out_type, N)
+
+    def down_slices(self, rows: int, n: int, k: int) -> int:
+        """Slices of K for split_down at this many rows: _DOWN_SLICES's, or the most below it that K takes, each
+        slice a multiple of 8 columns (16-byte aligned for cuBLAS's tensor-core kernels). 0: not here (one row
+        is our GEMV's; past 128 rows, or a K that takes no 2 slices)."""
+        most = next((s for top, s in _DOWN_SLICES if 2 <= rows <= top), 0)
+        S = next((s for s in range(most, 1, -1) if k % (8 * s) == 0), 0)
+        return S
+
+    def linear_partials(self, x, w, parts):
+        """parts[s] = x[:, sK:(s+1)K] @ w[:, sK:(s+1)K].T in fp32 for S = parts.shape[0] slices of K columns each:
+        one strided-batched cuBLAS call, no reduce kernel (add_rmsnorm_partials adds the slices)."""
+        T, K = x.shape
+        S, N = parts.shape[0], w.shape[0]
+        if K % S or (K // S) % 8 or parts.shape != (S, T, N) or parts.dtype != np.float32:
+            raise ValueError(f"linear_partials: x {x.shape}, w {w.shape}, parts {parts.shape} {parts.dtype} "
+                             f"(float32 [S, T, N], K / S a multiple of 8)")
+        ks = K // S
+        self._gemm.strided(_OP_T, _OP_N, N, T, ks, w.data.ptr, self._in_type, K, ks, x.data.ptr, self._in_type, K,
+                           ks, parts.data.ptr, 0, N, T * N, S)
+
+    def add_rmsnorm_partials(self, parts, residual, weight, eps, out):
+        self.kernels.add_rmsnorm_partials(parts, residual, weight, eps, out)
 
     def linear_swiglu(self, x, w, gate_up, act, small_batch_gemv: bool = False, skinny_gemm: bool = False,
                       stream_gemm: bool = False):

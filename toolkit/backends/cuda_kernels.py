@@ -45,6 +45,7 @@ TC_HEAD_DIMS = (64, 128)            # prefill_attention_tc / decode_attention_tc
 TC_DECODE_GROUP = 16                # decode_attention_tc: q heads a block (the mma's 16 A rows)
 TC_DECODE_KT = 64                   # decode_attention_tc: keys a tile
 GEMV_MAX_ROWS = 4                   # gemv<T, TO, M> instantiations: M = 1..4
+PARTS_MAX = 8                       # add_rmsnorm_partials: most slices (PART_MAX in rmsnorm.cu)
 # Most warps per GEMV output row (gemv.cu; 1, 2, 4 or 8). TOOLKIT_GEMV_MAX_WPR=1 gives the one-warp-a-row kernel
 # back, for A/B runs.
 GEMV_MAX_WPR = int(os.environ.get("TOOLKIT_GEMV_MAX_WPR", "8"))
@@ -89,7 +90,9 @@ def kernel_names(op: str, ctype: str) -> list:
         return [f"gemv<{ctype}, {o}, {m}>" for o in outs for m in rows] + \
             [f"gemv_fused<{ctype}, {m}, {pro}, {add}>" for m in rows for pro, add in GEMV_FUSED.values()] + \
             [f"gemv_swiglu<{ctype}, {m}>" for m in rows]
-    return [{"embedding": "embedding", "rmsnorm": "add_rmsnorm", "rope": "rope_qkv", "activation": "silu_mul",
+    if op == "rmsnorm":  # the plain kernel, and the one that adds a split GEMM's partials first
+        return [f"add_rmsnorm<{ctype}>", f"add_rmsnorm_partials<{ctype}>"]
+    return [{"embedding": "embedding", "rope": "rope_qkv", "activation": "silu_mul",
              "decode_mlp": "decode_mlp"}[op] + f"<{ctype}>"]
 
 
@@ -333,6 +336,20 @@ class CudaKernels:
         if rows:
             self._go(self._fn("rmsnorm", self._names["rmsnorm"][0]), (rows,), (threads,),
                      (x, residual, weight, out, _f32(eps), _i32(H)))
+
+    def add_rmsnorm_partials(self, parts, residual, weight, eps, out):
+        """add_rmsnorm with x = parts[0] + ... + parts[S-1] (fp32 [S, rows, H], added in slice order, rounded to
+        the compute type): the S partial products CudaBackend.linear_partials leaves."""
+        self._check("add_rmsnorm_partials", F32, parts)
+        self._check("add_rmsnorm_partials", self.storage, residual, weight, out)
+        rows, H = residual.shape
+        if (parts.ndim != 3 or parts.shape[1:] != (rows, H) or weight.shape != (H,) or out.shape != (rows, H)
+                or H % self.vec or not 1 <= parts.shape[0] <= PARTS_MAX):
+            raise ValueError(f"add_rmsnorm_partials: parts {parts.shape}, residual {residual.shape}, weight "
+                             f"{weight.shape}, out {out.shape} (H a multiple of {self.vec}, 1-{PARTS_MAX} slices)")
+        if rows:
+            self._go(self._fn("rmsnorm", self._names["rmsnorm"][1]), (rows,), (32 * -(-H // (32 * self.vec)),),
+                     (parts, _i32(parts.shape[0]), residual, weight, out, _f32(eps), _i32(H)))
 
     def rope_qkv(self, qkv, bias, q_norm, k_norm, eps, cos, sin, positions, slot_mapping, n_heads, n_kv_heads,
                  q_out, k_cache, v_cache):

@@ -188,7 +188,8 @@ class ModelRunner:
         # workspace) and per option that changes a decode step's kernels or their launches (our GEMV, our skinny
         # or streaming GEMMs or cuBLAS,
         # fused or not, SwiGLU in the GEMV or not, the MLP kernel or not, PDL or not, RoPE in the attention, in
-        # the qkv GEMM or on its own, decode attention on tensor cores or not; the sampler's fast path or its slow
+        # the qkv GEMM or on its own, the down projection in slices or not, decode attention on tensor cores or
+        # not; the sampler's fast path or its slow
         # path with every processing stage).
         # Bounded: at most 9 batch buckets x (1 + ceil(log2(max_context / 512))) context buckets x 2 sampler
         # paths per option set (72 at 4,096 tokens of context, 126 at 32,768), and only those that steps reach
@@ -198,7 +199,7 @@ class ModelRunner:
         # and, the first time a step reaches it, one eager step plus the capture.
         return (bucket, context_bucket, options.small_batch_gemv, options.skinny_gemm, options.fused_gemv,
                 options.gemv_swiglu, options.mlp_kernel, options.pdl, options.rope_in_attention,
-                options.rope_in_gemm, options.stream_gemm, options.tensor_cores, fast)
+                options.rope_in_gemm, options.stream_gemm, options.split_down, options.tensor_cores, fast)
 
     def _graph(self, bucket: int, step, sb, options):
         key = self._graph_key(bucket, step.context_bucket, options, sb.fast)
