@@ -32,7 +32,7 @@ r, be, vocab = e.runner, e.runner.be, e.cfg.vocab_size
 opts = e.effective_options()
 print("  ".join(f"{k}: {v}" for k, v in environment("cuda").items()))
 print(f"options: pdl={opts.pdl} small_batch_gemv={opts.small_batch_gemv} gemv_swiglu={opts.gemv_swiglu} "
-      f"tensor_cores={opts.tensor_cores} skinny_gemm={opts.skinny_gemm}")
+      f"tensor_cores={opts.tensor_cores} skinny_gemm={opts.skinny_gemm} split_down={opts.split_down}")
 gemm_cls = type(be._gemm)
 gemm_call = gemm_cls.__call__
 
@@ -52,6 +52,7 @@ def gemm_without(lm_head: bool):
 VARIANTS = {  # name -> (class, attribute, replacement) patched while the graph is captured
     "whole step": [],
     "add_rmsnorm": [(CudaKernels, "add_rmsnorm", noop)],
+    "add_rmsnorm_partials (split_down's norm)": [(CudaKernels, "add_rmsnorm_partials", noop)],
     "rope_qkv": [(CudaKernels, "rope_qkv", noop)],
     "decode_attention": [(CudaKernels, "decode_attention", noop)],
     "gemv (qkv, o, down at 1-4 rows)": [(CudaKernels, "gemv", noop)],
@@ -59,11 +60,13 @@ VARIANTS = {  # name -> (class, attribute, replacement) patched while the graph 
     "silu_mul": [(CudaKernels, "silu_mul", noop)],
     "gemm_skinny (qkv with RoPE, o at 2-32 rows)": [(CudaKernels, "gemm_skinny", noop),
                                                     (CudaKernels, "gemm_skinny_rope", noop)],
-    "cuBLAS projections": [(gemm_cls, "__call__", gemm_without(lm_head=False))],
+    "cuBLAS projections": [(gemm_cls, "__call__", gemm_without(lm_head=False)), (gemm_cls, "strided", noop)],
+    "cuBLAS strided (split_down's down)": [(gemm_cls, "strided", noop)],
     "lm_head (cuBLAS)": [(gemm_cls, "__call__", gemm_without(lm_head=True))],
     "embedding": [(CudaKernels, "embedding", noop)],
     "sampling": [(type(r.sampler), "sample", noop)],
-    "all but projections and lm_head": [(CudaKernels, n, noop) for n in ("add_rmsnorm", "rope_qkv",
+    "all but projections and lm_head": [(CudaKernels, n, noop) for n in ("add_rmsnorm", "add_rmsnorm_partials",
+                                                                         "rope_qkv",
                                                                          "decode_attention", "silu_mul",
                                                                          "embedding")]
                                        + [(type(r.sampler), "sample", noop)],

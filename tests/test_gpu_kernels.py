@@ -159,6 +159,24 @@ def test_linear_partials(dtype, T):
         be.linear_partials(dev(x, dtype), dev(w, dtype), cp.zeros((3, T, H), cp.float32))  # 4864 / 3
 
 
+def test_linear_partials_without_nvmath():
+    """Without nvmath-python the backend's cuBLAS calls go through CuPy's wrapper (eager steps only): the same
+    strided-batched call, the same partials to fp32 rounding."""
+    from toolkit.backends.cuda import CudaBackend, _CupyGemm
+
+    be, plain = CudaBackend("bfloat16"), _backend("bfloat16")
+    be._gemm = _CupyGemm(cp, be.stream)
+    rng = np.random.default_rng(5)
+    x, w = dev(rng.standard_normal((32, I)), "bfloat16"), dev(0.02 * rng.standard_normal((H, I)), "bfloat16")
+    a, b = cp.zeros((8, 32, H), cp.float32), cp.zeros((8, 32, H), cp.float32)
+    cp.cuda.Device().synchronize()
+    be.linear_partials(x, w, a)
+    plain.linear_partials(x, w, b)
+    cp.cuda.Device().synchronize()
+    # (another handle, another workspace: cuBLAS may pick another algorithm, so fp32 rounding may differ)
+    assert float(abs(a - b).max()) <= 1e-5 * float(abs(b).max())
+
+
 @functools.lru_cache(maxsize=None)
 def _backend(dtype):
     from toolkit.backends.cuda import CudaBackend
