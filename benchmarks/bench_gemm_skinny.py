@@ -18,7 +18,7 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import cupy as cp  # noqa: E402
 
-from bench_kernels import time_calls  # noqa: E402
+from bench_kernels import cycling, time_calls  # noqa: E402
 from toolkit.backends.cuda import CudaBackend  # noqa: E402
 from toolkit.backends.cuda_gemm import skinny_plan, stream_plan  # noqa: E402
 from toolkit.bench.env import environment  # noqa: E402
@@ -73,14 +73,6 @@ def main():
                 be.linear(x, ws[0], ref)
             be.stream.synchronize()
             refv = cp.asnumpy(ref)
-            it = {"i": 0}
-
-            def cycle(f):
-                def call():
-                    f(ws[it["i"] % copies])
-                    it["i"] += 1
-                return call
-
             def report(impl, us, out=None):
                 err = ""
                 if out is not None:
@@ -91,7 +83,7 @@ def main():
                       flush=True)
 
             def time(f):
-                return time_calls(cycle(f), args.reps, True, stream=be.stream)
+                return time_calls(cycling(f, ws), args.reps, True, stream=be.stream)
 
             if swiglu:
                 report("cublas+silu_mul", time(lambda w: be.linear_swiglu(x, w, gu, y)))

@@ -12,6 +12,7 @@ a decode step pays without graphs. "host" is the Python-side cost of one wrapper
 way (graph when it captures, else eager).
 """
 import argparse
+import itertools
 import os
 import statistics
 import sys
@@ -26,6 +27,13 @@ from toolkit.backends.cuda_kernels import CudaKernels  # noqa: E402
 
 H, HQ, HKV, D, I, V = 896, 14, 2, 64, 4864, 151936
 N_CALLS = 20  # calls per timing
+
+
+def cycling(f, copies):
+    """A call that runs f on the next of `copies` (copies of one weight matrix, together past the 50 MB L2) each
+    time, so that every call reads its weights from DRAM, as the layers of a decode step do."""
+    it = itertools.cycle(copies)
+    return lambda: f(next(it))
 
 
 def time_calls(fn, reps, use_graph, backend="cupy", stream=None):

@@ -3,9 +3,9 @@ batched GEMM over S slices of K that leaves S fp32 partial products for the next
 
     python benchmarks/down_partials.py [--shape qwen2.5-0.5b] [--rows 8,16,32] [--slices 1,2,4,8,16]
 
-Each timing is a CUDA graph of 24 back-to-back calls, each on another copy of the weights (weights from DRAM, as
-in a decode step; bench_kernels.time_calls). "+norm" rows time the pair the step runs: the projection, then the
-add_rmsnorm that takes its output (the bf16 row, or the S partials).
+Each timing is a CUDA graph of back-to-back calls (bench_kernels.N_CALLS), each on another copy of the weights
+(weights from DRAM, as in a decode step; bench_kernels.cycling and time_calls). "+norm" rows time the pair the
+step runs: the projection, then the add_rmsnorm that takes its output (the bf16 row, or the S partials).
 """
 import argparse
 import os
@@ -15,7 +15,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import cupy as cp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from bench_kernels import time_calls  # noqa: E402
+from bench_gemm_skinny import _bf16, _to_bf16  # noqa: E402
+from bench_kernels import cycling, time_calls  # noqa: E402
 from toolkit.backends.cuda import CudaBackend  # noqa: E402
 from toolkit.bench.env import environment  # noqa: E402
 from toolkit.shapes import NAMES, shape_config  # noqa: E402
@@ -47,14 +48,6 @@ def main():
         h, xo = h0.copy(), cp.empty((M, H), cp.uint16)
         be.linear(x, ws[0], y)
         ref = _bf16(cp.asnumpy(y)).astype(np.float64)
-        it = {"i": 0}
-
-        def cycle(f):
-            def call():
-                f(ws[it["i"] % copies])
-                it["i"] += 1
-            return call
-
         def report(impl, us, got=None):
             err = ""
             if got is not None:
@@ -62,7 +55,7 @@ def main():
             print(f"{M:4d} {impl:24s} {us:8.2f} {err}", flush=True)
 
         def t(f):
-            return time_calls(cycle(f), args.reps, True, stream=be.stream)
+            return time_calls(cycling(f, ws), args.reps, True, stream=be.stream)
 
         report("gemmEx bf16", t(lambda w: be.linear(x, w, y)))
         report("gemmEx bf16 +norm", t(lambda w: (be.linear(x, w, y), be.add_rmsnorm(y, h, norm_w, 1e-6, xo))))
@@ -93,18 +86,10 @@ def main():
     return 0
 
 
-def _to_bf16(a):
-    return (a.view(cp.uint32) >> 16).astype(cp.uint16)
-
-
 def _to_bf16_rn(a):
     """fp32 -> bf16 bits, round to nearest even (as the kernels' from_f32)."""
     u = a.astype(cp.float32).view(cp.uint32)
     return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(cp.uint16)
-
-
-def _bf16(a):
-    return (a.astype(np.uint32) << 16).view(np.float32)
 
 
 if __name__ == "__main__":

@@ -4,8 +4,9 @@ arithmetic, another problem to cuBLAS's heuristic, which picks its kernel (tile 
 
     python benchmarks/gemm_orientation.py [--shape qwen2.5-0.5b] [--rows 2,8,32,128]
 
-Each timing is a CUDA graph of 24 back-to-back calls, each on another copy of the weights (weights from DRAM, as
-in a decode step; bench_kernels.time_calls). down's rows are split_down's strided-batched call (8 / 4 slices).
+Each timing is a CUDA graph of back-to-back calls (bench_kernels.N_CALLS), each on another copy of the weights
+(weights from DRAM, as in a decode step; bench_kernels.cycling and time_calls). down's rows are split_down's
+strided-batched call (8 / 4 slices).
 """
 import argparse
 import os
@@ -15,7 +16,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import cupy as cp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from bench_kernels import time_calls  # noqa: E402
+from bench_kernels import cycling, time_calls  # noqa: E402
 from toolkit.backends.cuda import _OP_N, _OP_T, CudaBackend  # noqa: E402
 from toolkit.bench.env import environment  # noqa: E402
 from toolkit.shapes import NAMES, shape_config  # noqa: E402
@@ -44,14 +45,6 @@ def main():
             x = (cp.random.standard_normal((T, K), cp.float32).view(cp.uint32) >> 16).astype(cp.uint16)
             S = be.down_slices(T, N, K) if name == "down" else 1
             ks = K // S
-            it = {"i": 0}
-
-            def cycle(f):
-                def call():
-                    f(ws[it["i"] % copies])
-                    it["i"] += 1
-                return call
-
             # gate_up writes the compute type (bf16), as in the step; down's slices write fp32 partials
             ot, oc = (cp.float32, 0) if name == "down" else (cp.uint16, bf)
             out = cp.zeros((S, T, N), ot)
@@ -75,7 +68,7 @@ def main():
             if name == "gate_up":
                 runs.insert(0, ("gemmEx (the backend's linear)", lambda w: be.linear(x, w, y), ""))
             for label, f, e in runs:
-                us = time_calls(cycle(f), args.reps, True, stream=be.stream)
+                us = time_calls(cycling(f, ws), args.reps, True, stream=be.stream)
                 print(f"{name:8s} {T:4d} {label:28s} {us:8.2f} {e}", flush=True)
         ws = None
     return 0
