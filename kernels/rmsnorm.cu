@@ -94,7 +94,7 @@ __global__ void add_rmsnorm(const T* x, T* residual, const T* __restrict__ weigh
 }
 
 // add_rmsnorm_partials: the same, with x given as S fp32 partial products of a GEMM split over K (the down
-// projection at 2-32 rows as one strided-batched cuBLAS call, CudaBackend.linear_partials): x = T(p[0] + ... +
+// projection at 2-128 rows as one strided-batched cuBLAS call, CudaBackend.linear_partials): x = T(p[0] + ... +
 // p[S-1]), added in slice order, then exactly add_rmsnorm's add and norm. That leaves out cuBLAS's own split-K
 // reduce kernel, one launch a layer. parts: float[S][rows][H], slab after slab. Launch: as add_rmsnorm, H a
 // multiple of the 16-byte chunk, 1 <= S <= PART_MAX (the wrapper checks).

@@ -11,7 +11,8 @@ requests never share hidden state and a step can be captured and replayed.
 
 The residual stream `h` is updated in place: each `add_rmsnorm` first adds the
 previous block's output into `h`, then normalises it, so the add and the norm
-cost one pass over memory instead of two.
+cost one pass over memory instead of two. With `split_down` the MLP's output
+arrives as the down projection's slices of K, and the add sums them first.
 
 Attention is chosen from the step, not from a tensor shape: the first
 `num_decodes` requests feed one token each and use the split-K decode kernel,

@@ -186,11 +186,9 @@ class ModelRunner:
     def _graph_key(bucket: int, context_bucket: int, options, fast: bool) -> tuple:
         # A graph bakes in its kernels: one per batch bucket, per context bucket (decode attention's grid and
         # workspace) and per option that changes a decode step's kernels or their launches (our GEMV, our skinny
-        # or streaming GEMMs or cuBLAS,
-        # fused or not, SwiGLU in the GEMV or not, the MLP kernel or not, PDL or not, RoPE in the attention, in
-        # the qkv GEMM or on its own, the down projection in slices or not, decode attention on tensor cores or
-        # not; the sampler's fast path or its slow
-        # path with every processing stage).
+        # or streaming GEMMs or cuBLAS, fused or not, SwiGLU in the GEMV or not, the MLP kernel or not, PDL or not,
+        # RoPE in the attention, in the qkv GEMM or on its own, the down projection in slices or not, decode
+        # attention on tensor cores or not; the sampler's fast path or its slow path with every processing stage).
         # Bounded: at most 9 batch buckets x (1 + ceil(log2(max_context / 512))) context buckets x 2 sampler
         # paths per option set (72 at 4,096 tokens of context, 126 at 32,768), and only those that steps reach
         # are made. Every graph reads the same static step, scratch and logits buffers; what a context bucket
