@@ -29,25 +29,42 @@ SPLITS = ((1, 8, 1), (1, 16, 1), (2, 8, 1), (1, 8, 2), (1, 8, 4), (1, 16, 2), (1
           (2, 4, 2), (2, 2, 1), (2, 4, 4), (2, 4, 8), (1, 4, 1), (1, 4, 2), (1, 4, 4), (1, 4, 8), (1, 2, 8), (1, 2, 4))
 
 
-def main():
+def projection_args(rows: str) -> argparse.ArgumentParser:
+    """The flags of every projection benchmark here (this one, down_partials.py, gemm_orientation.py)."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--shape", default="qwen2.5-0.5b", choices=NAMES)
-    ap.add_argument("--rows", default="2,4,8,16,32")
+    ap.add_argument("--rows", default=rows)
     ap.add_argument("--reps", type=int, default=7)
+    return ap
+
+
+def projection_backend(shape: str):
+    """Print the environment; return the shape's config and a bf16 CUDA backend bound to this thread."""
+    print("  ".join(f"{k}: {v}" for k, v in environment("cuda").items()))
+    be = CudaBackend("bfloat16")
+    be.bind_thread()
+    return shape_config(shape), be
+
+
+def weight_copies(w0) -> list:
+    """Copies of the weight matrix w0, POOL_BYTES of them at least: distinct buffers of the same values, which
+    bench_kernels.cycling goes through so that no call finds its weights in L2."""
+    return [w0.copy() for _ in range(max(1, -(-POOL_BYTES // w0.nbytes)))]
+
+
+def main():
+    ap = projection_args("2,4,8,16,32")
     ap.add_argument("--sweep", action="store_true", help="also time every (MT, WK) split")
     ap.add_argument("--stream-sweep", action="store_true", help="also time gemm_stream at 1-16 slices of K")
     ap.add_argument("--ops", default="", help="only these ops (comma-separated names)")
     args = ap.parse_args()
-    print("  ".join(f"{k}: {v}" for k, v in environment("cuda").items()))
+    c, be = projection_backend(args.shape)
     try:
         import torch
 
         has_torch = torch.cuda.is_available()
     except ImportError:
         has_torch = False
-    c = shape_config(args.shape)
-    be = CudaBackend("bfloat16")
-    be.bind_thread()
     k = be.kernels
     H, I, Q = c.hidden_size, c.intermediate_size, c.num_heads * c.head_dim
     shapes = (("qkv", c.qkv_size, H), ("o_proj", H, Q), ("gate_up", 2 * I, H), ("gate_up+swiglu", 2 * I, H),
@@ -58,9 +75,8 @@ def main():
             continue
         swiglu = name.endswith("swiglu")
         nbytes = N * K * 2
-        copies = max(1, -(-POOL_BYTES // nbytes))
-        w0 = _to_bf16(cp.random.standard_normal((N, K), cp.float32) * 0.02)
-        ws = [w0.copy() for _ in range(copies)]  # distinct buffers of the same values: no L2 reuse
+        ws = weight_copies(_to_bf16(cp.random.standard_normal((N, K), cp.float32) * 0.02))
+        copies = len(ws)
         n_out = N // 2 if swiglu else N
         for M in map(int, args.rows.split(",")):
             x = _to_bf16(cp.random.standard_normal((M, K), cp.float32))

@@ -7,7 +7,6 @@ Each timing is a CUDA graph of back-to-back calls (bench_kernels.N_CALLS), each 
 (weights from DRAM, as in a decode step; bench_kernels.cycling and time_calls). "+norm" rows time the pair the
 step runs: the projection, then the add_rmsnorm that takes its output (the bf16 row, or the S partials).
 """
-import argparse
 import os
 import sys
 
@@ -15,30 +14,17 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import cupy as cp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from bench_gemm_skinny import _bf16, _to_bf16  # noqa: E402
+from bench_gemm_skinny import _bf16, _to_bf16, projection_args, projection_backend, weight_copies  # noqa: E402
 from bench_kernels import cycling, time_calls  # noqa: E402
-from toolkit.backends.cuda import CudaBackend  # noqa: E402
-from toolkit.bench.env import environment  # noqa: E402
-from toolkit.shapes import NAMES, shape_config  # noqa: E402
-
-POOL_BYTES = 256 << 20
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--shape", default="qwen2.5-0.5b", choices=NAMES)
-    ap.add_argument("--rows", default="8,16,32")
+    ap = projection_args("8,16,32")
     ap.add_argument("--slices", default="1,2,4,8,16")
-    ap.add_argument("--reps", type=int, default=7)
     args = ap.parse_args()
-    print("  ".join(f"{k}: {v}" for k, v in environment("cuda").items()))
-    c = shape_config(args.shape)
-    be = CudaBackend("bfloat16")
-    be.bind_thread()
+    c, be = projection_backend(args.shape)
     H, I = c.hidden_size, c.intermediate_size
-    copies = max(1, -(-POOL_BYTES // (H * I * 2)))
-    w0 = _to_bf16(cp.random.standard_normal((H, I), cp.float32) * 0.02)
-    ws = [w0.copy() for _ in range(copies)]
+    ws = weight_copies(_to_bf16(cp.random.standard_normal((H, I), cp.float32) * 0.02))
     norm_w = _to_bf16(cp.random.standard_normal(H, cp.float32) * 0.1 + 1)
     print(f"{'rows':>4s} {'impl':24s} {'us':>8s} {'rel err':>8s}")
     for M in map(int, args.rows.split(",")):

@@ -8,7 +8,6 @@ Each timing is a CUDA graph of back-to-back calls (bench_kernels.N_CALLS), each 
 (weights from DRAM, as in a decode step; bench_kernels.cycling and time_calls). down's rows are split_down's
 strided-batched call (8 / 4 slices).
 """
-import argparse
 import os
 import sys
 
@@ -16,33 +15,21 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import cupy as cp  # noqa: E402
 import numpy as np  # noqa: E402
 
+from bench_gemm_skinny import _to_bf16, projection_args, projection_backend, weight_copies  # noqa: E402
 from bench_kernels import cycling, time_calls  # noqa: E402
-from toolkit.backends.cuda import _OP_N, _OP_T, CudaBackend  # noqa: E402
-from toolkit.bench.env import environment  # noqa: E402
-from toolkit.shapes import NAMES, shape_config  # noqa: E402
-
-POOL_BYTES = 256 << 20
+from toolkit.backends.cuda import _OP_N, _OP_T  # noqa: E402
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--shape", default="qwen2.5-0.5b", choices=NAMES)
-    ap.add_argument("--rows", default="2,8,32,128")
-    ap.add_argument("--reps", type=int, default=7)
-    args = ap.parse_args()
-    print("  ".join(f"{k}: {v}" for k, v in environment("cuda").items()))
-    c = shape_config(args.shape)
-    be = CudaBackend("bfloat16")
-    be.bind_thread()
+    args = projection_args("2,8,32,128").parse_args()
+    c, be = projection_backend(args.shape)
     g, bf = be._gemm, be._in_type
     H, I = c.hidden_size, c.intermediate_size
     print(f"{'op':8s} {'rows':>4s} {'asked as':28s} {'us':>8s} {'rel err':>8s}")
     for name, N, K in (("gate_up", 2 * I, H), ("down", H, I)):
-        copies = max(1, -(-POOL_BYTES // (N * K * 2)))
-        w0 = (cp.random.standard_normal((N, K), cp.float32) * 0.02).view(cp.uint32) >> 16
-        ws = [w0.astype(cp.uint16) for _ in range(copies)]
+        ws = weight_copies(_to_bf16(cp.random.standard_normal((N, K), cp.float32) * 0.02))
         for T in map(int, args.rows.split(",")):
-            x = (cp.random.standard_normal((T, K), cp.float32).view(cp.uint32) >> 16).astype(cp.uint16)
+            x = _to_bf16(cp.random.standard_normal((T, K), cp.float32))
             S = be.down_slices(T, N, K) if name == "down" else 1
             ks = K // S
             # gate_up writes the compute type (bf16), as in the step; down's slices write fp32 partials
