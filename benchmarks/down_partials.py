@@ -1,14 +1,11 @@
-"""A projection at 2-128 rows as one cuBLAS GEMM against a strided-batched GEMM over S slices of K that leaves S
-fp32 partial products for the kernel after it to add: the down projection (cuBLAS's own split-K is a GEMM kernel,
-then its reduce kernel; add_rmsnorm_partials adds the slices) or gate_up (silu_mul_partials adds them).
+"""The down projection at 2-32 rows: cuBLAS's split-K (a GEMM kernel, then its reduce kernel) against a strided-
+batched GEMM over S slices of K that leaves S fp32 partial products for the next add_rmsnorm to add.
 
-    python benchmarks/down_partials.py [--op down|gate_up] [--shape qwen2.5-0.5b] [--rows 8,16,32]
-                                       [--slices 1,2,4,8,16]
+    python benchmarks/down_partials.py [--shape qwen2.5-0.5b] [--rows 8,16,32] [--slices 1,2,4,8,16]
 
 Each timing is a CUDA graph of back-to-back calls (bench_kernels.N_CALLS), each on another copy of the weights
 (weights from DRAM, as in a decode step; bench_kernels.cycling and time_calls). "+norm" rows time the pair the
-step runs: the projection, then the kernel that takes its output (the bf16 row, or the S partials): add_rmsnorm
-after down, silu_mul after gate_up.
+step runs: the projection, then the add_rmsnorm that takes its output (the bf16 row, or the S partials).
 """
 import os
 import sys
@@ -24,22 +21,17 @@ from bench_kernels import cycling, time_calls  # noqa: E402
 def main():
     ap = projection_args("8,16,32")
     ap.add_argument("--slices", default="1,2,4,8,16")
-    ap.add_argument("--op", default="down", choices=("down", "gate_up"))
     args = ap.parse_args()
     c, be = projection_backend(args.shape)
     H, I = c.hidden_size, c.intermediate_size
-    N, K = (H, I) if args.op == "down" else (2 * I, H)
-    ws = weight_copies(_to_bf16(cp.random.standard_normal((N, K), cp.float32) * 0.02))
+    ws = weight_copies(_to_bf16(cp.random.standard_normal((H, I), cp.float32) * 0.02))
     norm_w = _to_bf16(cp.random.standard_normal(H, cp.float32) * 0.1 + 1)
-    after = "+norm" if args.op == "down" else "+silu"
-    print(f"# {args.op}: N {N}, K {K}")
     print(f"{'rows':>4s} {'impl':24s} {'us':>8s} {'rel err':>8s}")
     for M in map(int, args.rows.split(",")):
-        x = _to_bf16(cp.random.standard_normal((M, K), cp.float32))
-        y = cp.empty((M, N), cp.uint16)
+        x = _to_bf16(cp.random.standard_normal((M, I), cp.float32))
+        y = cp.empty((M, H), cp.uint16)
         h0 = _to_bf16(cp.random.standard_normal((M, H), cp.float32))
         h, xo = h0.copy(), cp.empty((M, H), cp.uint16)
-        act = cp.empty((M, I), cp.uint16)
         be.linear(x, ws[0], y)
         ref = _bf16(cp.asnumpy(y)).astype(np.float64)
         def report(impl, us, got=None):
@@ -51,39 +43,18 @@ def main():
         def t(f):
             return time_calls(cycling(f, ws), args.reps, True, stream=be.stream)
 
-        def then(y):  # the kernel after the plain GEMM
-            if args.op == "down":
-                return be.add_rmsnorm(y, h, norm_w, 1e-6, xo)
-            return be.kernels.silu_mul(y, act)
-
-        def then_parts(parts):  # the kernel after the sliced GEMM
-            if args.op == "down":
-                return be.kernels.add_rmsnorm_partials(parts, h, norm_w, 1e-6, xo)
-            return be.kernels.silu_mul_partials(parts, act)
-
         report("gemmEx bf16", t(lambda w: be.linear(x, w, y)))
-        report(f"gemmEx bf16 {after}", t(lambda w: (be.linear(x, w, y), then(y))))
+        report("gemmEx bf16 +norm", t(lambda w: (be.linear(x, w, y), be.add_rmsnorm(y, h, norm_w, 1e-6, xo))))
         for S in map(int, args.slices.split(",")):
-            if K % S or (K // S) % 8:
+            if I % S or (I // S) % 8:
                 continue
-            parts = cp.empty((S, M, N), cp.float32)
+            parts = cp.empty((S, M, H), cp.float32)
             be.linear_partials(x, ws[0], parts)
             be.stream.synchronize()
             report(f"strided S={S} fp32", t(lambda w: be.linear_partials(x, w, parts)),
                    cp.asnumpy(parts).astype(np.float64).sum(0))
-            report(f"strided S={S} {after}", t(lambda w: (be.linear_partials(x, w, parts), then_parts(parts))))
-        if args.op == "gate_up":  # the partials' SwiGLU against the plain one on the same sum: same bits out?
-            parts = cp.empty((4, M, N), cp.float32)
-            be.linear_partials(x, ws[0], parts)
-            acc = parts[0].copy()
-            for s in range(1, 4):
-                acc += parts[s]
-            a, b = cp.empty_like(act), cp.empty_like(act)
-            be.kernels.silu_mul(_to_bf16_rn(acc), a)
-            be.kernels.silu_mul_partials(parts, b)
-            be.stream.synchronize()
-            print(f"{M:4d} partials silu == plain silu on the same sum: {bool((a == b).all())}")
-            continue
+            report(f"strided S={S} +norm", t(lambda w: (be.linear_partials(x, w, parts),
+                                                       be.kernels.add_rmsnorm_partials(parts, h, norm_w, 1e-6, xo))))
         # the partials' norm against the plain one: same h in, same bits out?
         parts = cp.empty((4, M, H), cp.float32)
         be.linear_partials(x, ws[0], parts)

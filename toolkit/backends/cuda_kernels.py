@@ -45,7 +45,7 @@ TC_HEAD_DIMS = (64, 128)            # prefill_attention_tc / decode_attention_tc
 TC_DECODE_GROUP = 16                # decode_attention_tc: q heads a block (the mma's 16 A rows)
 TC_DECODE_KT = 64                   # decode_attention_tc: keys a tile
 GEMV_MAX_ROWS = 4                   # gemv<T, TO, M> instantiations: M = 1..4
-PARTS_MAX = 8                       # add_rmsnorm_partials, silu_mul_partials: most slices (PART_MAX, SILU_PART_MAX)
+PARTS_MAX = 8                       # add_rmsnorm_partials: most slices (PART_MAX in rmsnorm.cu)
 # Most warps per GEMV output row (gemv.cu; 1, 2, 4 or 8). TOOLKIT_GEMV_MAX_WPR=1 gives the one-warp-a-row kernel
 # back, for A/B runs.
 GEMV_MAX_WPR = int(os.environ.get("TOOLKIT_GEMV_MAX_WPR", "8"))
@@ -92,9 +92,8 @@ def kernel_names(op: str, ctype: str) -> list:
             [f"gemv_swiglu<{ctype}, {m}>" for m in rows]
     if op == "rmsnorm":  # the plain kernel, and the one that adds a split GEMM's partials first
         return [f"add_rmsnorm<{ctype}>", f"add_rmsnorm_partials<{ctype}>"]
-    if op == "activation":  # the plain kernel, and the one that adds a split GEMM's partials first
-        return [f"silu_mul<{ctype}>", f"silu_mul_partials<{ctype}>"]
-    return [{"embedding": "embedding", "rope": "rope_qkv", "decode_mlp": "decode_mlp"}[op] + f"<{ctype}>"]
+    return [{"embedding": "embedding", "rope": "rope_qkv", "activation": "silu_mul",
+             "decode_mlp": "decode_mlp"}[op] + f"<{ctype}>"]
 
 
 def gemv_warps_per_row(kc: int) -> int:
@@ -384,20 +383,6 @@ class CudaKernels:
             blocks = max(1, min(-(-T * (I2 // 2) // (256 * self.vec)), 4096))
             self._go(self._fn("activation", self._names["activation"][0]), (blocks,), (256,),
                      (gate_up, out, _i32(T), _i32(I2 // 2)))
-
-    def silu_mul_partials(self, parts, out):
-        """silu_mul with gate_up = parts[0] + ... + parts[S-1] (fp32 [S, T, 2I], added in slice order, rounded to
-        the compute type): the S partial products CudaBackend.linear_partials leaves."""
-        self._check("silu_mul_partials", F32, parts)
-        self._check("silu_mul_partials", self.storage, out)
-        T, I = out.shape
-        if parts.ndim != 3 or parts.shape[1:] != (T, 2 * I) or I % 4 or not 1 <= parts.shape[0] <= PARTS_MAX:
-            raise ValueError(f"silu_mul_partials: parts {parts.shape}, out {out.shape} (I a multiple of 4, "
-                             f"1-{PARTS_MAX} slices)")
-        if T:
-            blocks = max(1, min(-(-T * I // (256 * 4)), 4096))
-            self._go(self._fn("activation", self._names["activation"][1]), (blocks,), (256,),
-                     (parts, _i32(parts.shape[0]), out, _i32(T), _i32(I)))
 
     def gemv(self, x, w, out):
         """out[M, N] = x[M, K] @ w[N, K].T for 1 <= M <= GEMV_MAX_ROWS (decode projections); out is the storage
