@@ -10,20 +10,19 @@
 // packing"): a tile of 64 keys is S = Q K^T (16 heads x 64 keys, 4 warps x 16 keys) and O += P V, a few mma
 // instructions a warp instead of 7 chains.
 //
-// One kernel (decode_attention_tc<T, D, NW>): grid (Hkv * n_hg, n_splits, B), block 32 NW (NW = 4 or 8 warps, the
-// plan's choice), dynamic shared memory (16 + 4 P * 64) * (D + 8) * sizeof(T), P = NW / 4 (39 KB at D = 64, NW = 4).
+// One kernel (decode_attention_tc<T, D>): grid (Hkv * n_hg, n_splits, B), block 128 (4 warps), dynamic shared
+// memory (16 + 4 * 64) * (D + 8) * sizeof(T) (39 KB at D = 64).
 //   - A block owns gpb = ceil(G / n_hg) <= 16 q heads of one GQA group of one sequence (rows gpb..15 of the A tile
 //     are zeros and never stored) and one split of its keys (decode_split.cuh; one split up to DT_ONE_SPLIT_TILES
 //     tiles).
 //   - K/V tiles of 64 keys are gathered through the block table into shared memory with cp.async (each 16-byte
-//     chunk from its row's slot; keys past the split are zero-filled). A pass of the loop uses P tiles, and the
-//     next pass's P load meanwhile (double-buffered), while the block-table entries of the pass after are read.
-//     The first two passes' tiles, but for the step's new key, start loading before the PDL wait (see the kernel).
-//   - Warp w of a tile's 4 scores its keys 16w..16w+15 for all heads (mma.cuh's qk_tile, softmax_tile, pv_tile:
-//     the FlashAttention-2 steps of kernels/prefill_attention.cu, on a 16-key slice) with its own online softmax,
-//     so the 4 warps split the keys the way the CUDA-core kernel's do; at the end the NW warps' partials meet in
-//     shared memory (over the dead K/V buffers) and decode_split.cuh's finish_decode_block merges them, and the
-//     splits.
+//     chunk from its row's slot; keys past the split are zero-filled) and double-buffered: tile j + 1 loads while
+//     tile j is used, and the block-table entries of tile j + 2 are read meanwhile. Tiles 0 and 1, but for the
+//     step's new key, start loading before the PDL wait (see the kernel).
+//   - Warp w scores keys 16w..16w+15 of a tile for all heads (mma.cuh's qk_tile, softmax_tile, pv_tile: the
+//     FlashAttention-2 steps of kernels/prefill_attention.cu, on a 16-key slice) with its own online softmax, so
+//     the 4 warps split the keys the way the CUDA-core kernel's do; at the end their partials meet in shared
+//     memory (over the dead K/V buffers) and decode_split.cuh's finish_decode_block merges them, and the splits.
 // Numerics: scores and sums in fp32, P rounded to T for the P V product (as in prefill_attention_tc), so it
 // matches the fp32 CPU twin (kernels/decode_attention.py) to bf16 rounding, not bit for bit.
 #include "dtype.cuh"
@@ -53,43 +52,34 @@ __device__ __forceinline__ int tile_slot(const int* table, int key, int end, int
     return (int)blk * block_size + key % block_size;
 }
 
-// A K or V tile gathered into smem by NT threads as mma.cuh's load_slot_rows does (slot -1: a zero row), except
-// row `skip`, which is not copied at all (it is loaded after the wait; two copies to one row would race; -1: none).
-template <typename T, int D, int LD, int NT>
+// A K or V tile gathered into smem as mma.cuh's load_slot_rows does (128 threads; slot -1: a zero row), except
+// row `skip`, which is not copied at all (it is loaded after the wait; two copies to one row would race).
+template <typename T, int D, int LD>
 __device__ __forceinline__ void load_tile_rows(T* dst, const T* base, const int* slots, size_t stride, int skip) {
     constexpr int CPR = D / 8;  // 16-byte chunks a row
 #pragma unroll
-    for (int i = 0; i < DT_KT * CPR / NT; i++) {
-        const int c = threadIdx.x + i * NT, r = c / CPR, col = (c % CPR) * 8, slot = slots[r];
+    for (int i = 0; i < DT_KT * CPR / 128; i++) {
+        const int c = threadIdx.x + i * 128, r = c / CPR, col = (c % CPR) * 8, slot = slots[r];
         if (r != skip) cp_async16(dst + r * LD + col, base + (slot >= 0 ? (size_t)slot * stride : 0) + col, slot >= 0);
     }
 }
 
-// NW warps a block (4 or 8; the plan picks, toolkit/backends/cuda_kernels.py's decode_tc_warps). A pass of the key
-// loop takes P = NW / 4 tiles at once: warp group G = warp / 4 scores tile P j + G of pass j, its 4 warps 16 keys
-// each, as the 4 warps of a block did before. Why 8: at batch 32 a block is alone on its SM and each of its warps
-// is a dependent chain of ~450 instructions a tile at ~8 cycles apiece, so every tile added 1.0-1.2 us to a launch
-// (Nsight Compute, benchmarks/results/ncu_decode_attention_tiles.log); two groups run two tiles' chains side by
-// side, so a sequence of up to 128 keys takes one pass. Buffers: 2P tiles, tile t in buffer t % 2P (this pass's P
-// and the next pass's P, double-buffered as before).
-// (32 NW, 8 / NW): at NW = 4 the plain bound gave D = 64 96 registers and a 12-byte spill; this gives 110 (162 at
-// D = 128), and 98 (140) at NW = 8.
-template <typename T, int D, int NW>
-__global__ void __launch_bounds__(32 * NW, 8 / NW)
+// (128, 2): with the plain bound ptxas gave D = 64 96 registers and a 12-byte spill; this gives 111 (163 at 128).
+template <typename T, int D>
+__global__ void __launch_bounds__(128, 2)
 decode_attention_tc(const T* __restrict__ q, const T* __restrict__ k_cache, const T* __restrict__ v_cache,
                     const int* __restrict__ block_tables, const int* __restrict__ seq_lens, int block_size, int M,
                     int num_blocks, float scale_log2, int Hq, int Hkv, int n_splits, float* __restrict__ ws_ml,
                     float* __restrict__ ws_acc, unsigned* __restrict__ counters, T* __restrict__ out) {
     // Rows padded by 8 elements: the 8 row addresses of one ldmatrix fall in 8 different 16-byte bank groups.
-    constexpr int LD = D + 8, TILE = DT_KT * LD, NT = 32 * NW, P = NW / 4, NB = 2 * P;
-    constexpr int EARLY = DT_EARLY_TILE1 ? NB : P;  // tiles whose loads start before the PDL wait
+    constexpr int LD = D + 8, TILE = DT_KT * LD;
     extern __shared__ __align__(16) unsigned char dt_smem[];
     T* Qs = reinterpret_cast<T*>(dt_smem);  // [16][LD]
-    T* Ks = Qs + DT_ROWS * LD;              // [NB][64][LD]
-    T* Vs = Ks + NB * TILE;                 // [NB][64][LD]
-    static_assert(NW * DT_ROWS * D * 4 <= 2 * NB * TILE * (int)sizeof(T), "the partials must fit over the K/V tiles");
-    __shared__ float s_m[NW][DT_ROWS], s_l[NW][DT_ROWS];
-    __shared__ int s_slot[NB][DT_KT];  // cache slots of the keys of this pass's and the next pass's tiles (-1: none)
+    T* Ks = Qs + DT_ROWS * LD;              // [2][64][LD]
+    T* Vs = Ks + 2 * TILE;                  // [2][64][LD]
+    static_assert(4 * DT_ROWS * D * 4 <= 4 * TILE * (int)sizeof(T), "the partials must fit over the K/V tiles");
+    __shared__ float s_m[4][DT_ROWS], s_l[4][DT_ROWS];
+    __shared__ int s_slot[2][DT_KT];  // cache slots of the keys of the next tiles (-1: none)
 
     const int G = Hq / Hkv, n_hg = gridDim.x / Hkv, gpb = min(DT_ROWS, (G + n_hg - 1) / n_hg);
     const int kvh = blockIdx.x / n_hg, hg = blockIdx.x % n_hg;
@@ -98,7 +88,6 @@ decode_attention_tc(const T* __restrict__ q, const T* __restrict__ k_cache, cons
     if (Gb <= 0) return;                    // a spare block (the wrapper launches none)
     const int split = blockIdx.y, b = blockIdx.z;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, c = lane & 3;
-    const int wgrp = warp >> 2, wq = warp & 3;  // warp group (its tile of a pass) and warp within it (16 keys)
     const int length = seq_length(seq_lens, b, M * block_size);  // staged before the step: read before the wait
     if (length == 0) {  // a padding row: zeros, not 0/0 (written by split 0)
         pdl_enter();
@@ -110,7 +99,7 @@ decode_attention_tc(const T* __restrict__ q, const T* __restrict__ k_cache, cons
     const int n_active = (length + chunk - 1) / chunk;  // the non-empty splits
     const int k_begin = split * chunk, k_end = min(k_begin + chunk, length);
     if (k_begin >= k_end) return;  // nothing here (the merge reads only the non-empty splits); before any barrier
-    const int n_kt = (k_end - k_begin + DT_KT - 1) / DT_KT, n_pass = (n_kt + P - 1) / P;
+    const int n_kt = (k_end - k_begin + DT_KT - 1) / DT_KT;
     const int* table = block_tables + (size_t)b * M;
     const size_t kv_stride = (size_t)Hkv * D;  // between the rows of consecutive slots
     const T* kb = k_cache + (size_t)kvh * D;
@@ -119,24 +108,26 @@ decode_attention_tc(const T* __restrict__ q, const T* __restrict__ k_cache, cons
     // Before the wait (PDL): what the previous kernels of this step cannot have written. The block tables and
     // lengths are staged before the step, and the cache rows of keys 0..length-2 were written by earlier steps:
     // in a pure decode step (the only one launched with PDL) rope_qkv (or the qkv projection, with rope_in_gemm)
-    // writes just each sequence's new key, length - 1, into its sequence's own last block. So the slots of the
-    // first two passes' tiles are read, and the K/V rows of the first EARLY tiles but the new key's start loading,
-    // while the previous kernel still runs: a sequence of up to EARLY tiles then waits for no K/V load after the
-    // wait but the new key's. (Against loading tile 1 in the loop, after the wait, at NW = 4: decode attention at
-    // batch 32 took 100.8 against 109.5 us a step at 65 keys, 142.6 against 153.6 at 129, 184.0 against 199.4 at
-    // 256; benchmarks/results/decode_tc_early_tile1_ab.log.)
+    // writes just each sequence's new key, length - 1, into its sequence's own last block. So the slots of tiles
+    // 0 and 1 are read, and both tiles' K/V rows but the new key's start loading, while the previous kernel still
+    // runs: a sequence of up to 2 tiles then waits for no K/V load after the wait but the new key's. (Against
+    // loading tile 1 in the loop, after the wait: decode attention at batch 32 took 100.8 against 109.5 us a step
+    // at 65 keys, 142.6 against 153.6 at 129, 184.0 against 199.4 at 256; benchmarks/results/
+    // decode_tc_early_tile1_ab.log.)
     // The new key's row counted from tile 0's first; -1 where it is not in this split (a split ends before it: then
-    // its rows past k_end are zero-filled like any other, none skipped).
+    // its tile-1 rows past k_end are zero-filled like any other, none skipped).
     const int new_row = k_end == length ? length - 1 - k_begin : -1;
-    for (int i = tid; i < NB * DT_KT; i += NT)  // tile i / 64, key i % 64: key k_begin + i
-        s_slot[i / DT_KT][i % DT_KT] = tile_slot(table, k_begin + i, k_end, block_size, num_blocks);
+    if (tid < DT_KT) {
+        s_slot[0][tid] = tile_slot(table, k_begin + tid, k_end, block_size, num_blocks);
+        s_slot[1][tid] = tile_slot(table, k_begin + DT_KT + tid, k_end, block_size, num_blocks);
+    }
     __syncthreads();
-#pragma unroll
-    for (int t = 0; t < EARLY; t++)
-        if (t < n_kt) {
-            load_tile_rows<T, D, LD, NT>(Ks + t * TILE, kb, s_slot[t], kv_stride, new_row - t * DT_KT);
-            load_tile_rows<T, D, LD, NT>(Vs + t * TILE, vb, s_slot[t], kv_stride, new_row - t * DT_KT);
-        }
+    load_tile_rows<T, D, LD>(Ks, kb, s_slot[0], kv_stride, new_row);
+    load_tile_rows<T, D, LD>(Vs, vb, s_slot[0], kv_stride, new_row);
+    if (DT_EARLY_TILE1 && n_kt > 1) {
+        load_tile_rows<T, D, LD>(Ks + TILE, kb, s_slot[1], kv_stride, new_row - DT_KT);
+        load_tile_rows<T, D, LD>(Vs + TILE, vb, s_slot[1], kv_stride, new_row - DT_KT);
+    }
     cp_async_commit();
     pdl_enter();  // (pdl.cuh) q and the new key come from the previous kernels; a no-op unless launched with PDL
     // After it: the q rows (heads past Gb: zeros) and the new key's K/V row, one more cp.async group.
@@ -145,9 +136,9 @@ decode_attention_tc(const T* __restrict__ q, const T* __restrict__ k_cache, cons
         const int r = i / (D / 8), col = (i % (D / 8)) * 8;
         cp_async16(Qs + r * LD + col, qb + (size_t)min(r, Gb - 1) * D + col, r < Gb);
     }
-    // The new key's row, where it falls in an early tile (in a later one the loop loads it, after the wait).
+    // The new key's row, where it falls in tile 0 or 1 (in a later tile the loop loads it, after the wait).
     // D / 8 chunks of K, then of V (new_row >= 0: the key is in this split, so its slot is >= 0).
-    if (new_row >= 0 && new_row < EARLY * DT_KT && tid < D / 4) {
+    if (new_row >= 0 && new_row < (1 + DT_EARLY_TILE1) * DT_KT && tid < D / 4) {
         const int col = (tid % (D / 8)) * 8, t = new_row / DT_KT, r = new_row % DT_KT;
         const size_t off = (size_t)s_slot[t][r] * kv_stride + col;
         cp_async16((tid < D / 8 ? Ks : Vs) + t * TILE + r * LD + col, (tid < D / 8 ? kb : vb) + off, true);
@@ -159,54 +150,45 @@ decode_attention_tc(const T* __restrict__ q, const T* __restrict__ k_cache, cons
 #pragma unroll
     for (int n = 0; n < D / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
 
-    for (int j = 0; j < n_pass; j++) {
-        const int set = (j & 1) * P;  // this pass's first buffer (tile j P + g is in buffer set + g)
-        // The next pass's tiles into the other buffers while this pass's are used (the early ones: above).
-        if ((j + 1) * P >= EARLY && j + 1 < n_pass) {
-#pragma unroll
-            for (int g = 0; g < P; g++)
-                if ((j + 1) * P + g < n_kt) {
-                    load_tile_rows<T, D, LD, NT>(Ks + (P - set + g) * TILE, kb, s_slot[P - set + g], kv_stride, -1);
-                    load_tile_rows<T, D, LD, NT>(Vs + (P - set + g) * TILE, vb, s_slot[P - set + g], kv_stride, -1);
-                }
+    for (int j = 0; j < n_kt; j++) {
+        const int buf = j & 1, k0 = k_begin + j * DT_KT + warp * 16;  // k0: this warp's first key of the tile
+        // The next tile into the other buffer while this one is used (tile 1: before the wait, above).
+        if (j >= DT_EARLY_TILE1 && j + 1 < n_kt) {
+            load_slot_rows<T, D, LD, DT_KT>(Ks + (buf ^ 1) * TILE, kb, s_slot[buf ^ 1], kv_stride);
+            load_slot_rows<T, D, LD, DT_KT>(Vs + (buf ^ 1) * TILE, vb, s_slot[buf ^ 1], kv_stride);
             cp_async_commit();
             cp_async_wait<1>();
         } else {
             cp_async_wait<0>();
         }
-        // Slots of pass j + 2's tiles: the table loads fly during this pass's math; stored into this pass's
-        // s_slot rows (already used) after the barrier below.
-        const int next_slot = tid < P * DT_KT
-            ? tile_slot(table, k_begin + (j + 2) * P * DT_KT + tid, k_end, block_size, num_blocks) : -1;
+        // Slots of tile j + 2: the table loads fly during this tile's math; stored into s_slot[buf] (tile j's,
+        // already used) after the barrier below.
+        const int next_slot =
+            tid < DT_KT ? tile_slot(table, k_begin + (j + 2) * DT_KT + tid, k_end, block_size, num_blocks) : -1;
         __syncthreads();
-        const int t = j * P + wgrp;  // this warp's tile (none past n_kt: its group sits this pass out)
-        if (P == 1 || t < n_kt) {
-            const int k0 = k_begin + t * DT_KT + wq * 16;  // this warp's first key of the tile
-            const T* Kt = Ks + (set + wgrp) * TILE + wq * 16 * LD;
-            const T* Vt = Vs + (set + wgrp) * TILE + wq * 16 * LD;
-            float s[2][4];  // S = Q K^T: 16 heads x this warp's 16 keys = 2 n-tiles
-            qk_tile<T, D, 16, LD>(s, Qs, Kt, 0, lane);
-            // Scale to log2 units; keys past the split get -inf (their K/V rows are zeros).
-            float mx0 = NEG_INF, mx1 = NEG_INF;
+        const T* Kt = Ks + buf * TILE + warp * 16 * LD;
+        const T* Vt = Vs + buf * TILE + warp * 16 * LD;
+        float s[2][4];  // S = Q K^T: 16 heads x this warp's 16 keys = 2 n-tiles
+        qk_tile<T, D, 16, LD>(s, Qs, Kt, 0, lane);
+        // Scale to log2 units; keys past the split get -inf (their K/V rows are zeros).
+        float mx0 = NEG_INF, mx1 = NEG_INF;
 #pragma unroll
-            for (int n = 0; n < 2; n++)
+        for (int n = 0; n < 2; n++)
 #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const float v = k0 + n * 8 + 2 * c + (e & 1) < k_end ? s[n][e] * scale_log2 : NEG_INF;
-                    s[n][e] = v;
-                    if (e < 2) mx0 = fmaxf(mx0, v); else mx1 = fmaxf(mx1, v);
-                }
-            // EMPTY: a warp's slice may hold no valid key yet (a split's last, partial tile).
-            softmax_tile<D, 16, true>(s, mx0, mx1, m0, m1, l0, l1, o);
-            pv_tile<T, D, 16, LD>(o, s, Vt, lane);
-        }
-        if (tid < P * DT_KT) s_slot[set + tid / DT_KT][tid % DT_KT] = next_slot;
-        __syncthreads();  // everyone is done with these buffers before the next pass refills them
+            for (int e = 0; e < 4; e++) {
+                const float v = k0 + n * 8 + 2 * c + (e & 1) < k_end ? s[n][e] * scale_log2 : NEG_INF;
+                s[n][e] = v;
+                if (e < 2) mx0 = fmaxf(mx0, v); else mx1 = fmaxf(mx1, v);
+            }
+        // EMPTY: a warp's slice may hold no valid key yet (a split's last, partial tile).
+        softmax_tile<D, 16, true>(s, mx0, mx1, m0, m1, l0, l1, o);
+        pv_tile<T, D, 16, LD>(o, s, Vt, lane);
+        if (tid < DT_KT) s_slot[buf][tid] = next_slot;
+        __syncthreads();  // everyone is done with this buffer before the next iteration refills it
     }
 
     // The warps' partials over the K/V buffers (every warp is past the loop's last barrier): row sums across
-    // the quad, then red[warp][head][d] for the heads of this block. (A warp that saw no key: m = -inf, l = 0,
-    // o = 0, weight 0 in the merge.)
+    // the quad, then red[warp][head][d] for the heads of this block.
     float (*red)[DT_ROWS][D] = reinterpret_cast<float (*)[DT_ROWS][D]>(Ks);
     l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
     l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
@@ -224,14 +206,12 @@ decode_attention_tc(const T* __restrict__ q, const T* __restrict__ k_cache, cons
         s_m[warp][g + 8] = m1; s_l[warp][g + 8] = l1;
     }
     __syncthreads();
-    finish_decode_block<T, D, DT_ROWS, NW>(red, s_m, s_l, Gb, b, h0, Hq, split, n_splits, n_active, ws_ml, ws_acc,
-                                           counters, out);
+    finish_decode_block<T, D, DT_ROWS>(red, s_m, s_l, Gb, b, h0, Hq, split, n_splits, n_active, ws_ml, ws_acc,
+                                       counters, out);
 }
 
-#define DT_INSTANCE(T, D, NW)                                                                                 \
-    template __global__ void decode_attention_tc<T, D, NW>(const T*, const T*, const T*, const int*, const int*, \
-                                                           int, int, int, float, int, int, int, float*, float*,  \
-                                                           unsigned*, T*);
-DT_INSTANCE(__half, 64, 4) DT_INSTANCE(__half, 128, 4) DT_INSTANCE(__nv_bfloat16, 64, 4)
-DT_INSTANCE(__nv_bfloat16, 128, 4) DT_INSTANCE(__half, 64, 8) DT_INSTANCE(__half, 128, 8)
-DT_INSTANCE(__nv_bfloat16, 64, 8) DT_INSTANCE(__nv_bfloat16, 128, 8)
+#define DT_INSTANCE(T, D)                                                                                     \
+    template __global__ void decode_attention_tc<T, D>(const T*, const T*, const T*, const int*, const int*, int, \
+                                                       int, int, float, int, int, int, float*, float*, unsigned*, \
+                                                       T*);
+DT_INSTANCE(__half, 64) DT_INSTANCE(__half, 128) DT_INSTANCE(__nv_bfloat16, 64) DT_INSTANCE(__nv_bfloat16, 128)

@@ -18,15 +18,15 @@ __device__ __forceinline__ int seq_length(const int* seq_lens, int b, int max_le
     return min(max(seq_lens[b], 0), max_len);
 }
 
-// The end of a block of NW warps (4, or decode_attention_tc's 8) that owns q heads h0..h0+Gb-1 of sequence b and
-// keys of split `split`: red[w][g][d], m[w][g], l[w][g] are warp w's unnormalised output, running max (log2 units)
-// and sum of exps for head g (a warp that saw no valid key: m = -inf, l = 0, red = 0; at least one warp saw one).
-// The warps are merged, each rescaled from its own max to the block's. One non-empty split (a short sequence: the
-// common decode case): the block normalises straight into out. Several: each writes its partial to the workspace
-// (ws_ml: max, sum; ws_acc: output) and counts itself done in counters[b, blockIdx.x]; the last one merges them all
-// (weights 2^(m_s - m_max) / sum_s(l_s 2^(m_s - m_max))) into out and resets the counter, so graphs replay it. (No
-// second kernel: a second launch per layer cost ~2-3 us in a batch-1 decode step.) m and l are overwritten.
-template <typename T, int D, int R, int NW = 4>
+// The end of a block of 4 warps that owns q heads h0..h0+Gb-1 of sequence b and keys of split `split`:
+// red[w][g][d], m[w][g], l[w][g] are warp w's unnormalised output, running max (log2 units) and sum of exps for
+// head g (a warp that saw no valid key: m = -inf, l = 0, red = 0; at least one warp saw one). The warps are merged,
+// each rescaled from its own max to the block's. One non-empty split (a short sequence: the common decode case):
+// the block normalises straight into out. Several: each writes its partial to the workspace (ws_ml: max, sum;
+// ws_acc: output) and counts itself done in counters[b, blockIdx.x]; the last one merges them all (weights
+// 2^(m_s - m_max) / sum_s(l_s 2^(m_s - m_max))) into out and resets the counter, so graphs replay it. (No second
+// kernel: a second launch per layer cost ~2-3 us in a batch-1 decode step.) m and l are overwritten.
+template <typename T, int D, int R>
 __device__ __forceinline__ void finish_decode_block(const float (*red)[R][D], float (*m)[R], float (*l)[R], int Gb,
                                                     int b, int h0, int Hq, int split, int n_splits, int n_active,
                                                     float* __restrict__ ws_ml, float* __restrict__ ws_acc,
@@ -34,12 +34,10 @@ __device__ __forceinline__ void finish_decode_block(const float (*red)[R][D], fl
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     for (int i = tid; i < Gb * D; i += blockDim.x) {
         const int g = i / D, d = i % D;
-        float Mx = m[0][g];  // the max over the warps is finite: the chunk is non-empty
-#pragma unroll
-        for (int w = 1; w < NW; w++) Mx = fmaxf(Mx, m[w][g]);
+        const float Mx = fmaxf(fmaxf(m[0][g], m[1][g]), fmaxf(m[2][g], m[3][g]));  // finite: chunk non-empty
         float o = 0.0f, L = 0.0f;
 #pragma unroll
-        for (int w = 0; w < NW; w++) {
+        for (int w = 0; w < 4; w++) {
             const float f = exp2f(m[w][g] - Mx);  // a warp without valid keys has m = -inf: weight 0
             o += f * red[w][g][d];
             L += f * l[w][g];
@@ -68,7 +66,7 @@ __device__ __forceinline__ void finish_decode_block(const float (*red)[R][D], fl
     if (!s_last) return;
     __threadfence();
     // Per head: the max over splits and the total weight (a warp per head), then every (head, dim) output.
-    for (int g = warp; g < Gb; g += NW) {
+    for (int g = warp; g < Gb; g += 4) {
         const float* ml = ws_ml + ((size_t)b * Hq + h0 + g) * n_splits * 2;
         float mx = NEG_INF;
         for (int sp = lane; sp < n_active; sp += 32) mx = fmaxf(mx, __ldcg(ml + 2 * sp));

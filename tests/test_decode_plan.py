@@ -5,8 +5,8 @@ import math
 
 from hypothesis import given, strategies as st
 
-from toolkit.backends.cuda_kernels import (HEAD_SPLIT_KV_BYTES, MAX_SPLITS, TC_DECODE_WARPS, decode_head_blocks,
-                                          decode_splits, decode_tc_pays, decode_tc_warps, kernel_names)
+from toolkit.backends.cuda_kernels import (HEAD_SPLIT_KV_BYTES, MAX_SPLITS, decode_head_blocks, decode_splits,
+                                          decode_tc_pays)
 
 QWEN05 = dict(n_kv_heads=2, group=7)  # Qwen2.5-0.5B: 14 q heads over 2 kv heads
 
@@ -28,18 +28,6 @@ def test_tensor_core_kernel_where_a_group_is_one_block():
     pays = [decode_tc_pays(b, 2, 7, 64, 2, 132, L) for b, L in ((32, 512), (32, 4096), (256, 512), (1, 512),
                                                                   (1, 32768), (8, 512), (16, 512))]
     assert pays == [True, True, True, False, True, False, True]
-
-
-def test_tensor_core_warps_where_a_block_is_alone_on_its_sm():
-    """decode_tc_warps: 8 warps (two tiles a pass) where one split's blocks fit on the SMs and the plan is short;
-    4 where they queue (a big batch) or the plan is long (many splits)."""
-    got = [decode_tc_warps(b, 2, 132, L) for b, L in ((1, 512), (32, 512), (66, 512), (67, 512), (256, 512),
-                                                       (32, 1024), (32, 4096))]
-    assert got == [8, 8, 8, 4, 4, 4, 4]
-    # every choice has its instantiation, for both 16-bit types and both head dims
-    for ct in ("__half", "__nv_bfloat16"):
-        assert {f"decode_attention_tc<{ct}, {d}, {w}>" for d in (64, 128) for w in TC_DECODE_WARPS} == \
-            set(kernel_names("decode_attention_tc", ct))
 
 
 def test_small_batch_short_context_spreads_a_group():

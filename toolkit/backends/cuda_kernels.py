@@ -44,10 +44,6 @@ DECODE_HEAD_DIMS = (8, 16, 32, 64, 128, 256)   # decode_attention<T, D> instanti
 TC_HEAD_DIMS = (64, 128)            # prefill_attention_tc / decode_attention_tc<T, D> (16-bit T only)
 TC_DECODE_GROUP = 16                # decode_attention_tc: q heads a block (the mma's 16 A rows)
 TC_DECODE_KT = 64                   # decode_attention_tc: keys a tile
-TC_DECODE_WARPS = (4, 8)            # decode_attention_tc<T, D, NW> instantiations (decode_tc_warps picks)
-# TOOLKIT_DECODE_TC_WARPS=4 or 8 forces the tensor-core decode kernel's warps a block, for A/B runs (0: the plan's).
-DECODE_TC_WARPS = int(os.environ.get("TOOLKIT_DECODE_TC_WARPS", "0"))
-TC_WARPS8_MAX_LEN = 512             # decode_tc_warps: the longest plan (max_seq_len) that gets 8 warps
 GEMV_MAX_ROWS = 4                   # gemv<T, TO, M> instantiations: M = 1..4
 PARTS_MAX = 8                       # add_rmsnorm_partials: most slices (PART_MAX in rmsnorm.cu)
 # Most warps per GEMV output row (gemv.cu; 1, 2, 4 or 8). TOOLKIT_GEMV_MAX_WPR=1 gives the one-warp-a-row kernel
@@ -69,8 +65,7 @@ def kernel_names(op: str, ctype: str) -> list:
     if op == "decode_attention":  # the plain kernel and the rope_in_attention variant
         return [f"decode_attention<{ctype}, {d}, {r}>" for d in DECODE_HEAD_DIMS for r in ("false", "true")]
     if op == "decode_attention_tc":  # GQA-packed tensor-core decode attention, 16-bit types only
-        return [] if ctype == "float" else [f"decode_attention_tc<{ctype}, {d}, {w}>" for d in TC_HEAD_DIMS
-                                            for w in TC_DECODE_WARPS]
+        return [] if ctype == "float" else [f"decode_attention_tc<{ctype}, {d}>" for d in TC_HEAD_DIMS]
     if op == "prefill_attention":
         tc = [] if ctype == "float" else [f"prefill_attention_tc<{ctype}, {d}>" for d in TC_HEAD_DIMS]
         return [f"prefill_attention<{ctype}>"] + tc
@@ -171,17 +166,6 @@ def decode_tc_pays(batch: int, n_kv_heads: int, group: int, D: int, itemsize: in
     up to 200 keys and slower at 512 (batch 1: 204 against 154 us), so that stays."""
     kv_bytes = plan_kv_bytes(batch, n_kv_heads, D, itemsize, max_seq_len)
     return decode_head_blocks(batch, n_kv_heads, group, n_sm, kv_bytes) == math.ceil(group / 8)
-
-
-def decode_tc_warps(batch: int, n_kv_heads: int, n_sm: int, max_seq_len: int) -> int:
-    """Warps a block of the tensor-core decode kernel: 8 (two 64-key tiles a pass of its key loop, one warp group
-    each) for a short plan (up to TC_WARPS8_MAX_LEN keys) whose blocks of one split fit on the SMs side by side,
-    else 4. There a block is alone on its SM and each warp runs a dependent chain of ~450 instructions a tile at ~8
-    cycles apiece, so with 4 warps every tile past the first added 1.0-1.2 us to a launch (benchmarks/results/
-    ncu_decode_attention_tiles.log); with 8, a sequence of up to 128 keys is one pass. Longer plans spread a
-    sequence over many splits whose blocks queue for the SMs, where 4-warp blocks (39 KB of shared memory at D =
-    64 against 76 KB, 74 against 144 at D = 128) keep more of them resident: not measured to pay, so they stay."""
-    return 8 if batch * n_kv_heads <= n_sm and max_seq_len <= TC_WARPS8_MAX_LEN else 4
 
 
 def decode_splits(batch: int, n_kv_heads: int, head_blocks: int, D: int, itemsize: int, n_sm: int,
@@ -552,15 +536,14 @@ class CudaKernels:
             f((Hq, B, -(-int(max_query_len) // 16)), (128,), args + (_i32(D), out), shared_mem=smem)
 
     def decode_attention(self, q, k_cache, v_cache, block_tables, seq_lens, block_size, scale, out, max_seq_len,
-                         rope=None, tensor_cores=False, tc_warps=None):
+                         rope=None, tensor_cores=False):
         """One query per sequence and head, q[B, Hq, D], over keys 0..seq_lens[b]-1 of the paged caches ->
         out[B, Hq, D] (zeros where seq_lens[b] == 0). max_seq_len (>= every seq_lens entry) and B fix the
         split count and workspace: one plan, reused by every call and graph replay of that shape.
         rope = (qkv, bias, q_norm, k_norm, eps, cos, sin, positions, slot_mapping): do rope_qkv's work for these
         B tokens inside the kernel (q from qkv, the new K/V written to the caches); q is then not read.
         tensor_cores: without rope, a 16-bit dtype, D 64 or 128 and GQA groups of up to 16 heads, the tensor-core
-        kernel (kernels/decode_attention_tc.cu); otherwise the CUDA-core one. tc_warps: its warps a block (4 or
-        8) instead of decode_tc_warps's (tests)."""
+        kernel (kernels/decode_attention_tc.cu); otherwise the CUDA-core one."""
         Hq, D, Hkv, M, n_blocks = self._paged("decode_attention", q, k_cache, v_cache, block_tables, seq_lens,
                                                block_size, out)
         B = q.shape[0]
@@ -570,14 +553,13 @@ class CudaKernels:
             return
         tc = (tensor_cores and rope is None and self.dtype != "float32" and D in TC_HEAD_DIMS
               and Hq // Hkv <= TC_DECODE_GROUP)
-        warps = (tc_warps or DECODE_TC_WARPS or decode_tc_warps(B, Hkv, self.num_sms, max_seq_len)) if tc else 0
-        key = (B, Hq, Hkv, D, max_seq_len, tc, warps)
+        key = (B, Hq, Hkv, D, max_seq_len, tc)
         plan = self._decode_plans.get(key)
         if plan is None:
             plan = self._decode_plans[key] = self._decode_plan(*key)
-        fns, grid, n, ws_ml, ws_acc, counters, smem, block = plan
+        fns, grid, n, ws_ml, ws_acc, counters, smem = plan
         if tc:
-            self._go(fns[0], grid, block, (q, k_cache, v_cache, block_tables, seq_lens, _i32(block_size), _i32(M),
+            self._go(fns[0], grid, (128,), (q, k_cache, v_cache, block_tables, seq_lens, _i32(block_size), _i32(M),
                                             _i32(n_blocks), _f32(scale * LOG2E), _i32(Hq), _i32(Hkv), n, ws_ml,
                                             ws_acc, counters, out), smem)
             return
@@ -589,13 +571,12 @@ class CudaKernels:
                              positions, slot_mapping)
             extra = (qkv, bias, q_norm, k_norm, _f32(eps), cos, sin, positions, slot_mapping, _i32(cos.shape[0]),
                      _i32(k_cache.shape[0]))
-        self._go(fns[rope is not None], grid, block,
+        self._go(fns[rope is not None], grid, (128,),
                  (q, k_cache, v_cache, block_tables, seq_lens, _i32(block_size), _i32(M), _i32(n_blocks),
                   _f32(scale * LOG2E), _i32(Hq), _i32(Hkv), n, ws_ml, ws_acc, counters, out) + extra)
 
-    def _decode_plan(self, B, Hq, Hkv, D, max_seq_len, tc, warps):
-        """Kernels, grid, split count, workspace, shared memory and block for one plan: made once, so decode steps
-        allocate nothing."""
+    def _decode_plan(self, B, Hq, Hkv, D, max_seq_len, tc):
+        """Kernels, grid, split count and workspace for one plan: made once, so decode steps allocate nothing."""
         if D not in DECODE_HEAD_DIMS:
             raise ValueError(f"decode_attention: head dim {D} not in {DECODE_HEAD_DIMS}")
         group = Hq // Hkv
@@ -609,12 +590,10 @@ class CudaKernels:
         ws_acc = self.cp.empty((B, Hq, n, D), self.cp.float32)
         grid = (Hkv * head_blocks, n, B)
         counters = self.cp.zeros((B, grid[0]), self.cp.uint32)  # the kernel leaves them zeroed
-        if tc:  # Q (16 rows) and double-buffered K and V tiles (warps / 4 a pass), rows padded by 8
-            if warps not in TC_DECODE_WARPS:
-                raise ValueError(f"decode_attention: tensor-core warps {warps} not in {TC_DECODE_WARPS}")
-            smem = (TC_DECODE_GROUP + 4 * (warps // 4) * TC_DECODE_KT) * (D + 8) * self.itemsize
-            fns = (self._fn("decode_attention_tc", f"decode_attention_tc<{self.ctype}, {D}, {warps}>", smem),)
-            return fns, grid, _i32(n), ws_ml, ws_acc, counters, smem, (32 * warps,)
+        if tc:  # Q (16 rows) and double-buffered K and V tiles, rows padded by 8
+            smem = (TC_DECODE_GROUP + 4 * TC_DECODE_KT) * (D + 8) * self.itemsize
+            fns = (self._fn("decode_attention_tc", f"decode_attention_tc<{self.ctype}, {D}>", smem),)
+            return fns, grid, _i32(n), ws_ml, ws_acc, counters, smem
         fns = tuple(self._fn("decode_attention", f"decode_attention<{self.ctype}, {D}, {r}>")
                     for r in ("false", "true"))  # plain, rope_in_attention
-        return fns, grid, _i32(n), ws_ml, ws_acc, counters, 0, (128,)
+        return fns, grid, _i32(n), ws_ml, ws_acc, counters, 0
