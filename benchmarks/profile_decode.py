@@ -10,7 +10,6 @@ import collections
 import csv
 import io
 import re
-import sys
 
 import numpy as np
 

@@ -1,7 +1,7 @@
 """Whole prefill, dense against sparse, on the engine (Qwen2.5-0.5B shape, random weights, bf16, H200):
 one prompt of 4,096 / 16,384 / 32,000 tokens, eager (so each step has its per-section split), the second of
 two runs reported; sparse with the default query tile (64) and with a selection per query (Q = 1), then dense. Run from the repo root: `PYTHONPATH=. python3 benchmarks/sparse_sections.py`."""
-import sys, numpy as np
+import numpy as np
 from toolkit.assembly import build_engine
 from toolkit.options import EngineOptions
 from toolkit.engine import SamplingParams
