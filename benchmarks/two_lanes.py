@@ -3,8 +3,9 @@ graph), against the one B-row step: does a second latency-bound chain of kernels
 
 Each lane has its own backend (stream, kernels with their own plans and workspaces, cuBLAS handle), model scratch
 and staged step; the weights and the KV cache are shared (the lanes' rows use disjoint blocks). Forward only (no
-sampling), Qwen2.5-0.5B shape, random bf16 weights, context 1, default options; the logits of both ways are
-compared. Replays alternate between the graphs, 7 rounds of 200, medians.
+sampling), Qwen2.5-0.5B shape, random bf16 weights, context 1, default options. "same logits": the two lanes'
+graph against the two halves run one after the other (the B-row step's differ in bf16 rounding: its kernels depend
+on the row count). Replays alternate between the graphs, 7 rounds of 200, medians.
 
     PYTHONPATH=. python3 benchmarks/two_lanes.py [batches, default 16,32,64]
 """
