@@ -11,7 +11,7 @@ type: the kernel is launched only after its predecessor has completed. This scri
    does not, from the zeros there before. A copy kernel of ours without a wait is the control (it must see zeros);
 2. times the captured decode step (Qwen2.5-0.5B shape, random bf16 weights, context 1) as captured, and with every
    edge into a kernel that passed the probe made programmatic, replayed alternately, and checks both give the
-   same logits bit for bit. (Only where some kernel passed: on the H200 of 2026-12-02, cuBLAS 13.2, none did;
+   same logits bit for bit. (Only where some kernel passed: on the H200 of 2026-12-02, driver 580.159.04, none did;
    benchmarks/results/cublas_pdl.log.)
 
     PYTHONPATH=. python3 benchmarks/cublas_pdl.py [batches, default 8,32]
