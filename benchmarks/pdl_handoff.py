@@ -12,6 +12,10 @@ sound only if the kernel before it lets dependents launch after its writes. This
    alternately: median µs a step over 7 rounds of 200 replays.
 
     PYTHONPATH=. python3 benchmarks/pdl_handoff.py [batches, default 8,16,32,64] [contexts, default 1,65]
+
+It needs the hand-off's code (EngineOptions.pdl_handoff, PdlLauncher.hand_off, the kernels' `late` argument),
+which is in commit 070f098 only: it measured no gain at batch 8-32 and was removed after it
+(benchmarks/results/pdl_handoff.log; README, "Five more leads").
 """
 import statistics
 import sys

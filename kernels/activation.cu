@@ -10,8 +10,8 @@
 #include "pdl.cuh"
 
 template <typename T>
-__global__ void silu_mul(const T* __restrict__ gate_up, T* __restrict__ out, int n_tokens, int I, int late) {
-    pdl_enter(late);  // (pdl.cuh) a no-op unless launched with PDL; late: see pdl_exit
+__global__ void silu_mul(const T* __restrict__ gate_up, T* __restrict__ out, int n_tokens, int I) {
+    pdl_enter();  // (pdl.cuh) a no-op unless launched with PDL
     constexpr int VEC = 16 / sizeof(T);
     const size_t stride = (size_t)gridDim.x * blockDim.x;
     const size_t first = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -38,9 +38,8 @@ __global__ void silu_mul(const T* __restrict__ gate_up, T* __restrict__ out, int
             out[c] = swiglu(gate_up[t * 2 * I + i], gate_up[t * 2 * I + I + i]);
         }
     }
-    pdl_exit(late);
 }
 
-template __global__ void silu_mul<float>(const float*, float*, int, int, int);
-template __global__ void silu_mul<__half>(const __half*, __half*, int, int, int);
-template __global__ void silu_mul<__nv_bfloat16>(const __nv_bfloat16*, __nv_bfloat16*, int, int, int);
+template __global__ void silu_mul<float>(const float*, float*, int, int);
+template __global__ void silu_mul<__half>(const __half*, __half*, int, int);
+template __global__ void silu_mul<__nv_bfloat16>(const __nv_bfloat16*, __nv_bfloat16*, int, int);

@@ -32,23 +32,4 @@ __device__ __forceinline__ void pdl_enter() {
     pdl_wait();
     pdl_launch_dependents();
 }
-
-// Handing off to a library kernel. cuBLAS's kernels never call griddepcontrol.wait (benchmarks/results/
-// cublas_pdl.log), so a programmatic edge into one is only sound if the kernel before it lets dependents launch
-// after its last write has landed. A kernel that can precede a cuBLAS GEMM in a decode step (add_rmsnorm,
-// add_rmsnorm_partials, silu_mul) takes an int `late`: 0, the usual trigger at the top; 1 (set by the launcher,
-// cuda_launch.py's hand_off, only when the next node of the captured graph is a cuBLAS kernel and its edge is made
-// programmatic), the trigger after every thread's writes are fenced. The cuBLAS kernel then launches while this
-// kernel's blocks retire, instead of after the grid's completion is signalled and the launch processed.
-__device__ __forceinline__ void pdl_enter(int late) {
-    pdl_wait();
-    if (!late) pdl_launch_dependents();
-}
-__device__ __forceinline__ void pdl_exit(int late) {
-    if (late) {
-        __threadfence();  // this thread's writes are visible GPU-wide before any block's trigger can count
-        __syncthreads();  // ... and every thread's, before this block's
-        pdl_launch_dependents();
-    }
-}
 #endif

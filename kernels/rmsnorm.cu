@@ -36,8 +36,7 @@ __device__ __forceinline__ float add_one(T& r, const T* xe, int j) {
 }
 
 template <typename T>
-__global__ void add_rmsnorm(const T* x, T* residual, const T* __restrict__ weight, T* out, float eps, int H,
-                            int late) {
+__global__ void add_rmsnorm(const T* x, T* residual, const T* __restrict__ weight, T* out, float eps, int H) {
     // No __restrict__ on x/residual/out: callers may alias out with x or residual (each element is read before
     // the same thread writes it, so aliasing is safe as long as the compiler is not told otherwise).
     constexpr int VEC = 16 / sizeof(T);  // elements per 16-byte chunk
@@ -51,7 +50,7 @@ __global__ void add_rmsnorm(const T* x, T* residual, const T* __restrict__ weigh
     const int i0 = threadIdx.x * VEC;
     Chunk<T> w0, r0;
     if (vec && i0 < H) w0.u = __ldg(reinterpret_cast<const uint4*>(weight + i0));
-    pdl_enter(late);  // (pdl.cuh) a no-op unless launched with PDL; late: see pdl_exit
+    pdl_enter();  // (pdl.cuh) a no-op unless launched with PDL
 
     // Pass 1: residual add, write back, sum of squares (of the rounded values, like HF's fp32 upcast of T).
     float ss = 0.0f;
@@ -92,7 +91,6 @@ __global__ void add_rmsnorm(const T* x, T* residual, const T* __restrict__ weigh
         for (int i = threadIdx.x; i < H; i += blockDim.x)
             orow[i] = rms_scale(to_f32(rr[i]), inv, weight[i]);
     }
-    pdl_exit(late);
 }
 
 // add_rmsnorm_partials: the same, with x given as S fp32 partial products of a GEMM split over K (the down
@@ -103,7 +101,7 @@ __global__ void add_rmsnorm(const T* x, T* residual, const T* __restrict__ weigh
 #define PART_MAX 8
 template <typename T>
 __global__ void add_rmsnorm_partials(const float* parts, int S, T* residual, const T* __restrict__ weight, T* out,
-                                     float eps, int H, int late) {
+                                     float eps, int H) {
     constexpr int VEC = 16 / sizeof(T);
     const size_t row = (size_t)blockIdx.x * H, slab = (size_t)gridDim.x * H;
     T* rr = residual + row;
@@ -111,7 +109,7 @@ __global__ void add_rmsnorm_partials(const float* parts, int S, T* residual, con
     const int i0 = threadIdx.x * VEC;
     Chunk<T> w0, r0;
     if (i0 < H) w0.u = __ldg(reinterpret_cast<const uint4*>(weight + i0));
-    pdl_enter(late);
+    pdl_enter();
     float ss = 0.0f;
     for (int i = i0; i < H; i += blockDim.x * VEC) {
         // Every slice's loads first, then the adds in slice order: one L2 round trip for up to PART_MAX slices.
@@ -156,16 +154,13 @@ __global__ void add_rmsnorm_partials(const float* parts, int S, T* residual, con
         for (int j = 0; j < VEC; j++) ov.e[j] = rms_scale(to_f32(rv.e[j]), inv, wv.e[j]);
         *reinterpret_cast<uint4*>(orow + i) = ov.u;
     }
-    pdl_exit(late);
 }
 
-template __global__ void add_rmsnorm<float>(const float*, float*, const float*, float*, float, int, int);
-template __global__ void add_rmsnorm<__half>(const __half*, __half*, const __half*, __half*, float, int, int);
+template __global__ void add_rmsnorm<float>(const float*, float*, const float*, float*, float, int);
+template __global__ void add_rmsnorm<__half>(const __half*, __half*, const __half*, __half*, float, int);
 template __global__ void add_rmsnorm<__nv_bfloat16>(const __nv_bfloat16*, __nv_bfloat16*, const __nv_bfloat16*,
-                                                    __nv_bfloat16*, float, int, int);
-template __global__ void add_rmsnorm_partials<float>(const float*, int, float*, const float*, float*, float, int,
-                                                     int);
-template __global__ void add_rmsnorm_partials<__half>(const float*, int, __half*, const __half*, __half*, float, int,
-                                                      int);
+                                                    __nv_bfloat16*, float, int);
+template __global__ void add_rmsnorm_partials<float>(const float*, int, float*, const float*, float*, float, int);
+template __global__ void add_rmsnorm_partials<__half>(const float*, int, __half*, const __half*, __half*, float, int);
 template __global__ void add_rmsnorm_partials<__nv_bfloat16>(const float*, int, __nv_bfloat16*, const __nv_bfloat16*,
-                                                             __nv_bfloat16*, float, int, int);
+                                                             __nv_bfloat16*, float, int);

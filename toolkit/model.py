@@ -112,7 +112,7 @@ class Model:
         # so a prompt's logits do not depend on how much of it a prefix-cache hit left to compute (with it on for
         # every step, a warm run of the same prompts began with another token: the test that PDL changes no token
         # failed on that, not on PDL; benchmarks/results/skinny_pdl_check.log).
-        be = _Ops(self.be.launching(options.pdl, options.pdl_handoff), options.small_batch_gemv, options.gemv_swiglu,
+        be = _Ops(self.be.launching(options.pdl), options.small_batch_gemv, options.gemv_swiglu,
                   options.skinny_gemm and nd == N, options.stream_gemm and nd == N)
         s = self.scratch.view(N)
         # A batch-1 decode step is launch-bound: with fused_gemv the residual adds, RMSNorms and SwiGLU ride

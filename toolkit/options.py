@@ -41,9 +41,6 @@ class EngineOptions:
     pdl: bool = _switch("programmatic dependent launch: in a decode step replayed from a CUDA graph each kernel "
                         "starts while the previous one runs, streaming its weights before it waits for its inputs "
                         "(GPU, Hopper+)")
-    pdl_handoff: bool = _switch("with pdl: the edge from our kernel into a cuBLAS GEMM is programmatic too, the kernel "
-                                "before it letting it launch once its writes are fenced (cuBLAS's kernels do not "
-                                "wait for their inputs; GPU, Hopper+)", default=False)
     # Off by default: one launch a layer fewer measured no faster (README, "RoPE inside decode attention").
     rope_in_attention: bool = _switch("in a pure decode step, apply RoPE and write the new K/V inside the decode "
                                       "attention kernel instead of a separate rope_qkv launch: one kernel a layer "
@@ -117,4 +114,4 @@ class EngineOptions:
                        split_down=self.split_down and on_gpu,
                        fused_gemv=self.fused_gemv and gemv,
                        gemv_swiglu=self.gemv_swiglu and gemv, mlp_kernel=self.mlp_kernel and gemv,
-                       pdl=self.pdl and graphs, pdl_handoff=self.pdl_handoff and self.pdl and graphs)  # PDL runs in graph-replayed steps only (runner.py says why)
+                       pdl=self.pdl and graphs)  # PDL runs in graph-replayed steps only (runner.py says why)

@@ -103,7 +103,7 @@ class CpuBackend:
         rope_qkv(qkv, bias, q_norm, k_norm, eps, cos, sin, positions, slot_mapping, n_heads, n_kv_heads, q_out,
                  k_cache, v_cache)
 
-    def launching(self, pdl: bool, hand_off: bool = False) -> "CpuBackend":
+    def launching(self, pdl: bool) -> "CpuBackend":
         return self  # no launches to overlap
 
     def fused_gemv_ok(self, rows: int, cfg) -> bool:

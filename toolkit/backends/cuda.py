@@ -189,7 +189,7 @@ class CudaBackend:
             self._gemm = _CupyGemm(cp, self.stream)
             self.gemm_note = "cuBLAS via CuPy (nvmath-python missing: no CUDA graphs)"
         self.graphs_supported = self._gemm.capturable
-        self._pdl_twins = {}  # hand_off -> the PDL twin (launching)
+        self._pdl_twin = None
         self._decode_tc = {}  # (B, Hq, Hkv, D, max_seq_len) -> decode_tc_pays (shared with the PDL twin)
         # griddepcontrol (kernels/pdl.cuh) exists from Hopper (sm_90) on, and the launch needs cuda-bindings (the
         # `cuda` extra); otherwise decode kernels launch plainly and the step records pdl as off.
@@ -197,19 +197,17 @@ class CudaBackend:
         self._storage = {"float32": cp.float32, "float16": cp.float16, "bfloat16": cp.uint16}[dtype]
         self._in_type = _CUDA_TYPE[dtype]
 
-    def launching(self, pdl: bool, hand_off: bool = False) -> "CudaBackend":
+    def launching(self, pdl: bool) -> "CudaBackend":
         """This backend, or (pdl) its twin whose decode-step kernels launch with programmatic dependent launch
-        (cuda_launch.py): same stream, handles and weights' kernels, only the launch differs. hand_off: the twin
-        also makes the captured edge from our kernel into a cuBLAS GEMM programmatic (PdlLauncher.hand_off)."""
+        (cuda_launch.py): same stream, handles and weights' kernels, only the launch differs."""
         if not (pdl and self.pdl_supported):
             return self
-        twin = self._pdl_twins.get(hand_off)
-        if twin is None:
+        if self._pdl_twin is None:
             twin = copy.copy(self)
-            twin.kernels = self.kernels.with_pdl(hand_off)
-            twin._pdl_twins = {hand_off: twin}
-            self._pdl_twins[hand_off] = twin
-        return twin
+            twin.kernels = self.kernels.with_pdl()
+            twin._pdl_twin = twin
+            self._pdl_twin = twin
+        return self._pdl_twin
 
     def bind_thread(self):
         """Make our stream the calling thread's current CuPy stream (kernels launch on it)."""
@@ -290,7 +288,6 @@ class CudaBackend:
             self.kernels.gemm_stream(x, w, out)
             return
         out_type = 0 if out.dtype == np.float32 else self._in_type
-        self.kernels.hand_off()
         self._gemm(_OP_T, _OP_N, N, T, K, w.data.ptr, self._in_type, K, x.data.ptr, self._in_type, K,
                    out.data.ptr, out_type, N)
 
@@ -311,7 +308,6 @@ class CudaBackend:
             raise ValueError(f"linear_partials: x {x.shape}, w {w.shape}, parts {parts.shape} {parts.dtype} "
                              f"(float32 [S, T, N], K / S a multiple of 8)")
         ks = K // S
-        self.kernels.hand_off()
         self._gemm.strided(_OP_T, _OP_N, N, T, ks, w.data.ptr, self._in_type, K, ks, x.data.ptr, self._in_type, K,
                            ks, parts.data.ptr, 0, N, T * N, S)
 

@@ -191,11 +191,6 @@ I32, F32 = np.dtype(np.int32), np.dtype(np.float32)
 _SCALARS = {}  # (type, value) -> numpy scalar: making np.int32(v) costs ~0.3 us, a dict hit ~0.05 us
 
 
-# The `late` argument of the kernels that may precede a cuBLAS GEMM (kernels/pdl.cuh): launched 0; a captured
-# node is switched to 1 by PdlLauncher.hand_off.
-_EARLY = np.int32(0)
-
-
 def _i32(v):
     r = _SCALARS.get((0, v))
     if r is None:
@@ -254,7 +249,7 @@ class CudaKernels:
         self._mlp_bar = None    # decode_mlp's grid barrier, allocated at its first launch
         self._smem_optin = {}   # name -> dynamic shared memory opted in
         self._names = {op: kernel_names(op, ct) for op in ("embedding", "rmsnorm", "rope", "activation")}
-        self.pdl = self._hand_off = False  # see with_pdl
+        self.pdl = False  # see with_pdl
         self._go = self._launch  # how the decode-step kernels launch
 
     # -- plumbing ---------------------------------------------------------------------------------------
@@ -268,31 +263,23 @@ class CudaKernels:
             self._smem_optin[name] = smem
         return f
 
-    def with_pdl(self, hand_off: bool = False) -> "CudaKernels":
+    def with_pdl(self) -> "CudaKernels":
         """These kernels, sharing their functions and decode plans, with the decode-step kernels (those that call
         pdl_wait, kernels/pdl.cuh) launched with programmatic dependent launch (cuda_launch.py); every other kernel
-        launches normally. hand_off: see hand_off below."""
+        launches normally."""
         from .cuda_launch import PdlLauncher
 
         twin = copy.copy(self)
-        twin.pdl, twin._pdl, twin._hand_off = True, PdlLauncher(), hand_off
+        twin.pdl, twin._pdl = True, PdlLauncher()
         twin._go = twin._launch_pdl
         return twin
 
-    def hand_off(self):
-        """The backend calls this right before a cuBLAS call. On the hand-off twin, while a graph is captured: if
-        the last kernel launched was one that takes `late` (add_rmsnorm, add_rmsnorm_partials, silu_mul), it is
-        switched to trigger after its writes and the edge into cuBLAS's kernel is made programmatic
-        (PdlLauncher.hand_off). Otherwise a no-op."""
-        if self.pdl and self._hand_off:
-            self._pdl.hand_off(self.cp.cuda.get_current_stream().ptr)
-
     @staticmethod
-    def _launch(f, grid, block, args, smem: int = 0, release: bool = False):
+    def _launch(f, grid, block, args, smem: int = 0):
         f(grid, block, args, shared_mem=smem)
 
-    def _launch_pdl(self, f, grid, block, args, smem: int = 0, release: bool = False):
-        self._pdl(f, grid, block, args, smem, self.cp.cuda.get_current_stream().ptr, release)
+    def _launch_pdl(self, f, grid, block, args, smem: int = 0):
+        self._pdl(f, grid, block, args, smem, self.cp.cuda.get_current_stream().ptr)
 
     @staticmethod
     def _check(op: str, dtype, *arrays):
@@ -348,7 +335,7 @@ class CudaKernels:
         threads = min(1024, max(32, 32 * -(-H // (32 * self.vec))))
         if rows:
             self._go(self._fn("rmsnorm", self._names["rmsnorm"][0]), (rows,), (threads,),
-                     (x, residual, weight, out, _f32(eps), _i32(H), _EARLY), release=True)
+                     (x, residual, weight, out, _f32(eps), _i32(H)))
 
     def add_rmsnorm_partials(self, parts, residual, weight, eps, out):
         """add_rmsnorm with x = parts[0] + ... + parts[S-1] (fp32 [S, rows, H], added in slice order, rounded to
@@ -362,8 +349,7 @@ class CudaKernels:
                              f"{weight.shape}, out {out.shape} (H a multiple of {self.vec}, 1-{PARTS_MAX} slices)")
         if rows:
             self._go(self._fn("rmsnorm", self._names["rmsnorm"][1]), (rows,), (32 * -(-H // (32 * self.vec)),),
-                     (parts, _i32(parts.shape[0]), residual, weight, out, _f32(eps), _i32(H), _EARLY),
-                     release=True)
+                     (parts, _i32(parts.shape[0]), residual, weight, out, _f32(eps), _i32(H)))
 
     def rope_qkv(self, qkv, bias, q_norm, k_norm, eps, cos, sin, positions, slot_mapping, n_heads, n_kv_heads,
                  q_out, k_cache, v_cache):
@@ -396,7 +382,7 @@ class CudaKernels:
             # Grid-stride loop over 16-byte chunks: enough blocks to fill the GPU, never more than the work.
             blocks = max(1, min(-(-T * (I2 // 2) // (256 * self.vec)), 4096))
             self._go(self._fn("activation", self._names["activation"][0]), (blocks,), (256,),
-                     (gate_up, out, _i32(T), _i32(I2 // 2), _EARLY), release=True)
+                     (gate_up, out, _i32(T), _i32(I2 // 2)))
 
     def gemv(self, x, w, out):
         """out[M, N] = x[M, K] @ w[N, K].T for 1 <= M <= GEMV_MAX_ROWS (decode projections); out is the storage

@@ -10,11 +10,6 @@ CuPy's kernel call has no launch attributes, so these launches go through the dr
 NVIDIA's maintained binding (cuda-bindings, which nvmath-python also needs). A CUDA graph captures the attribute
 as a programmatic edge, so the graph replays the overlap too. The engine uses PDL only in captured steps (runner.py):
 eagerly, this launcher (a new config and argument tuple per call) measured slower than CuPy's plain launch.
-
-cuBLAS launches its own kernels, so the capture gives the edge into each a full dependency: the GEMM launches
-only once the kernel before it has completed. `hand_off` (EngineOptions.pdl_handoff) makes that edge programmatic
-too, which is sound only because it also switches the kernel before it to trigger after its writes (kernels/
-pdl.cuh, pdl_exit): cuBLAS's kernels do not wait for their inputs.
 """
 import ctypes
 
@@ -37,9 +32,8 @@ class PdlLauncher:
         attr.value.programmaticStreamSerializationAllowed = 1
         self._attrs = [attr]
         self._functions = {}  # CuPy RawKernel -> CUfunction
-        self._last = None     # the last launch, if its kernel takes `late` as its last argument (see hand_off)
 
-    def __call__(self, f, grid, block, args, smem: int, stream_ptr: int, release: bool = False):
+    def __call__(self, f, grid, block, args, smem: int, stream_ptr: int):
         d = self._d
         cfg = d.CUlaunchConfig()
         cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = (tuple(grid) + (1, 1))[:3]
@@ -65,43 +59,3 @@ class PdlLauncher:
         err, = d.cuLaunchKernelEx(cfg, fn, (tuple(values), tuple(types)), 0)
         if err != d.CUresult.CUDA_SUCCESS:
             raise RuntimeError(f"cuLaunchKernelEx (PDL) failed: {err.name}")
-        self._last = (fn, cfg, values, types) if release else None
-
-    def hand_off(self, stream_ptr: int) -> bool:
-        """Call right before a library (cuBLAS) call on a capturing stream. If the node the library's first kernel
-        will depend on is this launcher's last launch, of a kernel that takes `late` (kernels/pdl.cuh), set that
-        argument to 1 in the captured node and make the next edge programmatic: the library kernel then launches
-        as soon as every block of ours has written and fenced its output. Returns whether it did (False when the
-        stream is not capturing or anything came between)."""
-        last, self._last = self._last, None
-        if last is None:
-            return False
-        d = self._d
-        stream = d.CUstream(stream_ptr)
-        err, status, _, _, deps, _, n = d.cuStreamGetCaptureInfo(stream)
-        if (err != d.CUresult.CUDA_SUCCESS or n != 1
-                or status != d.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_ACTIVE):
-            return False
-        node = deps[0]
-        fn, cfg, values, types = last
-        err, params = d.cuGraphKernelNodeGetParams(node)
-        if err != d.CUresult.CUDA_SUCCESS or int(params.func) != int(fn):
-            return False  # not our last launch (another kernel, a copy, ... came after it)
-        p = d.CUDA_KERNEL_NODE_PARAMS()
-        p.func = fn
-        p.gridDimX, p.gridDimY, p.gridDimZ = cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ
-        p.blockDimX, p.blockDimY, p.blockDimZ = cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ
-        p.sharedMemBytes = cfg.sharedMemBytes
-        p.kernelParams = (tuple(values[:-1]) + (1,), tuple(types))  # late = 1
-        err, = d.cuGraphKernelNodeSetParams(node, p)
-        if err != d.CUresult.CUDA_SUCCESS:
-            raise RuntimeError(f"cuGraphKernelNodeSetParams (PDL hand-off) failed: {err.name}")
-        edge = d.CUgraphEdgeData()
-        edge.from_port = d.CU_GRAPH_KERNEL_NODE_PORT_PROGRAMMATIC
-        edge.type = d.CUgraphDependencyType.CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC
-        err, = d.cuStreamUpdateCaptureDependencies(
-            stream, [node], [edge], 1,
-            d.CUstreamUpdateCaptureDependencies_flags.CU_STREAM_SET_CAPTURE_DEPENDENCIES)
-        if err != d.CUresult.CUDA_SUCCESS:
-            raise RuntimeError(f"cuStreamUpdateCaptureDependencies (PDL hand-off) failed: {err.name}")
-        return True

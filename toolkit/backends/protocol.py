@@ -107,7 +107,7 @@ class Backend(Protocol):
                  sampled_rank) -> None: ...  # top-n ids/logprobs, sampled token's logprob and rank, raw logits
 
     # -- step plumbing -------------------------------------------------------------------------------------
-    def launching(self, pdl: bool, hand_off: bool = False) -> "Backend": ...  # self, or the PDL twin (CUDA)
+    def launching(self, pdl: bool) -> "Backend": ...  # self, or the twin launching decode kernels with PDL (CUDA)
     def bind_thread(self) -> None: ...  # run this thread's launches on the backend's stream
     def ids_to_host(self, dev, n: int) -> np.ndarray: ...  # int32 dev[:n] -> host; the step's one sync
     def section_timer(self): ...  # per-section laps (eager steps)

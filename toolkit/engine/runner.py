@@ -186,8 +186,7 @@ class ModelRunner:
     def _graph_key(bucket: int, context_bucket: int, options, fast: bool) -> tuple:
         # A graph bakes in its kernels: one per batch bucket, per context bucket (decode attention's grid and
         # workspace) and per option that changes a decode step's kernels or their launches (our GEMV, our skinny
-        # or streaming GEMMs or cuBLAS, fused or not, SwiGLU in the GEMV or not, the MLP kernel or not, PDL or not
-        # and its hand-off into cuBLAS or not,
+        # or streaming GEMMs or cuBLAS, fused or not, SwiGLU in the GEMV or not, the MLP kernel or not, PDL or not,
         # RoPE in the attention, in the qkv GEMM or on its own, the down projection in slices or not, decode
         # attention on tensor cores or not; the sampler's fast path or its slow path with every processing stage).
         # Bounded: at most 9 batch buckets x (1 + ceil(log2(max_context / 512))) context buckets x 2 sampler
@@ -197,7 +196,7 @@ class ModelRunner:
         # plan: B x Hq x splits x (D + 2) fp32 words, under 4 MB at batch 256 for Qwen2.5-0.5B on the H200),
         # and, the first time a step reaches it, one eager step plus the capture.
         return (bucket, context_bucket, options.small_batch_gemv, options.skinny_gemm, options.fused_gemv,
-                options.gemv_swiglu, options.mlp_kernel, options.pdl, options.pdl_handoff, options.rope_in_attention,
+                options.gemv_swiglu, options.mlp_kernel, options.pdl, options.rope_in_attention,
                 options.rope_in_gemm, options.stream_gemm, options.split_down, options.tensor_cores, fast)
 
     def _graph(self, bucket: int, step, sb, options):
