@@ -23,6 +23,7 @@
 //     FlashAttention-2 steps of kernels/prefill_attention.cu, on a 16-key slice) with its own online softmax, so
 //     the 4 warps split the keys the way the CUDA-core kernel's do; at the end their partials meet in shared
 //     memory (over the dead K/V buffers) and decode_split.cuh's finish_decode_block merges them, and the splits.
+//   - A split of exactly 2 tiles is one pass over 128 keys instead (DT_PAIR_PASS): warp w takes keys 32w..32w+31.
 // Numerics: scores and sums in fp32, P rounded to T for the P V product (as in prefill_attention_tc), so it
 // matches the fp32 CPU twin (kernels/decode_attention.py) to bf16 rounding, not bit for bit.
 #include "dtype.cuh"
@@ -42,6 +43,13 @@ constexpr int DT_KT = 64;    // keys a tile: 16 a warp
 // TOOLKIT_NVRTC_DEFINES=-DDT_EARLY_TILE1=0).
 #ifndef DT_EARLY_TILE1
 #define DT_EARLY_TILE1 1
+#endif
+// A split of exactly 2 tiles (65-128 keys: at batch 32 half of bench's decode steps) in one pass of 32 keys a warp
+// (1), or tile after tile (0: for A/B runs). Tile after tile, the second tile cost 1.4-1.6 us a layer in the step
+// even though its loads were issued before the PDL wait: another wait, barrier pair, max reduction and rescale of
+// O, a chain of dependent instructions (benchmarks/results/ncu_decode_attention_tiles.log).
+#ifndef DT_PAIR_PASS
+#define DT_PAIR_PASS 1
 #endif
 
 // Cache slot of key `key` through one block-table row, or -1 (a zero-filled row) at or past `end`; the block id is
@@ -150,6 +158,29 @@ decode_attention_tc(const T* __restrict__ q, const T* __restrict__ k_cache, cons
 #pragma unroll
     for (int n = 0; n < D / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
 
+    if (DT_PAIR_PASS && DT_EARLY_TILE1 && n_kt == 2) {
+        // Both tiles are in flight already (before the wait, above): one pass over their 128 keys, warp w taking
+        // keys 32w..32w+31 (the two buffers are adjacent, so keys 0..127 are rows 0..127 of Ks and Vs). One
+        // online-softmax step, one wait and one barrier pair instead of two: the second tile's cost in the step is
+        // what remains of its math (see DT_PAIR_PASS above).
+        cp_async_wait<0>();
+        __syncthreads();
+        const int k0 = k_begin + warp * 32;
+        float s[4][4];  // S: 16 heads x this warp's 32 keys = 4 n-tiles
+        qk_tile<T, D, 32, LD>(s, Qs, Ks + warp * 32 * LD, 0, lane);
+        float mx0 = NEG_INF, mx1 = NEG_INF;
+#pragma unroll
+        for (int n = 0; n < 4; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const float v = k0 + n * 8 + 2 * c + (e & 1) < k_end ? s[n][e] * scale_log2 : NEG_INF;
+                s[n][e] = v;
+                if (e < 2) mx0 = fmaxf(mx0, v); else mx1 = fmaxf(mx1, v);
+            }
+        softmax_tile<D, 32, true>(s, mx0, mx1, m0, m1, l0, l1, o);  // (warp 3 may see no key: length < 97)
+        pv_tile<T, D, 32, LD>(o, s, Vs + warp * 32 * LD, lane);
+        __syncthreads();  // every warp is done with the K/V buffers before the partials overwrite them
+    } else
     for (int j = 0; j < n_kt; j++) {
         const int buf = j & 1, k0 = k_begin + j * DT_KT + warp * 16;  // k0: this warp's first key of the tile
         // The next tile into the other buffer while this one is used (tile 1: before the wait, above).

@@ -285,8 +285,9 @@ def test_decode_attention(rng, driver, seq_lens, Hq, Hkv, D, bs):
 @given(seed=st.integers(0, 2**32 - 1), lens=st.lists(st.integers(0, 700), min_size=1, max_size=4),
        n_splits=st.integers(1, 9), group=st.sampled_from([1, 7, 16]), bs=st.sampled_from([1, 16, 32]))
 def test_decode_attention_tc_route(seed, lens, n_splits, group, bs):
-    """The tensor-core kernel's route (splits, 64-key tiles, 16-key warp slices, each with its own online softmax,
-    then the warps and the splits merged) covers every key once and gives the softmax of the reference."""
+    """The tensor-core kernel's route (splits, 64-key tiles, 16-key warp slices, or one 128-key pass of 32-key
+    slices for a split of 2 tiles, each with its own online softmax, then the warps and the splits merged) covers
+    every key once and gives the softmax of the reference."""
     rng = np.random.default_rng(seed)
     Hkv, D = 2, 16
     k, v, tables = make_cache(rng, lens, Hkv, D, bs)
