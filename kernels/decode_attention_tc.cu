@@ -180,42 +180,43 @@ decode_attention_tc(const T* __restrict__ q, const T* __restrict__ k_cache, cons
         softmax_tile<D, 32, true>(s, mx0, mx1, m0, m1, l0, l1, o);  // (warp 3 may see no key: length < 97)
         pv_tile<T, D, 32, LD>(o, s, Vs + warp * 32 * LD, lane);
         __syncthreads();  // every warp is done with the K/V buffers before the partials overwrite them
-    } else
-    for (int j = 0; j < n_kt; j++) {
-        const int buf = j & 1, k0 = k_begin + j * DT_KT + warp * 16;  // k0: this warp's first key of the tile
-        // The next tile into the other buffer while this one is used (tile 1: before the wait, above).
-        if (j >= DT_EARLY_TILE1 && j + 1 < n_kt) {
-            load_slot_rows<T, D, LD, DT_KT>(Ks + (buf ^ 1) * TILE, kb, s_slot[buf ^ 1], kv_stride);
-            load_slot_rows<T, D, LD, DT_KT>(Vs + (buf ^ 1) * TILE, vb, s_slot[buf ^ 1], kv_stride);
-            cp_async_commit();
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
-        // Slots of tile j + 2: the table loads fly during this tile's math; stored into s_slot[buf] (tile j's,
-        // already used) after the barrier below.
-        const int next_slot =
-            tid < DT_KT ? tile_slot(table, k_begin + (j + 2) * DT_KT + tid, k_end, block_size, num_blocks) : -1;
-        __syncthreads();
-        const T* Kt = Ks + buf * TILE + warp * 16 * LD;
-        const T* Vt = Vs + buf * TILE + warp * 16 * LD;
-        float s[2][4];  // S = Q K^T: 16 heads x this warp's 16 keys = 2 n-tiles
-        qk_tile<T, D, 16, LD>(s, Qs, Kt, 0, lane);
-        // Scale to log2 units; keys past the split get -inf (their K/V rows are zeros).
-        float mx0 = NEG_INF, mx1 = NEG_INF;
-#pragma unroll
-        for (int n = 0; n < 2; n++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const float v = k0 + n * 8 + 2 * c + (e & 1) < k_end ? s[n][e] * scale_log2 : NEG_INF;
-                s[n][e] = v;
-                if (e < 2) mx0 = fmaxf(mx0, v); else mx1 = fmaxf(mx1, v);
+    } else {  // tile after tile
+        for (int j = 0; j < n_kt; j++) {
+            const int buf = j & 1, k0 = k_begin + j * DT_KT + warp * 16;  // k0: this warp's first key of the tile
+            // The next tile into the other buffer while this one is used (tile 1: before the wait, above).
+            if (j >= DT_EARLY_TILE1 && j + 1 < n_kt) {
+                load_slot_rows<T, D, LD, DT_KT>(Ks + (buf ^ 1) * TILE, kb, s_slot[buf ^ 1], kv_stride);
+                load_slot_rows<T, D, LD, DT_KT>(Vs + (buf ^ 1) * TILE, vb, s_slot[buf ^ 1], kv_stride);
+                cp_async_commit();
+                cp_async_wait<1>();
+            } else {
+                cp_async_wait<0>();
             }
-        // EMPTY: a warp's slice may hold no valid key yet (a split's last, partial tile).
-        softmax_tile<D, 16, true>(s, mx0, mx1, m0, m1, l0, l1, o);
-        pv_tile<T, D, 16, LD>(o, s, Vt, lane);
-        if (tid < DT_KT) s_slot[buf][tid] = next_slot;
-        __syncthreads();  // everyone is done with this buffer before the next iteration refills it
+            // Slots of tile j + 2: the table loads fly during this tile's math; stored into s_slot[buf] (tile j's,
+            // already used) after the barrier below.
+            const int next_slot =
+                tid < DT_KT ? tile_slot(table, k_begin + (j + 2) * DT_KT + tid, k_end, block_size, num_blocks) : -1;
+            __syncthreads();
+            const T* Kt = Ks + buf * TILE + warp * 16 * LD;
+            const T* Vt = Vs + buf * TILE + warp * 16 * LD;
+            float s[2][4];  // S = Q K^T: 16 heads x this warp's 16 keys = 2 n-tiles
+            qk_tile<T, D, 16, LD>(s, Qs, Kt, 0, lane);
+            // Scale to log2 units; keys past the split get -inf (their K/V rows are zeros).
+            float mx0 = NEG_INF, mx1 = NEG_INF;
+    #pragma unroll
+            for (int n = 0; n < 2; n++)
+    #pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const float v = k0 + n * 8 + 2 * c + (e & 1) < k_end ? s[n][e] * scale_log2 : NEG_INF;
+                    s[n][e] = v;
+                    if (e < 2) mx0 = fmaxf(mx0, v); else mx1 = fmaxf(mx1, v);
+                }
+            // EMPTY: a warp's slice may hold no valid key yet (a split's last, partial tile).
+            softmax_tile<D, 16, true>(s, mx0, mx1, m0, m1, l0, l1, o);
+            pv_tile<T, D, 16, LD>(o, s, Vt, lane);
+            if (tid < DT_KT) s_slot[buf][tid] = next_slot;
+            __syncthreads();  // everyone is done with this buffer before the next iteration refills it
+        }
     }
 
     // The warps' partials over the K/V buffers (every warp is past the loop's last barrier): row sums across
