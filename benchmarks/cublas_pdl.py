@@ -113,17 +113,20 @@ extern "C" __global__ void copy_nowait(const unsigned short* x, unsigned short* 
 }''')
 
 
-def probe(be, label, x, run, out):
-    """Does the kernel run() launches wait for slow_write's x under a programmatic edge?"""
-    slow = PROBE.get_function("slow_write")
+def probe(be, label, x, run, out, producer=None):
+    """Does the kernel run() launches see x as written by the producer, behind a programmatic edge? producer(x, n)
+    launches the kernel that writes x (default: slow_write, which lets its dependents launch at once)."""
     n = np.int32(x.size)
+    if producer is None:
+        slow = PROBE.get_function("slow_write")
+        producer = lambda x, n: slow((1,), (256,), (x, n, np.int64(200_000)), stream=be.stream)  # noqa: E731
     x.fill(0x3f80)
     run()
     be.stream.synchronize()
     ref = out.copy()
     x.fill(0)
     be.stream.synchronize()
-    g = capture(be.stream, lambda: (slow((1,), (256,), (x, n, np.int64(200_000)), stream=be.stream), run()))
+    g = capture(be.stream, lambda: (producer(x, n), run()))
     changed = make_programmatic(g, lambda fr, to: fr == "slow_write")
     ex = rt.graphInstantiate(g)
     out.fill(0)
@@ -132,19 +135,26 @@ def probe(be, label, x, run, out):
     same = bool((out == ref).all())
     zero = not bool(out.any())
     print(f"probe {label:10s}: edges made programmatic into {changed}: "
-          f"{'waits (the written input)' if same else 'DOES NOT WAIT (stale input)' if zero else 'neither?'}")
+          f"{'the written input' if same else 'STALE input (does not wait)' if zero else 'neither?'}")
     rt.graphExecDestroy(ex)
     rt.graphDestroy(g)
     return same, changed
 
 
+def engine(max_batch: int):
+    """The Qwen2.5-0.5B-shaped engine (random bf16 weights, default options) these probes run on, bound to this
+    thread, after printing the environment."""
+    e = build_engine(shape="qwen2.5-0.5b", device="cuda", max_context=1024, max_num_seqs=max_batch)
+    print("  ".join(f"{k}: {v}" for k, v in environment("cuda").items()))
+    e.runner.be.bind_thread()
+    return e
+
+
 def main():
     batches = [int(b) for b in (sys.argv[1] if len(sys.argv) > 1 else "8,32").split(",")]
-    e = build_engine(shape="qwen2.5-0.5b", device="cuda", max_context=1024, max_num_seqs=max(batches))
+    e = engine(max(batches))
     r, be, c = e.runner, e.runner.be, e.cfg
     opts = e.effective_options()
-    print("  ".join(f"{k}: {v}" for k, v in environment("cuda").items()))
-    be.bind_thread()
     L = r.model.w.layers[0]
     H, I = c.hidden_size, c.intermediate_size
     waits = set()

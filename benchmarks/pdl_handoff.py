@@ -22,11 +22,9 @@ import sys
 
 import cupy as cp
 import numpy as np
-from cupy_backends.cuda.api import runtime as rt
 
-from cublas_pdl import capture, edges, make_programmatic
-from toolkit.assembly import build_engine
-from toolkit.bench.env import environment
+import cublas_pdl
+from cublas_pdl import edges
 from toolkit.step import StepBatch
 
 PROBE = cp.RawModule(code=r'''
@@ -44,28 +42,11 @@ extern "C" __global__ void slow_write(unsigned short* x, int n, long long spin, 
 
 
 def probe(be, label, x, run, out, late: int) -> bool:
-    """Does the GEMM run() launches see slow_write's x behind a programmatic edge?"""
+    """Does the GEMM run() launches see slow_write's x behind a programmatic edge (cublas_pdl.probe)?"""
     slow = PROBE.get_function("slow_write")
-    n = np.int32(x.size)
-    x.fill(0x3f80)
-    run()
-    be.stream.synchronize()
-    ref = out.copy()
-    x.fill(0)
-    be.stream.synchronize()
-    g = capture(be.stream, lambda: (slow((4,), (256,), (x, n, np.int64(200_000), np.int32(late)),
-                                         stream=be.stream), run()))
-    changed = make_programmatic(g, lambda fr, to: fr == "slow_write")
-    ex = rt.graphInstantiate(g)
-    out.fill(0)
-    rt.graphLaunch(ex, be.stream.ptr)
-    be.stream.synchronize()
-    same = bool((out == ref).all())
-    zero = not bool(out.any())
-    print(f"probe {label:10s} late={late}: programmatic edges into {changed}: "
-          f"{'the written input' if same else 'STALE INPUT' if zero else 'neither?'}")
-    rt.graphExecDestroy(ex)
-    rt.graphDestroy(g)
+    same, changed = cublas_pdl.probe(
+        be, f"{label} late={late}", x, run, out,
+        lambda x, n: slow((4,), (256,), (x, n, np.int64(200_000), np.int32(late)), stream=be.stream))
     return same and bool(changed)
 
 
@@ -76,11 +57,9 @@ def programmatic_edges(graph) -> int:
 def main():
     batches = [int(b) for b in (sys.argv[1] if len(sys.argv) > 1 else "8,16,32,64").split(",")]
     lengths = [int(n) for n in (sys.argv[2] if len(sys.argv) > 2 else "1,65").split(",")]
-    e = build_engine(shape="qwen2.5-0.5b", device="cuda", max_context=1024, max_num_seqs=max(batches))
+    e = cublas_pdl.engine(max(batches))
     r, be, c = e.runner, e.runner.be, e.cfg
     opts = e.effective_options()
-    print("  ".join(f"{k}: {v}" for k, v in environment("cuda").items()))
-    be.bind_thread()
     L = r.model.w.layers[0]
     H, I = c.hidden_size, c.intermediate_size
     sound = True

@@ -72,6 +72,22 @@ __device__ __forceinline__ void load_tile_rows(T* dst, const T* base, const int*
     }
 }
 
+// S = Q K^T to log2 units, keys at or past k_end masked to -inf (their K/V rows are zeros); mx0, mx1: this
+// thread's maxima of its two rows (heads g, g + 8). NT n-tiles of 8 keys from key k0 (this warp's first); c = lane % 4.
+template <int NT>
+__device__ __forceinline__ void scale_mask(float (&s)[NT][4], int k0, int c, int k_end, float scale_log2, float& mx0,
+                                           float& mx1) {
+    mx0 = mx1 = NEG_INF;
+#pragma unroll
+    for (int n = 0; n < NT; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const float v = k0 + n * 8 + 2 * c + (e & 1) < k_end ? s[n][e] * scale_log2 : NEG_INF;
+            s[n][e] = v;
+            if (e < 2) mx0 = fmaxf(mx0, v); else mx1 = fmaxf(mx1, v);
+        }
+}
+
 // (128, 2): with the plain bound ptxas gave D = 64 96 registers and a 12-byte spill; this gives 111 (163 at 128).
 template <typename T, int D>
 __global__ void __launch_bounds__(128, 2)
@@ -168,15 +184,8 @@ decode_attention_tc(const T* __restrict__ q, const T* __restrict__ k_cache, cons
         const int k0 = k_begin + warp * 32;
         float s[4][4];  // S: 16 heads x this warp's 32 keys = 4 n-tiles
         qk_tile<T, D, 32, LD>(s, Qs, Ks + warp * 32 * LD, 0, lane);
-        float mx0 = NEG_INF, mx1 = NEG_INF;
-#pragma unroll
-        for (int n = 0; n < 4; n++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const float v = k0 + n * 8 + 2 * c + (e & 1) < k_end ? s[n][e] * scale_log2 : NEG_INF;
-                s[n][e] = v;
-                if (e < 2) mx0 = fmaxf(mx0, v); else mx1 = fmaxf(mx1, v);
-            }
+        float mx0, mx1;
+        scale_mask(s, k0, c, k_end, scale_log2, mx0, mx1);
         softmax_tile<D, 32, true>(s, mx0, mx1, m0, m1, l0, l1, o);  // (warp 3 may see no key: length < 97)
         pv_tile<T, D, 32, LD>(o, s, Vs + warp * 32 * LD, lane);
         __syncthreads();  // every warp is done with the K/V buffers before the partials overwrite them
@@ -201,16 +210,8 @@ decode_attention_tc(const T* __restrict__ q, const T* __restrict__ k_cache, cons
             const T* Vt = Vs + buf * TILE + warp * 16 * LD;
             float s[2][4];  // S = Q K^T: 16 heads x this warp's 16 keys = 2 n-tiles
             qk_tile<T, D, 16, LD>(s, Qs, Kt, 0, lane);
-            // Scale to log2 units; keys past the split get -inf (their K/V rows are zeros).
-            float mx0 = NEG_INF, mx1 = NEG_INF;
-    #pragma unroll
-            for (int n = 0; n < 2; n++)
-    #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const float v = k0 + n * 8 + 2 * c + (e & 1) < k_end ? s[n][e] * scale_log2 : NEG_INF;
-                    s[n][e] = v;
-                    if (e < 2) mx0 = fmaxf(mx0, v); else mx1 = fmaxf(mx1, v);
-                }
+            float mx0, mx1;
+            scale_mask(s, k0, c, k_end, scale_log2, mx0, mx1);
             // EMPTY: a warp's slice may hold no valid key yet (a split's last, partial tile).
             softmax_tile<D, 16, true>(s, mx0, mx1, m0, m1, l0, l1, o);
             pv_tile<T, D, 16, LD>(o, s, Vt, lane);
