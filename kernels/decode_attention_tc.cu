@@ -47,7 +47,9 @@ constexpr int DT_KT = 64;    // keys a tile: 16 a warp
 // A split of exactly 2 tiles (65-128 keys: at batch 32 half of bench's decode steps) in one pass of 32 keys a warp
 // (1), or tile after tile (0: for A/B runs). Tile after tile, the second tile cost 1.4-1.6 us a layer in the step
 // even though its loads were issued before the PDL wait: another wait, barrier pair, max reduction and rescale of
-// O, a chain of dependent instructions (benchmarks/results/ncu_decode_attention_tiles.log).
+// O, a chain of dependent instructions (benchmarks/results/ncu_decode_attention_tiles.log). In one pass the batch-32
+// step at 65 keys took 763.3 against 773.2 us (benchmarks/results/decode_pair_ab.log); the second tile still costs
+// ~1 us a layer, for reasons not found (README, "Two more leads for batch 32").
 #ifndef DT_PAIR_PASS
 #define DT_PAIR_PASS 1
 #endif
@@ -177,8 +179,7 @@ decode_attention_tc(const T* __restrict__ q, const T* __restrict__ k_cache, cons
     if (DT_PAIR_PASS && DT_EARLY_TILE1 && n_kt == 2) {
         // Both tiles are in flight already (before the wait, above): one pass over their 128 keys, warp w taking
         // keys 32w..32w+31 (the two buffers are adjacent, so keys 0..127 are rows 0..127 of Ks and Vs). One
-        // online-softmax step, one wait and one barrier pair instead of two: the second tile's cost in the step is
-        // what remains of its math (see DT_PAIR_PASS above).
+        // online-softmax step, one wait and one barrier pair instead of two (see DT_PAIR_PASS above).
         cp_async_wait<0>();
         __syncthreads();
         const int k0 = k_begin + warp * 32;

@@ -15,7 +15,7 @@ Everything is fp32 (the GPU rounds P to 16 bits for the P V product: the GPU tes
 import numpy as np
 
 KT = 64               # keys a tile (DT_KT)
-WARPS = 4             # warps a block, each a 16-key slice of every tile
+WARPS = 4             # warps a block, each a 16-key slice of every tile (32 keys in a 2-tile pass)
 ONE_SPLIT_TILES = 4   # DT_ONE_SPLIT_TILES
 PAIR_PASS = True      # DT_PAIR_PASS
 
