@@ -35,6 +35,25 @@ __device__ __forceinline__ float add_one(T& r, const T* xe, int j) {
     return v;
 }
 
+// Pass 2 over a row in 16-byte chunks, from this thread's first chunk i0: normalise, round to T, scale by the
+// weight, round again. r0, w0: the residual and weight chunks at i0, already in registers (the residual chunk as
+// pass 1 wrote it; rr is re-read where this thread wrote it, so no barrier is needed).
+template <typename T>
+__device__ __forceinline__ void rms_scale_row(const T* rr, const T* __restrict__ weight, T* orow, int H, int i0,
+                                              const Chunk<T>& r0, const Chunk<T>& w0, float inv) {
+    constexpr int VEC = 16 / sizeof(T);
+    for (int i = i0; i < H; i += blockDim.x * VEC) {
+        Chunk<T> rv = r0, wv = w0, ov;
+        if (i != i0) {
+            rv.u = *reinterpret_cast<const uint4*>(rr + i);
+            wv.u = *reinterpret_cast<const uint4*>(weight + i);
+        }
+#pragma unroll
+        for (int j = 0; j < VEC; j++) ov.e[j] = rms_scale(to_f32(rv.e[j]), inv, wv.e[j]);
+        *reinterpret_cast<uint4*>(orow + i) = ov.u;
+    }
+}
+
 template <typename T>
 __global__ void add_rmsnorm(const T* x, T* residual, const T* __restrict__ weight, T* out, float eps, int H) {
     // No __restrict__ on x/residual/out: callers may alias out with x or residual (each element is read before
@@ -76,17 +95,7 @@ __global__ void add_rmsnorm(const T* x, T* residual, const T* __restrict__ weigh
 
     // Pass 2: normalise, round to T, scale by the weight, round again.
     if (vec) {
-        for (int i = i0; i < H; i += blockDim.x * VEC) {
-            Chunk<T> rv = r0, wv = w0, ov;
-            if (i != i0) {
-                rv.u = *reinterpret_cast<const uint4*>(rr + i);
-                wv.u = *reinterpret_cast<const uint4*>(weight + i);
-            }
-#pragma unroll
-            for (int j = 0; j < VEC; j++)
-                ov.e[j] = rms_scale(to_f32(rv.e[j]), inv, wv.e[j]);
-            *reinterpret_cast<uint4*>(orow + i) = ov.u;
-        }
+        rms_scale_row(rr, weight, orow, H, i0, r0, w0, inv);
     } else {
         for (int i = threadIdx.x; i < H; i += blockDim.x)
             orow[i] = rms_scale(to_f32(rr[i]), inv, weight[i]);
@@ -143,17 +152,7 @@ __global__ void add_rmsnorm_partials(const float* parts, int S, T* residual, con
         *reinterpret_cast<uint4*>(rr + i) = rv.u;
         if (i == i0) r0 = rv;
     }
-    const float inv = rsqrtf(block_sum(ss) / (float)H + eps);
-    for (int i = i0; i < H; i += blockDim.x * VEC) {
-        Chunk<T> rv = r0, wv = w0, ov;
-        if (i != i0) {
-            rv.u = *reinterpret_cast<const uint4*>(rr + i);
-            wv.u = *reinterpret_cast<const uint4*>(weight + i);
-        }
-#pragma unroll
-        for (int j = 0; j < VEC; j++) ov.e[j] = rms_scale(to_f32(rv.e[j]), inv, wv.e[j]);
-        *reinterpret_cast<uint4*>(orow + i) = ov.u;
-    }
+    rms_scale_row(rr, weight, orow, H, i0, r0, w0, rsqrtf(block_sum(ss) / (float)H + eps));
 }
 
 template __global__ void add_rmsnorm<float>(const float*, float*, const float*, float*, float, int);
