@@ -1,4 +1,5 @@
-"""SwiGLU activation, CPU twin of activation.cu: out = silu(gate) * up, silu(g) = g / (1 + exp(-g)).
+"""SwiGLU activation, CPU twin of activation.cu: out = silu(gate) * up, silu(g) = g / (1 + exp(-g)); and its
+silu_mul_scaled form, which first applies an RMSNorm scale left over from the o projection (norm_in_gemm).
 
 gate_up is the fused projection [T, 2I]: gate in the first I columns, up in the last I. One fused loop reads both
 halves once and writes `out` without the [T, I] temporaries a NumPy expression would allocate.
@@ -22,3 +23,15 @@ def silu_mul(gate_up: np.ndarray, out: np.ndarray) -> None:
     if gate_up.ndim != 2 or out.shape != (gate_up.shape[0], gate_up.shape[1] // 2) or gate_up.shape[1] % 2:
         raise ValueError(f"silu_mul: gate_up {gate_up.shape}, out {out.shape}")
     _silu_mul(gate_up, out)
+
+
+def silu_mul_scaled(gate_up: np.ndarray, parts: np.ndarray, eps: float, out: np.ndarray) -> None:
+    """out[t] = silu(inv_t * gate) * (inv_t * up) with inv_t = rsqrt(sum over tiles of parts[:, t] / H + eps),
+    H = 16 * tiles: the scale of the RMSNorm whose weight gemm_skinny_norm already applied (W (inv h * w) = inv
+    W (h * w)). gate_up: float32[T, 2I]; parts: float32[tiles, T]; out: float32[T, I], written in place."""
+    T = gate_up.shape[0]
+    if parts.ndim != 2 or parts.shape[1] != T:
+        raise ValueError(f"silu_mul_scaled: gate_up {gate_up.shape}, parts {parts.shape}")
+    ss = parts.astype(np.float64).sum(axis=0)
+    inv = (1.0 / np.sqrt(ss / (16 * parts.shape[0]) + eps)).astype(np.float32)
+    silu_mul(gate_up * inv[:, None], out)

@@ -90,9 +90,17 @@ __device__ __forceinline__ void scale_mask(float (&s)[NT][4], int k0, int c, int
         }
 }
 
-// (128, 2): with the plain bound ptxas gave D = 64 96 registers and a 12-byte spill; this gives 111 (163 at 128).
+// (128, 2) gives 111 registers at D = 64 (163 at 128); the plain bound, DT_MIN_BLOCKS=0, gives 96 (155).
+#ifndef DT_MIN_BLOCKS
+#define DT_MIN_BLOCKS 2
+#endif
+#if DT_MIN_BLOCKS > 0
+#define DT_BOUNDS __launch_bounds__(128, DT_MIN_BLOCKS)
+#else
+#define DT_BOUNDS __launch_bounds__(128)
+#endif
 template <typename T, int D>
-__global__ void __launch_bounds__(128, 2)
+__global__ void DT_BOUNDS
 decode_attention_tc(const T* __restrict__ q, const T* __restrict__ k_cache, const T* __restrict__ v_cache,
                     const int* __restrict__ block_tables, const int* __restrict__ seq_lens, int block_size, int M,
                     int num_blocks, float scale_log2, int Hq, int Hkv, int n_splits, float* __restrict__ ws_ml,

@@ -151,10 +151,11 @@ __device__ __forceinline__ int weight_row(int tile, int i, int h, int g, int N, 
 // The loop every form shares: this block's tile (gridDim.x tiles) of one slice of K (gridDim.y slices), each
 // warp's partial tile left in red[warp][F][32] (shared), then a barrier. pre() runs between the first weight loads
 // and the PDL wait: where an epilogue reads step constants (gemm_skinny_rope), they load while the previous
-// kernel still runs.
-template <typename T, int MT, int NT, int EPI, typename Pre>
+// kernel still runs. post() runs right after the wait, with x's first loads in flight: where an epilogue reads
+// what earlier kernels wrote (gemm_skinny_norm's residual), its loads overlap x's.
+template <typename T, int MT, int NT, int EPI, typename Pre, typename Post>
 __device__ __forceinline__ void skinny_partials(const T* __restrict__ x, const T* __restrict__ w, float* red, int M,
-                                                int N, int K, int D, Pre pre) {
+                                                int N, int K, int D, Pre pre, Post post) {
     constexpr int PF = Ring<MT, NT>::pf;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
     const int WK = blockDim.x >> 5, S = gridDim.y, cps = K / GS_K / S;  // chunks a slice
@@ -196,6 +197,7 @@ __device__ __forceinline__ void skinny_partials(const T* __restrict__ x, const T
         if (p < nck)
 #pragma unroll
             for (int j = 0; j < NT; j++) xv[p][j] = xok[j] ? __ldcg(xrow[j] + p * step) : zero;
+    post();
 
     float acc[MT][NT][4];
 #pragma unroll
@@ -253,7 +255,7 @@ gemm_skinny(const T* __restrict__ x, const T* __restrict__ w, TO* __restrict__ y
     constexpr int ROWS = SWIGLU ? 16 : 16 * MT;  // output columns a tile
     extern __shared__ __align__(16) float gs_red[];  // [WK][F][32]
     __shared__ bool s_last;
-    skinny_partials<T, MT, NT, EPI>(x, w, gs_red, M, N, K, 0, [] {});
+    skinny_partials<T, MT, NT, EPI>(x, w, gs_red, M, N, K, 0, [] {}, [] {});
     const int tile = blockIdx.x;
     finish_tile<EPI, MT, NT>(gs_red, ws, counters, &s_last, tile, blockIdx.y, gridDim.y, gridDim.x,
                              blockDim.x >> 5, [&](int e, float v, float u) {
@@ -289,7 +291,7 @@ gemm_skinny_rope(const T* __restrict__ x, const T* __restrict__ w, float* __rest
         }
         const int t = threadIdx.x;
         if (t < 16) s_bias[t] = bias ? to_f32(bias[head * D + (t < 8 ? i0 + t : half + i0 + t - 8)]) : 0.0f;
-    });  // (skinny_partials ends with a barrier: these are visible to the epilogue)
+    }, [] {});  // (skinny_partials ends with a barrier: these are visible to the epilogue)
     finish_tile<GS_ROPE, 1, NT>(gs_red, ws, counters, &s_last, tile, blockIdx.y, gridDim.y, gridDim.x,
                                 blockDim.x >> 5, [&](int e, float v, float u) {
         const int f = e >> 5, ln = e & 31, k = ln >> 2;  // pair k of the tile: rows k and k + 8
@@ -310,4 +312,51 @@ gemm_skinny_rope(const T* __restrict__ x, const T* __restrict__ w, float* __rest
         dst[i0 + k] = from_f32<T>(a);
         dst[half + i0 + k] = from_f32<T>(b);
     });
+}
+
+// The o projection with add_rmsnorm's residual add as its epilogue, and the RMSNorm split in two (gemm_skinny_norm,
+// EngineOptions.norm_in_gemm; README, "The post-attention RMSNorm in the o projection"). RMSNorm(h) * w =
+// inv(h) * (h * w), with inv(h) = rsqrt(mean(h^2) + eps) one number a row: the weight is applied here, elementwise,
+// and inv, which needs the whole row, where the product is next used (silu_mul_scaled, after the gate_up GEMM:
+// W (inv h * w) = inv W (h * w)). So the add_rmsnorm between the o projection and gate_up is never launched.
+// Epilogue, for output (m, n) of this tile: o = T(y) (the o projection as it would be written), then add_rmsnorm's
+// add, h = T(float(residual) + float(o)) written back (the same bits as add_rmsnorm's residual), x_out = T(h * w[n])
+// for the gate_up GEMM, and parts[tile][m] = the sum of h^2 over the tile's 16 columns, in column order
+// (silu_mul_scaled adds the tiles in tile order). MT = 1; N % 16 == 0. residual, x_out T[M, N]; norm_w T[N];
+// parts float[N / 16][M]. The residual is read after the PDL wait (post): this layer's input norm wrote it.
+template <typename T, int NT>
+__global__ void __launch_bounds__(512)
+gemm_skinny_norm(const T* __restrict__ x, const T* __restrict__ w, float* __restrict__ ws,
+                 unsigned* __restrict__ counters, int M, int N, int K, T* __restrict__ residual,
+                 const T* __restrict__ norm_w, T* __restrict__ x_out, float* __restrict__ parts) {
+    extern __shared__ __align__(16) float gs_red[];  // [WK][F][32]
+    __shared__ bool s_last;
+    __shared__ float s_h[32][16], s_w[16];  // the tile's residual (then h^2) and norm weights
+    const int tile = blockIdx.x, n0 = tile * 16;
+    skinny_partials<T, 1, NT, GS_PLAIN>(x, w, gs_red, M, N, K, 0, [&] {
+        if (threadIdx.x < 16) s_w[threadIdx.x] = to_f32(norm_w[n0 + threadIdx.x]);  // a constant: before the wait
+    }, [&] {
+        for (int t = threadIdx.x; t < 16 * M; t += blockDim.x)  // L2 reads: another kernel wrote it
+            s_h[t >> 4][t & 15] = to_f32(__ldcg(residual + (size_t)(t >> 4) * N + n0 + (t & 15)));
+    });  // (skinny_partials ends with a barrier: these are visible to the epilogue)
+    finish_tile<GS_PLAIN, 1, NT>(gs_red, ws, counters, &s_last, tile, blockIdx.y, gridDim.y, gridDim.x,
+                                 blockDim.x >> 5, [&](int e, float v, float) {
+        const int f = e >> 5, ln = e & 31, r = f & 3;
+        const int m = 8 * (f >> 2) + 2 * (ln & 3) + (r & 1), k = (ln >> 2) + 8 * (r >> 1);
+        if (m >= M) return;
+        const size_t at = (size_t)m * N + n0 + k;
+        const T h = from_f32<T>(s_h[m][k] + to_f32(from_f32<T>(v)));  // add_rmsnorm's add of the rounded output
+        const float hf = to_f32(h);
+        residual[at] = h;
+        x_out[at] = from_f32<T>(hf * s_w[k]);
+        s_h[m][k] = hf * hf;  // (this thread's own entry: read above, so no other thread touches it)
+    });
+    if (gridDim.y > 1 && !s_last) return;  // another slice's block adds the tile and finishes it
+    __syncthreads();
+    if (threadIdx.x < M) {
+        float ss = 0.0f;
+#pragma unroll
+        for (int k = 0; k < 16; k++) ss += s_h[threadIdx.x][k];
+        parts[(size_t)tile * M + threadIdx.x] = ss;
+    }
 }

@@ -1,6 +1,7 @@
 """Skinny projection, CPU twin of gemm_skinny.cu: y[m, n] = sum_k x[m, k] * w[n, k] (y = x @ w.T) for a few rows,
-its SwiGLU form (the gate_up projection with silu(gate) * up as the epilogue) and its RoPE form
-(gemm_skinny_rope: the qkv projection with rope_qkv as the epilogue).
+its SwiGLU form (the gate_up projection with silu(gate) * up as the epilogue), its RoPE form
+(gemm_skinny_rope: the qkv projection with rope_qkv as the epilogue) and its norm form (gemm_skinny_norm: the o
+projection with add_rmsnorm's add and the norm weight as the epilogue, the norm's scale left to silu_mul_scaled).
 
 On the CPU BLAS streams the weights at memory speed for any number of rows, so the twin is the matmul the CPU
 backend's `linear` uses; it exists so the GPU kernel has a reference under its own name. `fragment_order`
@@ -36,6 +37,25 @@ def gemm_skinny_rope(x: np.ndarray, w: np.ndarray, bias, cos: np.ndarray, sin: n
     gemm_skinny(x, w, qkv)
     rope_qkv(qkv, bias, None, None, 0.0, cos, sin, positions, slot_mapping, n_heads, n_kv_heads, q_out, k_cache,
              v_cache)
+
+
+def gemm_skinny_norm(x: np.ndarray, w: np.ndarray, residual: np.ndarray, weight: np.ndarray, x_out: np.ndarray,
+                     parts: np.ndarray) -> None:
+    """residual += x @ w.T; x_out = residual * weight; parts[q, m] = the sum of residual[m, 16q:16q + 16]^2, in
+    column order (the kernel's epilogue; kernels/activation.py's silu_mul_scaled applies the rest of the norm).
+    float32, M <= MAX_ROWS, N % 16 == 0; parts float32[N / 16, M] (or larger: the first rows and columns)."""
+    M, N = residual.shape
+    if N % 16 or parts.shape[0] < N // 16 or parts.shape[1] < M:
+        raise ValueError(f"gemm_skinny_norm: residual {residual.shape}, parts {parts.shape} (N % 16 == 0)")
+    o = np.empty((M, N), np.float32)
+    gemm_skinny(x, w, o)
+    residual += o
+    np.multiply(residual, weight, out=x_out)
+    sq = (residual * residual).reshape(M, N // 16, 16)
+    acc = sq[:, :, 0].copy()
+    for k in range(1, 16):
+        acc += sq[:, :, k]
+    parts[:N // 16, :M] = acc.T
 
 
 def rope_tile_rows(tile: int, h: int, g: int, D: int) -> int:

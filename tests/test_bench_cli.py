@@ -140,7 +140,8 @@ def test_markdown_table_and_peak_flag(fake, capsys):
     out = capsys.readouterr().out
     switches = " | ".join(EngineOptions.names())  # one column per switch, whatever switches exist
     assert f"| test | impl | {switches} | ms | wall ms | tok/s | GB/s | % HBM |" in out
-    assert ("| tg4@b2 d0 | toolkit | off | off | on | off | off | off | off | off | off | off | off | off | off | on | on "
+    assert ("| tg4@b2 d0 | toolkit | off | off | on | off | off | off | off | off | off | off | off | off | off | off | on "
+            "| on "
             "| 1.200 ± 0.000 | "
             "1.700 ± 0.000 | 1666.67 ± 0.00 |") in out
     assert "x peer" not in out and "backend: cpu" in out
@@ -216,7 +217,7 @@ def test_tiny_shape_json_and_markdown(capsys):
                                    "gemv_swiglu": False,
                                    "mlp_kernel": False, "pdl": False,
                                    "rope_in_attention": False, "rope_in_gemm": False, "stream_gemm": False,
-                                   "split_down": False,
+                                   "split_down": False, "norm_in_gemm": False,
                                    "sampler_fast_path": True, "sparse_prefill": True,
                                    "sparse_topk": 512, "sparse_window": 128, "sparse_block": 4,
                                    "sparse_query_tile": 64, "sparse_max_keep_pct": 50}

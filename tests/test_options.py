@@ -25,3 +25,11 @@ def test_split_down_is_a_gpu_switch():
     assert EngineOptions().split_down is True
     assert EngineOptions().effective("cuda", "float32").split_down is True  # cuBLAS takes every dtype
     assert EngineOptions().effective("cpu", "float32").split_down is False
+
+
+def test_norm_in_gemm_rides_on_skinny_gemm():
+    assert EngineOptions().norm_in_gemm is True
+    assert EngineOptions().effective("cuda", "bfloat16").norm_in_gemm is True
+    assert EngineOptions().effective("cuda", "float32").norm_in_gemm is False  # gemm_skinny takes 16-bit inputs
+    assert EngineOptions(skinny_gemm=False).effective("cuda", "bfloat16").norm_in_gemm is False
+    assert EngineOptions().effective("cpu", "bfloat16").norm_in_gemm is False

@@ -47,13 +47,19 @@ class Scratch:
     act: object  # [N, I]
     mlp_out: object  # [N, H]
     parts: object  # fp32, flat: split_down's partial products [S, N, H] (parts_view)
+    norm_parts: object  # fp32, flat: norm_in_gemm's sums of squares [H / 16, N] (norm_parts_view)
 
     def view(self, n: int) -> "Scratch":
-        return Scratch(**{k: v if k == "parts" else v[:n] for k, v in vars(self).items()})
+        return Scratch(**{k: v if k in ("parts", "norm_parts") else v[:n] for k, v in vars(self).items()})
 
     def parts_view(self, S: int, n: int, H: int):
         """The first S * n * H words as [S, n, H]: each slice's rows contiguous, as linear_partials writes them."""
         return self.parts[:S * n * H].reshape(S, n, H)
+
+    def norm_parts_view(self, n: int, H: int):
+        """The first H / 16 * n words as [H / 16, n]: a 16-column tile's sums for each row, as linear_norm
+        writes them."""
+        return self.norm_parts[:H // 16 * n].reshape(H // 16, n)
 
 
 @dataclass
@@ -95,7 +101,8 @@ class Model:
             q=be.empty((rows, c.num_heads, D)), attn=be.empty((rows, c.num_heads, D)),
             attn_out=be.empty((rows, H)), gate_up=be.empty((rows, 2 * I)),
             act=be.empty((rows, I)), mlp_out=be.empty((rows, H)),
-            parts=be.empty((max(be.down_slices(r, H, I) * r for r in range(1, rows + 1)) * H,), np.float32))
+            parts=be.empty((max(be.down_slices(r, H, I) * r for r in range(1, rows + 1)) * H,), np.float32),
+            norm_parts=be.empty((max(1, H // 16 * min(rows, 32)),), np.float32))
 
     def forward(self, step, kv: KVCache, logits, options, timer, all_rows: bool = False):
         """Run the staged `step`; write the logits of each request's last row into logits[:B].
@@ -136,6 +143,14 @@ class Model:
         split = options.split_down and nd == N and not added
         S = self.be.down_slices(N, c.hidden_size, c.intermediate_size) if split else 0
         parts = s.parts_view(S, N, c.hidden_size) if S else None
+        # norm_in_gemm (a pure decode step whose o projection runs on gemm_skinny): the post-attention add_rmsnorm
+        # is split over its neighbours. RMSNorm(h) * w = inv * (h * w), inv = rsqrt(mean(h^2) + eps) one number a
+        # row, so it commutes with the gate_up GEMM: the o projection's epilogue adds into h, writes x = h * w and
+        # each tile's sums of h^2 (linear_norm); after the GEMM, silu_mul_scaled applies inv. One launch a layer
+        # fewer, the same h bits, other roundings for x and gate_up (README, "The post-attention RMSNorm").
+        fold = (options.norm_in_gemm and options.skinny_gemm and nd == N and N <= 32 and not added
+                and self.be.norm_in_gemm_ok(N, c, options.small_batch_gemv))
+        norm_parts = s.norm_parts_view(N, c.hidden_size) if fold else None
 
         def add_norm(x, weight):  # h += x (the MLP's output: mlp_out, or the partials), then x = RMSNorm(h)
             if parts is not None and x is s.mlp_out:
@@ -164,6 +179,8 @@ class Model:
             self._attention(be, step, kv, i, s, nd, B, options, timer, rope if rope_inside else None)
             if fused:  # h += W_o attn
                 be.gemv_fused(s.attn.reshape(N, -1), L.o_proj, s.h, "add")
+            elif fold:  # h += W_o attn; x = h * w; the sums of h^2 for the norm's scale
+                be.linear_norm(s.attn.reshape(N, -1), L.o_proj, s.h, L.post_norm, s.x, norm_parts)
             else:
                 be.linear(s.attn.reshape(N, -1), L.o_proj, s.attn_out)
             timer.lap("attention")
@@ -174,8 +191,12 @@ class Model:
             elif mlp_one:  # h += attn_out; h += W_down SwiGLU(W_gate_up RMSNorm(h)): one kernel
                 be.decode_mlp(s.attn_out, s.h, L.post_norm, eps, L.gate_up, L.down, s.act)
             else:
-                be.add_rmsnorm(s.attn_out, s.h, L.post_norm, eps, s.x)
-                be.linear_swiglu(s.x, L.gate_up, s.gate_up, s.act)  # one kernel where our GEMV takes it
+                if fold:  # gate_up = W (h * w); act = SwiGLU(inv * gate_up)
+                    be.linear(s.x, L.gate_up, s.gate_up)
+                    be.silu_mul_scaled(s.gate_up, norm_parts, eps, s.act)
+                else:
+                    be.add_rmsnorm(s.attn_out, s.h, L.post_norm, eps, s.x)
+                    be.linear_swiglu(s.x, L.gate_up, s.gate_up, s.act)  # one kernel where our GEMV takes it
                 if parts is not None:
                     be.linear_partials(s.act, L.down, parts)
                 else:

@@ -58,6 +58,11 @@ class EngineOptions:
     split_down: bool = _switch("in a decode step of 2-128 rows, the down projection as one strided-batched cuBLAS "
                                "GEMM over slices of K whose fp32 partials the next add_rmsnorm adds: cuBLAS's split-K "
                                "reduce kernel left out, one launch a layer fewer (GPU)")
+    norm_in_gemm: bool = _switch("in a pure decode step of 2-32 rows, split the post-attention add_rmsnorm over its "
+                                 "neighbours: the residual add and the norm weight in the o projection's epilogue "
+                                 "(gemm_skinny_norm), the norm's per-row scale after the gate_up GEMM "
+                                 "(silu_mul_scaled): one kernel a layer fewer, other roundings (GPU, 16-bit, with "
+                                 "skinny_gemm)")
     sampler_fast_path: bool = _switch("skip the FP32 logits copy when no request in the batch needs logits processing")
     sparse_prefill: bool = _switch("prefill attention over the sliding window + the indexer's top-k key blocks "
                                    "(exact when it covers every block)")
@@ -111,7 +116,7 @@ class EngineOptions:
                        rope_in_attention=rope_attn, rope_in_gemm=self.rope_in_gemm and skinny and not rope_attn,
                        small_batch_gemv=gemv, skinny_gemm=skinny,
                        stream_gemm=self.stream_gemm and on_gpu and dtype != "float32",
-                       split_down=self.split_down and on_gpu,
+                       split_down=self.split_down and on_gpu, norm_in_gemm=self.norm_in_gemm and skinny,
                        fused_gemv=self.fused_gemv and gemv,
                        gemv_swiglu=self.gemv_swiglu and gemv, mlp_kernel=self.mlp_kernel and gemv,
                        pdl=self.pdl and graphs)  # PDL runs in graph-replayed steps only (runner.py says why)

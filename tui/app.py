@@ -6,7 +6,7 @@ UI thread, in the message handlers. The engine itself lives on the EngineWorker'
 
 Every EngineOptions switch gets a ctrl+<letter> binding (footer and command palette), generated from the
 dataclass: a switch added later appears with no change here (a function key from F2 on, once the free letters
-run out). `sampler_fast_path` and `sparse_prefill` take ctrl+f / ctrl+s when they exist.
+run out, then ctrl+F2 on). `sampler_fast_path` and `sparse_prefill` take ctrl+f / ctrl+s when they exist.
 """
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ _TAKEN = set("acdeiuwkxvmhjqpzfs") | set(APP_KEYS.values())
 
 def toggle_keys(names) -> dict:
     """switch name -> ctrl+<letter>: the reserved ones, then the first free initial, then any free letter; once
-    the letters run out, function keys from F2 on."""
+    the letters run out, function keys from F2 on, then ctrl+F2 on."""
     letters, used = {n: RESERVED_KEYS[n] for n in names if n in RESERVED_KEYS}, set(_TAKEN)
     for name in names:
         if name in letters:
@@ -54,7 +54,7 @@ def toggle_keys(names) -> dict:
         if letter is not None:
             letters[name] = letter
             used.add(letter)
-    spare = iter(f"f{i}" for i in range(2, 13))
+    spare = iter([f"f{i}" for i in range(2, 13)] + [f"ctrl+f{i}" for i in range(2, 13)])
     return {**{n: f"ctrl+{k}" for n, k in letters.items()}, **{n: next(spare) for n in names if n not in letters}}
 
 

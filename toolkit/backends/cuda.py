@@ -314,6 +314,20 @@ class CudaBackend:
     def add_rmsnorm_partials(self, parts, residual, weight, eps, out):
         self.kernels.add_rmsnorm_partials(parts, residual, weight, eps, out)
 
+    def norm_in_gemm_ok(self, rows: int, cfg, small_batch_gemv: bool) -> bool:
+        """Whether a pure decode step of `rows` tokens (with skinny_gemm) can fold its post-attention add_rmsnorm
+        into the o projection (linear_norm) and silu_mul_scaled: the o projection goes to gemm_skinny, not to our
+        GEMV, H splits into 16-column tiles and I into 16-byte chunks."""
+        H, Q = cfg.hidden_size, cfg.num_heads * cfg.head_dim
+        return (self._skinny_ok(rows, H, Q) and H % 16 == 0 and cfg.intermediate_size % self.kernels.vec == 0
+                and not (small_batch_gemv and self._gemv_ok(rows, H, Q)))
+
+    def linear_norm(self, x, w, residual, norm_w, x_out, parts):
+        self.kernels.gemm_skinny_norm(x, w, residual, norm_w, x_out, parts)
+
+    def silu_mul_scaled(self, gate_up, parts, eps, out):
+        self.kernels.silu_mul_scaled(gate_up, parts, eps, out)
+
     def linear_swiglu(self, x, w, gate_up, act, small_batch_gemv: bool = False, skinny_gemm: bool = False,
                       stream_gemm: bool = False):
         """act[T, I] = silu(x @ w[:I].T) * (x @ w[I:].T) for w = gate_up [2I, K]: where our GEMV, gemm_skinny or

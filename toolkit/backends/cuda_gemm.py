@@ -23,7 +23,8 @@ def skinny_plan(M: int, N: int, K: int, n_sm: int, swiglu: bool = False, rope: b
     gets 16 warps a block (more weight bytes in flight). Else 8 warps. Measured on the H200 at 2-32 rows
     (benchmarks/results/gemm_skinny.log): 16 warps beat 8 on qkv at 32 rows (3.76 against 4.48 us) and o (3.56
     against 4.33); on the down projection 4 slices of 8 warps beat 1 of 16 (6.65 against 8.15 us at 2 rows, 9.12
-    against 10.06 at 32). rope (gemm_skinny_rope): MT = 1, a RoPE pair's halves being one m-tile's two rows."""
+    against 10.06 at 32). rope (gemm_skinny_rope, and gemm_skinny_norm): MT = 1, a RoPE pair's halves being one
+    m-tile's two rows (the norm's epilogue is written for 16-column tiles)."""
     NT = next(t for t in N_TILES if 8 * t >= M and (t > 1 or not swiglu))  # (SwiGLU at NT = 1 spills registers)
     MT = 2 if swiglu or (-(-N // 32) >= n_sm and not rope) else 1
     tiles = -(-N // (16 if swiglu else 16 * MT))
@@ -46,7 +47,7 @@ def kernel_names(ctype: str) -> list:
     plain = [f"gemm_skinny<{ctype}, {o}, {mt}, {nt}, false>" for o in (ctype, "float") for mt in (1, 2)
              for nt in N_TILES]
     return (plain + [f"gemm_skinny<{ctype}, {ctype}, 2, {nt}, true>" for nt in N_TILES[1:]]
-            + [f"gemm_skinny_rope<{ctype}, {nt}>" for nt in N_TILES])
+            + [f"gemm_skinny_{form}<{ctype}, {nt}>" for form in ("rope", "norm") for nt in N_TILES])
 
 
 def gemm_skinny(kernels, x, w, out, swiglu: bool = False, split=None):
@@ -95,10 +96,32 @@ def gemm_skinny_rope(kernels, x, w, bias, cos, sin, positions, slot_mapping, n_h
                                   np.int32(num_slots), q_out, k_cache, v_cache), smem)
 
 
-def _plan(kernels, M, N, K, swiglu, to, split, rope_d=0):
+def gemm_skinny_norm(kernels, x, w, residual, norm_w, x_out, parts, split=None):
+    """The o projection y = x[M, K] @ w.T with add_rmsnorm's add and the norm weight as its epilogue: residual +=
+    y (rounded as add_rmsnorm does), x_out = residual * norm_w, parts[N / 16, M] = the row's sums of squares a tile
+    of 16 columns (see CudaKernels.gemm_skinny_norm). split: (WK, S) instead of the plan's."""
+    M, K = x.shape
+    N = w.shape[0]
+    if (kernels.itemsize != 2 or not 1 <= M <= MAX_ROWS or w.shape[1] != K or K % K_CHUNK or N % 16
+            or residual.shape != (M, N) or x_out.shape != (M, N) or norm_w.shape != (N,)
+            or parts.dtype != F32 or parts.size < N // 16 * M):
+        raise ValueError(f"gemm_skinny_norm: x {x.shape}, w {w.shape}, residual {residual.shape}, norm weight "
+                         f"{norm_w.shape}, out {x_out.shape}, parts {parts.shape} {parts.dtype} in {kernels.dtype} "
+                         f"(16-bit types, 1 <= M <= {MAX_ROWS}, K % {K_CHUNK} == 0, N % 16 == 0, float32 parts of "
+                         f"N / 16 * M)")
+    key = (M, N, K, "norm", split and (1, *split))
+    plan = kernels._gemm_plans.get(key)
+    if plan is None:
+        plan = kernels._gemm_plans[key] = _plan(kernels, M, N, K, False, kernels.ctype, split and (1, *split),
+                                                norm=True)
+    fn, grid, block, ws, counters, ints, smem = plan
+    kernels._go(fn, grid, block, (x, w, ws, counters, *ints, residual, norm_w, x_out, parts), smem)
+
+
+def _plan(kernels, M, N, K, swiglu, to, split, rope_d=0, norm=False):
     """The launch: kernel, grid (tiles, slices), block, split-K workspace and counters, int arguments, shared
-    memory. rope_d: gemm_skinny_rope's, for heads of rope_d dims."""
-    MT, NT, WK, S = skinny_plan(M, N, K, kernels.num_sms, swiglu, rope=bool(rope_d))
+    memory. rope_d: gemm_skinny_rope's, for heads of rope_d dims; norm: gemm_skinny_norm's (one m-tile)."""
+    MT, NT, WK, S = skinny_plan(M, N, K, kernels.num_sms, swiglu, rope=bool(rope_d) or norm)
     if split is not None:
         MT, WK, S = split
         MT = 2 if swiglu else MT
@@ -109,8 +132,8 @@ def _plan(kernels, M, N, K, swiglu, to, split, rope_d=0):
     tiles = -(-N // (16 if swiglu else 16 * MT))
     F = MT * NT * 4
     smem = WK * F * 32 * 4  # the warps' fp32 partial tiles
-    name = (f"gemm_skinny_rope<{kernels.ctype}, {NT}>" if rope_d else
-            f"gemm_skinny<{kernels.ctype}, {to}, {MT}, {NT}, {'true' if swiglu else 'false'}>")
+    name = (f"gemm_skinny_rope<{kernels.ctype}, {NT}>" if rope_d else f"gemm_skinny_norm<{kernels.ctype}, {NT}>"
+            if norm else f"gemm_skinny<{kernels.ctype}, {to}, {MT}, {NT}, {'true' if swiglu else 'false'}>")
     fn = kernels._fn("gemm_skinny", name, smem)
     cp = kernels.cp
     ws = cp.empty(S * tiles * F * 32 if S > 1 else 1, cp.float32)  # each slice's fp32 tiles

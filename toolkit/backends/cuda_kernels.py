@@ -26,6 +26,7 @@ import numpy as np
 import kernels as _kernels_pkg
 
 from .cuda_gemm import gemm_skinny as _gemm_skinny
+from .cuda_gemm import gemm_skinny_norm as _gemm_skinny_norm
 from .cuda_gemm import gemm_skinny_rope as _gemm_skinny_rope
 from .cuda_gemm import gemm_stream as _gemm_stream
 from .cuda_gemm import kernel_names as _skinny_names
@@ -92,8 +93,9 @@ def kernel_names(op: str, ctype: str) -> list:
             [f"gemv_swiglu<{ctype}, {m}>" for m in rows]
     if op == "rmsnorm":  # the plain kernel, and the one that adds a split GEMM's partials first
         return [f"add_rmsnorm<{ctype}>", f"add_rmsnorm_partials<{ctype}>"]
-    return [{"embedding": "embedding", "rope": "rope_qkv", "activation": "silu_mul",
-             "decode_mlp": "decode_mlp"}[op] + f"<{ctype}>"]
+    if op == "activation":  # silu_mul, and the form that applies a deferred RMSNorm scale (norm_in_gemm)
+        return [f"silu_mul<{ctype}>", f"silu_mul_scaled<{ctype}>"]
+    return [{"embedding": "embedding", "rope": "rope_qkv", "decode_mlp": "decode_mlp"}[op] + f"<{ctype}>"]
 
 
 def gemv_warps_per_row(kc: int) -> int:
@@ -384,6 +386,21 @@ class CudaKernels:
             self._go(self._fn("activation", self._names["activation"][0]), (blocks,), (256,),
                      (gate_up, out, _i32(T), _i32(I2 // 2)))
 
+    def silu_mul_scaled(self, gate_up, parts, eps, out):
+        """out[T, I] = swiglu(inv * gate, inv * up) with inv = rsqrt(sum of parts[:, t] / H + eps) a row: the
+        RMSNorm scale that gemm_skinny_norm left to apply (parts float[N / 16, T], H = 16 * its tiles)."""
+        self._check("silu_mul_scaled", self.storage, gate_up, out)
+        self._check("silu_mul_scaled", F32, parts)
+        T, I2 = gate_up.shape
+        I, tiles = I2 // 2, parts.shape[0]
+        if I2 % 2 or out.shape != (T, I) or I % self.vec or parts.ndim != 2 or parts.shape[1] != T:
+            raise ValueError(f"silu_mul_scaled: gate_up {gate_up.shape}, out {out.shape}, parts {parts.shape} "
+                             f"(I a multiple of {self.vec}, parts [tiles, T])")
+        if T:
+            blocks = -(-I // (256 * self.vec))  # a row's 16-byte chunks over blocks of 256 threads
+            self._go(self._fn("activation", self._names["activation"][1]), (blocks, T), (256,),
+                     (gate_up, out, _i32(I), parts, _i32(tiles), _i32(T), _i32(16 * tiles), _f32(eps)))
+
     def gemv(self, x, w, out):
         """out[M, N] = x[M, K] @ w[N, K].T for 1 <= M <= GEMV_MAX_ROWS (decode projections); out is the storage
         dtype or fp32 (logits). K must be a multiple of 16 bytes' worth of elements."""
@@ -435,6 +452,15 @@ class CudaKernels:
                              f"v_cache {v_cache.shape}, Hq={n_heads}, Hkv={n_kv_heads}")
         _gemm_skinny_rope(self, x, w, bias, cos, sin, positions, slot_mapping, n_heads, n_kv_heads, q_out, k_cache,
                           v_cache, split)
+
+    def gemm_skinny_norm(self, x, w, residual, norm_w, x_out, parts, split=None):
+        """The o projection of a decode step at 1 <= M <= 32 rows with the post-attention add_rmsnorm folded in:
+        residual += x @ w.T (add_rmsnorm's add and roundings), x_out = residual * norm_w, parts[N / 16, M] = sums
+        of residual^2 a 16-column tile; silu_mul_scaled applies the norm's scale after the gate_up GEMM.
+        gemm_skinny.cu's gemm_skinny_norm, launched by cuda_gemm.py."""
+        self._check("gemm_skinny_norm", self.storage, x, w, residual, norm_w, x_out)
+        self._check("gemm_skinny_norm", F32, parts)
+        _gemm_skinny_norm(self, x, w, residual, norm_w, x_out, parts, split)
 
     def gemv_swiglu(self, x, w, out):
         """out[M, I] = silu(x @ w[:I].T) * (x @ w[I:].T), w = gate_up [2I, K]: gemv and silu_mul in one kernel
