@@ -18,11 +18,11 @@ def tiny():
 
 
 def test_context_buckets():
-    assert MIN_CONTEXT_BUCKET == 512
-    assert context_buckets(4096) == (512, 1024, 2048, 4096)
-    assert context_buckets(640) == (512, 640)  # the top bucket is max_context itself: no plan past it
-    assert context_buckets(4225) == (512, 1024, 2048, 4096, 4225)
-    assert context_buckets(512) == (512,) and context_buckets(256) == (256,) and context_buckets(2) == (2,)
+    assert MIN_CONTEXT_BUCKET == 256  # decode_attention_tc's one-split limit (4 tiles of 64 keys)
+    assert context_buckets(4096) == (256, 512, 1024, 2048, 4096)
+    assert context_buckets(640) == (256, 512, 640)  # the top bucket is max_context itself: no plan past it
+    assert context_buckets(4225) == (256, 512, 1024, 2048, 4096, 4225)
+    assert context_buckets(512) == (256, 512) and context_buckets(256) == (256,) and context_buckets(2) == (2,)
     assert context_buckets(100, smallest=16) == (16, 32, 64, 100)
 
 
@@ -43,7 +43,8 @@ def _seq(n_tokens, num_computed, block_size):
     return s
 
 
-@pytest.mark.parametrize("decode_len, want", [(300, 512), (512, 512), (513, 1024), (1100, 2048), (2048, 2048)])
+@pytest.mark.parametrize("decode_len, want", [(200, 256), (300, 512), (512, 512), (513, 1024), (1100, 2048),
+                                               (2048, 2048)])
 def test_prepare_sizes_the_step_for_its_decode_rows_only(tiny, decode_len, want):
     run = tiny.runner
     bs = run.block_size
@@ -52,8 +53,8 @@ def test_prepare_sizes_the_step_for_its_decode_rows_only(tiny, decode_len, want)
     batch = run.prepare([decode, prompt], [1, 1900], 1)
     assert batch.kind == "mixed" and batch.context_bucket == want
     assert run.stager.stage(batch).context_bucket == want  # carried into the staged step the model reads
-    assert run.prepare([prompt], [1900], 0).context_bucket == 512  # no decode rows: the smallest bucket
-    if want > 512:  # a plan shorter than a decode row is refused before anything launches
+    assert run.prepare([prompt], [1900], 0).context_bucket == MIN_CONTEXT_BUCKET  # no decode rows: the smallest
+    if want > MIN_CONTEXT_BUCKET:  # a plan shorter than a decode row is refused before anything launches
         with pytest.raises(ValueError, match="context bucket"):
             run.stager.stage(dataclasses.replace(batch, context_bucket=want // 2))
 

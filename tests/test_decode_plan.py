@@ -5,8 +5,8 @@ import math
 
 from hypothesis import given, strategies as st
 
-from toolkit.backends.cuda_kernels import (HEAD_SPLIT_KV_BYTES, MAX_SPLITS, decode_head_blocks, decode_splits,
-                                          decode_tc_pays)
+from toolkit.backends.cuda_kernels import (HEAD_SPLIT_KV_BYTES, MAX_SPLITS, TC_DECODE_KT, TC_ONE_SPLIT_TILES,
+                                          decode_head_blocks, decode_splits, decode_tc_pays)
 
 QWEN05 = dict(n_kv_heads=2, group=7)  # Qwen2.5-0.5B: 14 q heads over 2 kv heads
 
@@ -46,3 +46,18 @@ def test_small_batch_short_context_spreads_a_group():
 def test_split_count_is_bounded(batch, n_kv_heads, head_blocks, D, itemsize, max_seq_len):
     n = decode_splits(batch, n_kv_heads, head_blocks, D, itemsize, 132, max_seq_len)
     assert 1 <= n <= MAX_SPLITS
+
+
+def test_a_plan_within_the_one_split_limit_has_one_split():
+    """Every sequence of a plan of up to the kernel's one-split limit is one split (split_chunk), so the plan
+    launches no blocks for other splits: the tensor-core kernel's 256-key plan at batch 32 has 1 split, its
+    512-key plan 5 (4 of them empty below 257 keys); the CUDA-core kernel's limit is 2 tiles."""
+    tc = dict(n_kv_heads=2, head_blocks=1, D=64, itemsize=2, n_sm=132, kt=TC_DECODE_KT,
+              one_split_tiles=TC_ONE_SPLIT_TILES)
+    assert decode_splits(32, max_seq_len=256, **tc) == 1 and decode_splits(32, max_seq_len=129, **tc) == 1
+    assert decode_splits(32, max_seq_len=512, **tc) == 5
+    assert decode_splits(1, 2, 7, 64, 2, 132, 128) == 1  # CUDA-core: 2 tiles of 64 keys (bf16, D = 64)
+    assert decode_splits(1, 2, 7, 64, 2, 132, 256) == 4
+    # Which kernel runs does not move with the shorter bucket: a 256-key plan decides as a 512-key one.
+    assert all(decode_tc_pays(b, 2, 7, 64, 2, 132, 256) == decode_tc_pays(b, 2, 7, 64, 2, 132, 512)
+               for b in (1, 8, 16, 32, 256))

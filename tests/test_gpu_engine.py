@@ -168,8 +168,8 @@ def test_context_bucket_graphs_change_no_token():
     eng = build_engine(shape="tiny", device="cuda", dtype="bfloat16", max_context=1024, max_num_seqs=8,
                        kv_cache_tokens=1024 * 8)
     run = eng.runner
-    assert run.context_buckets == (512, 1024)
-    assert {k[1] for k in run.graphs} == {512}  # start-up captured the smallest context bucket only
+    assert run.context_buckets == (256, 512, 1024)
+    assert {k[1] for k in run.graphs} == {256}  # start-up captured the smallest context bucket only
     rng = np.random.default_rng(11)
     reqs = [rng.integers(1, eng.cfg.vocab_size, n).tolist() for n in (497, 480, 30)]
     # No prefix cache: the second run's prefill then recomputes what the first did, row for row.

@@ -45,6 +45,9 @@ DECODE_HEAD_DIMS = (8, 16, 32, 64, 128, 256)   # decode_attention<T, D> instanti
 TC_HEAD_DIMS = (64, 128)            # prefill_attention_tc / decode_attention_tc<T, D> (16-bit T only)
 TC_DECODE_GROUP = 16                # decode_attention_tc: q heads a block (the mma's 16 A rows)
 TC_DECODE_KT = 64                   # decode_attention_tc: keys a tile
+TC_ONE_SPLIT_TILES = 4              # decode_attention_tc: a sequence of up to this many tiles is one split
+DECODE_ONE_SPLIT_TILES = 2          # decode_attention (CUDA cores): the same (its ONE_SPLIT_TILES)
+TC_PAYS_MIN_LEN = 512               # decode_tc_pays decides a shorter plan as one of this many keys
 GEMV_MAX_ROWS = 4                   # gemv<T, TO, M> instantiations: M = 1..4
 PARTS_MAX = 8                       # add_rmsnorm_partials: most slices (PART_MAX in rmsnorm.cu)
 # Most warps per GEMV output row (gemv.cu; 1, 2, 4 or 8). TOOLKIT_GEMV_MAX_WPR=1 gives the one-warp-a-row kernel
@@ -165,25 +168,32 @@ def decode_tc_pays(batch: int, n_kv_heads: int, group: int, D: int, itemsize: in
     the tensor-core kernel measured 93 against 157 us a step at batch 32 and context 1, 128 against 254 at 100, 301
     against 410 at 512 (Qwen2.5-0.5B; benchmarks/results/decode_tc_ab_on.log / _off.log). Where the CUDA-core
     kernel spreads a group over several blocks (a small batch at a short plan), one block a group measured as fast
-    up to 200 keys and slower at 512 (batch 1: 204 against 154 us), so that stays."""
-    kv_bytes = plan_kv_bytes(batch, n_kv_heads, D, itemsize, max_seq_len)
+    up to 200 keys and slower at 512 (batch 1: 204 against 154 us), so that stays. Those were plans of 512 keys or
+    more (the smallest context bucket until 2026-12-02): a shorter plan decides as a 512-key one would, so the
+    256-key bucket changes a plan's split count, not its kernel."""
+    kv_bytes = plan_kv_bytes(batch, n_kv_heads, D, itemsize, max(max_seq_len, TC_PAYS_MIN_LEN))
     return decode_head_blocks(batch, n_kv_heads, group, n_sm, kv_bytes) == math.ceil(group / 8)
 
 
 def decode_splits(batch: int, n_kv_heads: int, head_blocks: int, D: int, itemsize: int, n_sm: int,
-                  max_seq_len: int, kt: int = None) -> int:
+                  max_seq_len: int, kt: int = None, one_split_tiles: int = DECODE_ONE_SPLIT_TILES) -> int:
     """Number of sequence splits for decode attention, fixed per (batch, max_seq_len) plan so a captured graph
     stays valid at every length <= max_seq_len. The kernels spread each sequence's actual length evenly over
     the splits in whole tiles of kt keys (default: Shape<T, D>'s KT in decode_attention.cu).
     Enough splits for ~2 blocks per SM, and at most 2 tiles per block at full context (a block's tiles run one
     after another, so long chunks are latency-bound), but never a split shorter than a tile at full context;
     and at most ~16 blocks per SM in all: a big batch fills the GPU by itself, and every split costs a block
-    launch (mostly empty ones at short lengths) and combine work."""
+    launch (mostly empty ones at short lengths) and combine work. A plan of at most one_split_tiles tiles (the
+    kernel's own one-split limit: split_chunk in decode_split.cuh) gets 1: every sequence it takes is one split,
+    and the blocks of any other split would only start and return. (Five splits of the 512-key plan at batch 32,
+    4 of them empty at 2-256 keys, against one of a 256-key plan: README, "Decode attention without empty splits".)"""
     if kt is None:  # the CUDA-core kernel's tile (kt: the tensor-core kernel's)
         lpk = min(D // (16 // itemsize), 32)
         kt = 4 * (32 // lpk) * 4
     blocks_per_split = batch * n_kv_heads * head_blocks
     tiles = math.ceil(max_seq_len / kt)
+    if tiles <= one_split_tiles:
+        return 1
     want = max(math.ceil(2 * n_sm / blocks_per_split), math.ceil(tiles / 2))
     cap = 16 * n_sm // blocks_per_split
     return max(1, min(MAX_SPLITS, tiles, want, cap))
@@ -607,11 +617,12 @@ class CudaKernels:
             raise ValueError(f"decode_attention: head dim {D} not in {DECODE_HEAD_DIMS}")
         group = Hq // Hkv
         if tc:  # a block takes the whole group (up to 16 heads: the A tile's rows), tiles of 64 keys
-            head_blocks, kt = 1, TC_DECODE_KT
+            head_blocks, kt, one = 1, TC_DECODE_KT, TC_ONE_SPLIT_TILES
         else:
             kv_bytes = plan_kv_bytes(B, Hkv, D, self.itemsize, max_seq_len)
-            head_blocks, kt = decode_head_blocks(B, Hkv, group, self.num_sms, kv_bytes), None
-        n = decode_splits(B, Hkv, head_blocks, D, self.itemsize, self.num_sms, max(1, max_seq_len), kt)
+            head_blocks, kt, one = decode_head_blocks(B, Hkv, group, self.num_sms, kv_bytes), None, \
+                DECODE_ONE_SPLIT_TILES
+        n = decode_splits(B, Hkv, head_blocks, D, self.itemsize, self.num_sms, max(1, max_seq_len), kt, one)
         ws_ml = self.cp.empty((B, Hq, n, 2), self.cp.float32)
         ws_acc = self.cp.empty((B, Hq, n, D), self.cp.float32)
         grid = (Hkv * head_blocks, n, B)

@@ -31,10 +31,11 @@ GRAPH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 # to it (decode_splits in cuda_kernels.py). Sized for max_context, a short-context step launches a long context's
 # mostly empty splits: batch 32 took 1.240 ms a step at 4,225 tokens of context vs 1.179 at 640
 # (bench_max_context.log). So a step's plan is sized for its context bucket: the smallest power of two >= its
-# longest decode row, at least MIN_CONTEXT_BUCKET (a 512-token plan has few splits already: smaller buckets would
-# add graphs to save a few mostly empty blocks), and the top bucket is max_context itself, so no plan is sized past
-# what a request can reach.
-MIN_CONTEXT_BUCKET = 512
+# longest decode row, at least MIN_CONTEXT_BUCKET, and the top bucket is max_context itself, so no plan is sized
+# past what a request can reach. MIN_CONTEXT_BUCKET is 256, not 512: the tensor-core decode kernel takes a sequence
+# of up to 256 keys as one split, so a 256-key plan has one split, where the 512-key plan's other 4 splits launched
+# a block each that only returned (README, "Decode attention without empty splits").
+MIN_CONTEXT_BUCKET = 256
 NO_TOKEN, NAN_LOGITS = -1, -2  # run()'s token for a row that picks nothing this step / whose logits hold a NaN
 
 
