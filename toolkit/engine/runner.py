@@ -36,6 +36,9 @@ GRAPH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 # of up to 256 keys as one split, so a 256-key plan has one split, where the 512-key plan's other 4 splits launched
 # a block each that only returned (README, "Decode attention without empty splits").
 MIN_CONTEXT_BUCKET = 256
+# The switches that do not change a captured decode step (ModelRunner._graph_key holds every other one): graphs on
+# or off, the prefix cache and sparse prefill (prompt steps only), the sampler's fast path (keyed as `fast`).
+GRAPH_NEUTRAL = ("cuda_graphs", "prefix_caching", "sparse_prefill", "sampler_fast_path")
 NO_TOKEN, NAN_LOGITS = -1, -2  # run()'s token for a row that picks nothing this step / whose logits hold a NaN
 
 
@@ -188,8 +191,9 @@ class ModelRunner:
         # A graph bakes in its kernels: one per batch bucket, per context bucket (decode attention's grid and
         # workspace) and per option that changes a decode step's kernels or their launches (our GEMV, our skinny
         # or streaming GEMMs or cuBLAS, fused or not, SwiGLU in the GEMV or not, the MLP kernel or not, PDL or not,
-        # RoPE in the attention, in the qkv GEMM or on its own, the down projection in slices or not, decode
-        # attention on tensor cores or not; the sampler's fast path or its slow path with every processing stage).
+        # RoPE in the attention, in the qkv GEMM or on its own, the down projection in slices or not, the
+        # post-attention RMSNorm in the o projection or not, decode attention on tensor cores or not; the sampler's
+        # fast path or its slow path with every processing stage). GRAPH_NEUTRAL lists the switches left out.
         # Bounded: at most 9 batch buckets x (1 + ceil(log2(max_context / 512))) context buckets x 2 sampler
         # paths per option set (72 at 4,096 tokens of context, 126 at 32,768), and only those that steps reach
         # are made. Every graph reads the same static step, scratch and logits buffers; what a context bucket
@@ -198,7 +202,8 @@ class ModelRunner:
         # and, the first time a step reaches it, one eager step plus the capture.
         return (bucket, context_bucket, options.small_batch_gemv, options.skinny_gemm, options.fused_gemv,
                 options.gemv_swiglu, options.mlp_kernel, options.pdl, options.rope_in_attention,
-                options.rope_in_gemm, options.stream_gemm, options.split_down, options.tensor_cores, fast)
+                options.rope_in_gemm, options.stream_gemm, options.split_down, options.norm_in_gemm,
+                options.tensor_cores, fast)
 
     def _graph(self, bucket: int, step, sb, options):
         key = self._graph_key(bucket, step.context_bucket, options, sb.fast)
