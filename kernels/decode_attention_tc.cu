@@ -90,7 +90,8 @@ __device__ __forceinline__ void scale_mask(float (&s)[NT][4], int k0, int c, int
         }
 }
 
-// (128, 2) gives 111 registers at D = 64 (163 at 128); the plain bound, DT_MIN_BLOCKS=0, gives 96 (155).
+// (128, 2) gives 111 registers at D = 64 (163 at 128); the plain bound, DT_MIN_BLOCKS=0, gives 96 (155) and was
+// slower in the batch-32 step: 92.8 against 77.3 us at 1 key (benchmarks/results/decode_launch_bounds_ab.log).
 #ifndef DT_MIN_BLOCKS
 #define DT_MIN_BLOCKS 2
 #endif
