@@ -14,13 +14,11 @@ a synchronisation), so the graph's launch is inside."""
 import statistics
 import sys
 
-import numpy as np
-
+from decode_step import replay_us, uniform_step
 from toolkit.assembly import build_engine
 from toolkit.backends.cuda_kernels import CudaKernels
 from toolkit.bench.env import environment
 from toolkit.options import EngineOptions
-from toolkit.step import StepBatch
 
 batches = [int(b) for b in (sys.argv[1] if len(sys.argv) > 1 else "1,32").split(",")]
 only = sys.argv[2].split(";") if len(sys.argv) > 2 else [""]
@@ -87,39 +85,12 @@ def idle_us(graph, replays=50):
     return statistics.median(out)
 
 
-def replay_us(graph, replays=200, repeats=5):
-    cp = be.cp
-    start, end = cp.cuda.Event(), cp.cuda.Event()
-    for _ in range(20):
-        be.replay(graph)
-    out = []
-    for _ in range(repeats):
-        start.record(be.stream)
-        for _ in range(replays):
-            be.replay(graph)
-        end.record(be.stream)
-        end.synchronize()
-        out.append(cp.cuda.get_elapsed_time(start, end) * 1e3 / replays)
-    return statistics.median(out), statistics.pstdev(out)
-
-
 for length in lengths:
     print(f"context length {length}")
     print("| batch | left out | step µs | ± | µs it took |")
     print("|---:|---|---:|---:|---:|")
     for B in batches:
-        bs = r.kv.block_size
-        nb = -(-length // bs)  # each request its own blocks; the new token at position length - 1
-        tables = np.arange(B * nb, dtype=np.int32).reshape(B, nb)
-        batch = StepBatch(np.zeros(B, np.int32), np.full(B, length - 1, np.int32),
-                          (tables[:, (length - 1) // bs] * bs + (length - 1) % bs).astype(np.int32),
-                          np.arange(B + 1, dtype=np.int32), np.full(B, length, np.int32), tables, B,
-                          r.context_bucket(length))
-        be.bind_thread()
-        sb = r.sampler.prepare([None] * B, batch.seq_lens, np.ones(B, bool), B, True)
-        step = r.stager.stage(batch)
-        r.sampler.stage(sb)
-
+        step, sb = uniform_step(r, B, length)
         body = r.graph_body(step, sb, opts)  # what the runner captures
 
         whole = None
@@ -135,7 +106,7 @@ for length in lengths:
             finally:
                 for cls, attr, fn in saved:
                     setattr(cls, attr, fn)
-            us, sd = replay_us(graph)
+            us, sd = replay_us(be, graph)
             whole = us if whole is None else whole
             idle = f" (from idle: {idle_us(graph):.1f})" if name == "whole step" else ""
             print(f"| {B} | {name}{idle} | {us:.1f} | {sd:.1f} | {whole - us:.1f} |", flush=True)

@@ -16,10 +16,10 @@ import sys
 
 import numpy as np
 
+from decode_step import replay_us, uniform_step
 from toolkit.assembly import build_engine
 from toolkit.backends.cuda_kernels import CudaKernels
 from toolkit.bench.env import environment
-from toolkit.step import StepBatch
 
 SRC = r"""
 extern "C" __global__ void pf_lines(const char* p, unsigned long long bytes, unsigned stride, int evict_last) {
@@ -103,33 +103,8 @@ def patched(spec):
     return attr, orig, wrapper
 
 
-def replay_us(graph, replays=200, repeats=3):
-    start, end = cp.cuda.Event(), cp.cuda.Event()
-    for _ in range(20):
-        be.replay(graph)
-    out = []
-    for _ in range(repeats):
-        start.record(be.stream)
-        for _ in range(replays):
-            be.replay(graph)
-        end.record(be.stream)
-        end.synchronize()
-        out.append(cp.cuda.get_elapsed_time(start, end) * 1e3 / replays)
-    return statistics.median(out)
-
-
 for length in lengths:
-    bs = r.kv.block_size
-    nb = -(-length // bs)
-    tables = np.arange(B * nb, dtype=np.int32).reshape(B, nb)
-    batch = StepBatch(np.zeros(B, np.int32), np.full(B, length - 1, np.int32),
-                      (tables[:, (length - 1) // bs] * bs + (length - 1) % bs).astype(np.int32),
-                      np.arange(B + 1, dtype=np.int32), np.full(B, length, np.int32), tables, B,
-                      r.context_bucket(length))
-    be.bind_thread()
-    sb = r.sampler.prepare([None] * B, batch.seq_lens, np.ones(B, bool), B, True)
-    step = r.stager.stage(batch)
-    r.sampler.stage(sb)
+    step, sb = uniform_step(r, B, length)
     body = r.graph_body(step, sb, opts)
     graphs, ref = {}, None
     for name, spec in VARIANTS.items():
@@ -164,7 +139,7 @@ for length in lengths:
     times = {n: [] for n in graphs}
     for _ in range(rounds):
         for n, g in graphs.items():
-            times[n].append(replay_us(g))
+            times[n].append(replay_us(be, g, repeats=3)[0])
     base = statistics.median(times["plain"])
     print(f"batch {B}, context {length}")
     print("| variant | step µs | vs plain |")
