@@ -194,8 +194,8 @@ class ModelRunner:
         # RoPE in the attention, in the qkv GEMM or on its own, the down projection in slices or not, the
         # post-attention RMSNorm in the o projection or not, decode attention on tensor cores or not; the sampler's
         # fast path or its slow path with every processing stage). GRAPH_NEUTRAL lists the switches left out.
-        # Bounded: at most 9 batch buckets x (1 + ceil(log2(max_context / 512))) context buckets x 2 sampler
-        # paths per option set (72 at 4,096 tokens of context, 126 at 32,768), and only those that steps reach
+        # Bounded: at most 9 batch buckets x (1 + ceil(log2(max_context / 256))) context buckets x 2 sampler
+        # paths per option set (90 at 4,096 tokens of context, 144 at 32,768), and only those that steps reach
         # are made. Every graph reads the same static step, scratch and logits buffers; what a context bucket
         # adds is its graphs' nodes, per batch bucket its own decode-attention workspace (cuda_kernels.py's
         # plan: B x Hq x splits x (D + 2) fp32 words, under 4 MB at batch 256 for Qwen2.5-0.5B on the H200),
