@@ -33,8 +33,8 @@ GRAPH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 # (bench_max_context.log). So a step's plan is sized for its context bucket: the smallest power of two >= its
 # longest decode row, at least MIN_CONTEXT_BUCKET, and the top bucket is max_context itself, so no plan is sized
 # past what a request can reach. MIN_CONTEXT_BUCKET is 256, not 512: the tensor-core decode kernel takes a sequence
-# of up to 256 keys as one split, so a 256-key plan has one split, where the 512-key plan's other 4 splits launched
-# a block each that only returned (README, "Decode attention without empty splits").
+# of up to 256 keys as one split, so a 256-key plan has one split, where at batch 32 the 512-key plan's other 4
+# splits launched a block each that only returned (README, "Decode attention without empty splits").
 MIN_CONTEXT_BUCKET = 256
 # The switches that do not change a captured decode step (ModelRunner._graph_key holds every other one): graphs on
 # or off, the prefix cache and sparse prefill (prompt steps only), the sampler's fast path (keyed as `fast`).
