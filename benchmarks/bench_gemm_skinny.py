@@ -22,7 +22,7 @@ from bench_kernels import cycling, time_calls  # noqa: E402
 from toolkit.backends.cuda import CudaBackend  # noqa: E402
 from toolkit.backends.cuda_gemm import skinny_plan, stream_plan  # noqa: E402
 from toolkit.bench.env import environment  # noqa: E402
-from toolkit.shapes import NAMES, shape_config  # noqa: E402
+from toolkit.model.shapes import NAMES, shape_config  # noqa: E402
 
 POOL_BYTES = 256 << 20
 SPLITS = ((1, 8, 1), (1, 16, 1), (2, 8, 1), (1, 8, 2), (1, 8, 4), (1, 16, 2), (1, 16, 4), (2, 8, 2), (2, 4, 1),

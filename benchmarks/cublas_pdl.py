@@ -24,9 +24,9 @@ import cupy as cp
 import numpy as np
 from cupy_backends.cuda.api import runtime as rt
 
-from toolkit.assembly import build_engine
+from toolkit.engine.build import build_engine
 from toolkit.bench.env import environment
-from toolkit.step import StepBatch
+from toolkit.engine.step import StepBatch
 
 cu = ctypes.CDLL("libcuda.so.1")
 VP = ctypes.c_void_p

@@ -15,10 +15,10 @@ import statistics
 import sys
 
 from decode_step import replay_us, uniform_step
-from toolkit.assembly import build_engine
+from toolkit.engine.build import build_engine
 from toolkit.backends.cuda_kernels import CudaKernels
 from toolkit.bench.env import environment
-from toolkit.options import EngineOptions
+from toolkit.engine.options import EngineOptions
 
 batches = [int(b) for b in (sys.argv[1] if len(sys.argv) > 1 else "1,32").split(",")]
 only = sys.argv[2].split(";") if len(sys.argv) > 2 else [""]

@@ -4,7 +4,7 @@ import statistics
 
 import numpy as np
 
-from toolkit.step import StepBatch
+from toolkit.engine.step import StepBatch
 
 
 def uniform_step(runner, B: int, length: int):

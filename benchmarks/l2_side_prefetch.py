@@ -17,7 +17,7 @@ import sys
 import numpy as np
 
 from decode_step import replay_us, uniform_step
-from toolkit.assembly import build_engine
+from toolkit.engine.build import build_engine
 from toolkit.backends.cuda_kernels import CudaKernels
 from toolkit.bench.env import environment
 

@@ -25,7 +25,7 @@ import numpy as np
 
 import cublas_pdl
 from cublas_pdl import edges
-from toolkit.step import StepBatch
+from toolkit.engine.step import StepBatch
 
 PROBE = cp.RawModule(code=r'''
 extern "C" __global__ void slow_write(unsigned short* x, int n, long long spin, int late) {

@@ -16,8 +16,8 @@ import numpy as np
 
 def run(batch: int, shape: str, steps: int, fused_gemv: bool = False):
     import cupy as cp
-    from toolkit.assembly import build_engine
-    from toolkit.options import EngineOptions
+    from toolkit.engine.build import build_engine
+    from toolkit.engine.options import EngineOptions
     from toolkit.sampler.params import SamplingParams
 
     engine = build_engine(shape=shape, device="cuda", max_context=1024,

@@ -14,7 +14,7 @@ import cupy as cp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from bench_gemm_skinny import _to_bf16  # noqa: E402
-from toolkit.assembly import BLOCK_SIZE as BS  # noqa: E402
+from toolkit.engine.build import BLOCK_SIZE as BS  # noqa: E402
 from toolkit.backends.cuda_kernels import CudaKernels  # noqa: E402
 from toolkit.engine.runner import MIN_CONTEXT_BUCKET  # noqa: E402
 

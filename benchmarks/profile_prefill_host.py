@@ -13,7 +13,7 @@ import statistics
 
 import numpy as np
 
-from toolkit.assembly import build_engine
+from toolkit.engine.build import build_engine
 from toolkit.bench.speed import Test, measure
 
 

@@ -22,7 +22,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from toolkit.assembly import build_engine  # noqa: E402
+from toolkit.engine.build import build_engine  # noqa: E402
 from toolkit.engine import SamplingParams  # noqa: E402
 
 PROMPTS = [  # openings in the register of the model's corpus (Austen, Shakespeare, Milton, web prose)

@@ -9,9 +9,9 @@ import sys
 
 import numpy as np
 
-from toolkit.assembly import build_engine
+from toolkit.engine.build import build_engine
 from toolkit.engine import SamplingParams
-from toolkit.options import EngineOptions
+from toolkit.engine.options import EngineOptions
 
 
 def run(engine, batch, n_tokens=8):

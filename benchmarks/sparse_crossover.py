@@ -8,11 +8,11 @@ import sys
 
 import numpy as np
 
-from toolkit.assembly import build_engine
+from toolkit.engine.build import build_engine
 from toolkit.bench.env import environment
 from toolkit.engine import SamplingParams
-from toolkit.options import EngineOptions
-from toolkit.sparse import kept_keys
+from toolkit.engine.options import EngineOptions
+from toolkit.model.sparse import kept_keys
 
 lengths = [int(x) for x in (sys.argv[1] if len(sys.argv) > 1 else "3072,4096,6144,8192,12288,16384").split(",")]
 repeats = int(sys.argv[2]) if len(sys.argv) > 2 else 5

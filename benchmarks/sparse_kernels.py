@@ -9,9 +9,9 @@ import numpy as np
 
 from toolkit.backends.cuda import CudaBackend
 from toolkit.bench.sparse import _graph_us
-from toolkit.options import EngineOptions
-from toolkit.sparse import SparsePrefill, query_tile
-from toolkit.timings import NullTimer
+from toolkit.engine.options import EngineOptions
+from toolkit.model.sparse import SparsePrefill, query_tile
+from toolkit.engine.timings import NullTimer
 
 be = CudaBackend("bfloat16")
 be.bind_thread()

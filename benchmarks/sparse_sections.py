@@ -2,8 +2,8 @@
 one prompt of 4,096 / 16,384 / 32,000 tokens, eager (so each step has its per-section split), the second of
 two runs reported; sparse with the default query tile (64) and with a selection per query (Q = 1), then dense. Run from the repo root: `PYTHONPATH=. python3 benchmarks/sparse_sections.py`."""
 import numpy as np
-from toolkit.assembly import build_engine
-from toolkit.options import EngineOptions
+from toolkit.engine.build import build_engine
+from toolkit.engine.options import EngineOptions
 from toolkit.engine import SamplingParams
 e = build_engine(shape="qwen2.5-0.5b", device="cuda", max_context=32100, kv_cache_tokens=33000,
                  max_num_seqs=4, max_num_batched_tokens=32768, options=EngineOptions(cuda_graphs=False))

@@ -15,12 +15,12 @@ import sys
 import cupy as cp
 import numpy as np
 
-from toolkit.assembly import build_engine
+from toolkit.engine.build import build_engine
 from toolkit.backends.cuda import CudaBackend
 from toolkit.bench.env import environment
-from toolkit.model import Model
-from toolkit.step import StepBatch, StepStager
-from toolkit.timings import NullTimer
+from toolkit.model.decoder import Model
+from toolkit.engine.step import StepBatch, StepStager
+from toolkit.engine.timings import NullTimer
 
 
 def batch_of(rows, bs, bucket):

@@ -22,7 +22,7 @@ except ImportError:
 def pytest_collection_modifyitems(config, items):
     if not any(item.get_closest_marker("gpu") for item in items):
         return
-    from toolkit.device import probe_gpu
+    from toolkit.engine.device import probe_gpu
 
     ok, why = probe_gpu()
     if ok:

@@ -24,7 +24,7 @@ from textual.widgets import Footer, Input, Static
 from textual.worker import get_current_worker
 
 from toolkit.errors import ToolkitError
-from toolkit.options import EngineOptions
+from toolkit.engine.options import EngineOptions
 
 from .chat_view import ErrorScreen, Note, ReplyGroup, UserMessage
 from .session import ChatSession, Turn, fast_path_note

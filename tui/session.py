@@ -107,7 +107,7 @@ class ChatSession:
 
     @classmethod
     def open(cls, model_dir, device: str = "auto", system: str = "", **engine_kw) -> "ChatSession":
-        from toolkit.assembly import build_engine
+        from toolkit.engine.build import build_engine
         from toolkit.engine.worker import EngineWorker
 
         engine = build_engine(model_dir, device=device, **engine_kw)

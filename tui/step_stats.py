@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from toolkit.options import EngineOptions
+from toolkit.engine.options import EngineOptions
 
 WINDOW = 64  # decode steps on the sparkline; steps in the phase means
 HOST, DETOKENIZE = "host", "detokenize"

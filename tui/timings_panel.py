@@ -17,7 +17,7 @@ from textual.containers import Horizontal, Vertical
 from textual.widget import Widget
 from textual.widgets import DataTable, Digits, Sparkline, Static
 
-from toolkit.options import EngineOptions
+from toolkit.engine.options import EngineOptions
 
 from .step_stats import StepStats
 

@@ -3,9 +3,9 @@ import asyncio
 
 import pytest
 from textual.widgets import DataTable, Input, Markdown, Static
-from tui_fakes import REPLY, fake_session
+from tests.tui.tui_fakes import REPLY, fake_session
 
-from toolkit.options import EngineOptions
+from toolkit.engine.options import EngineOptions
 from tui.app import TOGGLE_KEYS, ChatApp, ErrorScreen, Note, ReplyGroup, UserMessage, toggle_keys
 from tui.settings import SettingsModal
 from tui.timings_panel import TimingsPanel

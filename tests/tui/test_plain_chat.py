@@ -5,7 +5,7 @@ import signal
 from toolkit.cli.chat import _reply
 from toolkit.cli.common import Interrupted
 from toolkit.engine.llm_engine import RequestOutput
-from toolkit.timings import RequestStats
+from toolkit.engine.timings import RequestStats
 
 
 class _Engine:

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from textual.widgets import Input
-from test_app import ask, notes, wait_until
+from tests.tui.test_app import ask, notes, wait_until
 
 from toolkit.engine import SamplingParams
 from tui.app import ChatApp, ReplyGroup

@@ -2,8 +2,8 @@
 
 Regenerate after an intended change: python -m pytest tests/tui/test_snapshots.py --snapshot-update"""
 import pytest
-from test_app import SIZE, ask, started, wait_until
-from tui_fakes import fake_session
+from tests.tui.test_app import SIZE, ask, started, wait_until
+from tests.tui.tui_fakes import fake_session
 
 from tui import timings_panel
 from tui.app import ChatApp

@@ -8,8 +8,8 @@ pytest.importorskip("textual")
 from textual.app import App, ComposeResult  # noqa: E402
 from textual.widgets import DataTable, Digits, Sparkline, Static  # noqa: E402
 
-from toolkit.options import EngineOptions  # noqa: E402
-from toolkit.timings import StepTiming  # noqa: E402
+from toolkit.engine.options import EngineOptions  # noqa: E402
+from toolkit.engine.timings import StepTiming  # noqa: E402
 from tui.step_stats import StepStats, step_ms  # noqa: E402
 from tui.timings_panel import TimingsPanel, ab_row_key, marks_line, sparkline_columns  # noqa: E402
 

@@ -7,8 +7,8 @@ from types import MappingProxyType, SimpleNamespace
 from toolkit.engine.llm_engine import RequestOutput
 from toolkit.engine.worker import EngineWorker
 from toolkit.errors import ToolkitError
-from toolkit.options import EngineOptions
-from toolkit.timings import RequestStats, StepTiming
+from toolkit.engine.options import EngineOptions
+from toolkit.engine.timings import RequestStats, StepTiming
 
 from tui.session import ChatSession
 

@@ -28,7 +28,7 @@ from kernels.rmsnorm import add_rmsnorm, add_rmsnorm_partials
 from kernels.rope import rope_qkv
 from kernels import sampler as _smp
 
-from ..timings import CpuTimer
+from toolkit.engine.timings import CpuTimer
 
 
 class CpuClock:

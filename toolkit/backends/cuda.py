@@ -17,7 +17,7 @@ import os
 
 import numpy as np
 
-from ..timings import in_order
+from toolkit.engine.timings import in_order
 from .cuda_kernels import CudaKernels, decode_tc_pays
 from .cuda_sampler import CudaSamplerKernels
 

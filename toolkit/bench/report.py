@@ -6,7 +6,7 @@ small table. JSON carries every field of every row, rounded only by the reader.
 """
 import json
 
-from ..options import EngineOptions
+from toolkit.engine.options import EngineOptions
 from .sweep import fmt
 
 

@@ -20,7 +20,7 @@ import numpy as np
 from ..sampler.params import SamplingParams
 from ..sampler.sampler import ALL_STAGES, Sampler
 from ..sampler.state import RequestSampling
-from ..timings import NullTimer
+from toolkit.engine.timings import NullTimer
 
 MODES = {  # name -> (params of every row, fast path switch, logits shape)
     "greedy, fast path": (dict(temperature=0.0), True, "llm"),

@@ -21,7 +21,7 @@ import time
 
 import numpy as np
 
-from ..timings import NullTimer
+from toolkit.engine.timings import NullTimer
 from .env import environment
 
 REPLAYS = 100
@@ -101,7 +101,7 @@ def bench_combine(be, tokens):
 
 def bench_layer(be, tokens, K=512, W=128, R=4, query_tiles=(64, 1), with_torch=True):
     cp = be.cp
-    from ..sparse import SparsePrefill
+    from toolkit.model.sparse import SparsePrefill
 
     Hq, Hkv, D, bs = 14, 2, 64, 16
     scale = D ** -0.5
@@ -146,7 +146,7 @@ def bench_layer(be, tokens, K=512, W=128, R=4, query_tiles=(64, 1), with_torch=T
         step = Step()
         step.prefill_lens, step.query_start_loc, step.seq_lens, step.block_tables = ((T, T),), qsl, seq_lens, table
         step.max_query_len = T
-        from ..options import EngineOptions
+        from toolkit.engine.options import EngineOptions
 
         sdpa = _sdpa_ms(q, kf, vf, Hq, Hkv) if with_torch else None
         cudnn = _sdpa_ms(q, kf, vf, Hq, Hkv, "CUDNN_ATTENTION") if with_torch else None
@@ -256,9 +256,9 @@ def _sdpa_ms(q, k, v, Hq, Hkv, backend="FLASH_ATTENTION"):
 
 def bench_quality(device, stories, n_tokens=480, K=16, W=32, R=4, query_tiles=(64, 1)):
     """One row per sparse_query_tile (the effective tile, capped at W - R + 2, in brackets)."""
-    from ..assembly import build_engine
-    from ..options import EngineOptions
-    from ..sparse import query_tile
+    from toolkit.engine.build import build_engine
+    from toolkit.engine.options import EngineOptions
+    from toolkit.model.sparse import query_tile
 
     dense = build_engine(stories, device=device, max_context=512, options=EngineOptions(sparse_prefill=False),
                          warmup=False, **({"dtype": "float32"} if device == "cuda" else {}))

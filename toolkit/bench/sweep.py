@@ -11,7 +11,7 @@ import itertools
 import math
 import statistics
 
-from ..options import EngineOptions
+from toolkit.engine.options import EngineOptions
 
 _ON, _OFF = ("on", "1", "true", "yes"), ("off", "0", "false", "no")
 

@@ -19,14 +19,14 @@ from ..bench.env import environment, peak_gbps
 from ..bench.report import as_json, markdown
 from ..bench.speed import plan, run_speed, skip_reason
 from ..bench.sweep import add_switch_args, int_list, option_grid
-from ..assembly import BLOCK_SIZE as BLOCK
+from toolkit.engine.build import BLOCK_SIZE as BLOCK
 from ..bench.throughput import run_throughput
-from ..config import ModelConfig
-from ..device import resolve_device
+from toolkit.model.config import ModelConfig
+from toolkit.engine.device import resolve_device
 from ..engine.scheduler import POLICIES
 from ..errors import ToolkitError
-from ..options import EngineOptions
-from ..shapes import NAMES, shape_config
+from toolkit.engine.options import EngineOptions
+from toolkit.model.shapes import NAMES, shape_config
 from .common import (add_model_args, add_sparse_args, non_negative_float, non_negative_int, positive_int, run,
                      sparse_options)
 
@@ -64,7 +64,7 @@ def speed_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=non_negative_int, default=1, help="untimed runs per test (default: 1)")
     p.add_argument("--peak-gbps", type=non_negative_float, default=None,
                    help="HBM peak for the roofline column (default: from the GPU's memory clock and bus)")
-    p.add_argument("--peer", choices=("torch",), help="also time benchmarks/torch_peer.py in this process")
+    p.add_argument("--peer", choices=("torch",), help="also time the torch.compile peer (toolkit/bench/peer.py) in this process")
     return p
 
 
@@ -120,7 +120,7 @@ def _config(args) -> ModelConfig:
 
 
 def _build(args, backend_name, max_context, kv_tokens, max_seqs, step_tokens, options, **extra):
-    from ..assembly import build_engine
+    from toolkit.engine.build import build_engine
 
     return build_engine(model=None if args.shape else args.model, shape=args.shape, device=backend_name,
                         dtype=args.dtype, max_context=max_context, kv_cache_tokens=kv_tokens,
@@ -147,14 +147,9 @@ def _environment(engine, args, backend_name) -> dict:
 
 
 def _peer_class(device: str):
-    """benchmarks/torch_peer.py lives beside the package, not in it: import it from the repo root."""
-    root = str(Path(__file__).resolve().parents[2])
-    if root not in sys.path:
-        sys.path.insert(0, root)
-    try:
-        from benchmarks.torch_peer import TorchPeer, torch_available
-    except ImportError as e:
-        raise ToolkitError(f"--peer torch: cannot import benchmarks/torch_peer.py ({e})") from None
+    """The torch.compile peer (toolkit/bench/peer.py; PyTorch is the optional `torch` extra)."""
+    from toolkit.bench.peer import TorchPeer, torch_available
+
     if not torch_available(device):
         raise ToolkitError(f"--peer torch: PyTorch is not installed{' or sees no GPU' if device == 'cuda' else ''}")
     return TorchPeer

@@ -20,10 +20,10 @@ import dataclasses
 import signal
 import sys
 
-from ..assembly import build_engine
+from toolkit.engine.build import build_engine
 from ..engine import SamplingParams
 from ..errors import ToolkitError
-from ..requests import Limits, RequestError, check_size, check_text, read_lines
+from toolkit.cli.requests import Limits, RequestError, check_size, check_text, read_lines
 from .common import (add_engine_args, add_model_args, check_max_tokens, engine_kwargs, non_negative_float,
                      non_negative_int, run, say, seed_int)
 from .records import Sink

@@ -19,7 +19,7 @@ import traceback
 from pathlib import Path
 
 from ..errors import ToolkitError
-from ..options import EngineOptions
+from toolkit.engine.options import EngineOptions
 
 # The embedded default model (weights/README.md says how it was made).
 DEFAULT_MODEL_DIR = Path(__file__).resolve().parents[2] / "weights" / "tiny-pd"

@@ -16,9 +16,9 @@ import argparse
 import os
 import sys
 
-from ..assembly import build_engine
+from toolkit.engine.build import build_engine
 from ..errors import ToolkitError
-from ..requests import Limits, from_jsonl, from_prompts
+from toolkit.cli.requests import Limits, from_jsonl, from_prompts
 from .common import add_engine_args, add_model_args, check_max_tokens, engine_kwargs, run, say, signals
 from .records import Batch, Sink
 from .sampling_flags import add_sampling_args, check_sampling_args

@@ -13,7 +13,7 @@ import sys
 
 from ..engine import SamplingParams
 from ..errors import ToolkitError
-from ..requests import Request
+from toolkit.cli.requests import Request
 from .common import EXIT_OK, EXIT_SOME_FAILED, OutputError, say
 from .progress import Progress
 from .sampling_flags import DEFAULT_MAX_TOKENS, flag_params

@@ -21,10 +21,10 @@ from typing import Iterator
 import numpy as np
 
 from ..errors import ToolkitError
-from ..options import EngineOptions
-from ..sparse import merge_paths, request_path, step_path
+from toolkit.engine.options import EngineOptions
+from toolkit.model.sparse import merge_paths, request_path, step_path
 from ..sampler.state import RequestSampling, bad_word_ids
-from ..timings import RequestStats, StepTiming
+from toolkit.engine.timings import RequestStats, StepTiming
 from .block_manager import BlockManager
 from .runner import NAN_LOGITS, NO_TOKEN, ModelRunner
 from .scheduler import DEFAULT_POLICY, Scheduler
@@ -121,7 +121,7 @@ class LLMEngine:
         seq.sampling = RequestSampling(params, ids, self.cfg.vocab_size, seq.seed, stop_ids,
                                        bad_word_ids(params.bad_words, self.tokenizer))
         if self.tokenizer is not None and detokenize:
-            from ..detokenizer import StreamingDetokenizer
+            from toolkit.text.detokenizer import StreamingDetokenizer
             seq.detokenizer = StreamingDetokenizer(self.tokenizer)
         self._seqs[seq.request_id] = seq
         if params.max_tokens == 0:

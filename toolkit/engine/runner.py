@@ -20,10 +20,10 @@ from types import MappingProxyType
 
 import numpy as np
 
-from ..model import KVCache, Model
+from toolkit.model.decoder import KVCache, Model
 from ..sampler.sampler import ALL_STAGES, Sampler
-from ..step import StepBatch, StepStager
-from ..timings import NullTimer, in_order
+from toolkit.engine.step import StepBatch, StepStager
+from toolkit.engine.timings import NullTimer, in_order
 from .block_manager import slot_mapping
 
 GRAPH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)

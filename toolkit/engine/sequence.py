@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..sampler.params import GREEDY_BELOW, SamplingParams  # noqa: F401  (re-exported: existing imports)
-from ..timings import StatsAccumulator
+from toolkit.engine.timings import StatsAccumulator
 
 
 class Status(enum.Enum):

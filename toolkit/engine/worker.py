@@ -16,7 +16,7 @@ import queue
 import threading
 
 from ..errors import ToolkitError
-from ..timings import RequestStats
+from toolkit.engine.timings import RequestStats
 from .llm_engine import LLMEngine, RequestOutput
 
 _DONE = object()

@@ -1,0 +1,95 @@
+"""The PDL launcher's host side (toolkit/backends/cuda_launch.py) without a GPU: what it hands cuLaunchKernelEx.
+
+A stand-in for cuda.bindings.driver records the call; the GPU tests (test_gpu_pdl.py) run the real thing."""
+import ctypes
+import types
+
+import numpy as np
+import pytest
+
+from toolkit.backends.cuda_launch import PdlLauncher
+from toolkit.engine.options import EngineOptions
+
+
+class _Struct:
+    def __init__(self, *args):
+        self.args = args
+        self.value = types.SimpleNamespace()
+
+
+def fake_driver(result="CUDA_SUCCESS"):
+    calls = []
+
+    def launch(cfg, fn, params, extra):
+        calls.append((cfg, fn, params, extra))
+        return (getattr(d.CUresult, result),)
+
+    d = types.SimpleNamespace(
+        CUlaunchAttribute=_Struct, CUlaunchConfig=_Struct, CUstream=lambda p: ("stream", p),
+        CUfunction=lambda p: ("function", p), cuLaunchKernelEx=launch,
+        CUlaunchAttributeID=types.SimpleNamespace(CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION="PSS"),
+        CUresult=types.SimpleNamespace(CUDA_SUCCESS=types.SimpleNamespace(name="CUDA_SUCCESS"),
+                                       CUDA_ERROR_INVALID_VALUE=types.SimpleNamespace(name="CUDA_ERROR_INVALID_VALUE")))
+    return d, calls
+
+
+class FakeKernel:  # a RawKernel: the loaded Function's CUfunction pointer
+    def __init__(self, ptr):
+        self.kernel = types.SimpleNamespace(ptr=ptr)
+
+
+class FakeArray:  # what the launcher needs of a CuPy array: its device pointer
+    def __init__(self, ptr):
+        self.data = types.SimpleNamespace(ptr=ptr)
+
+
+def test_arguments_config_and_attribute():
+    d, calls = fake_driver()
+    launch = PdlLauncher(d)
+    kernel = FakeKernel(0xF00)
+    launch(kernel, (7,), (256,), (FakeArray(0x1000), None, np.int32(-3), np.float32(0.5), np.uint32(9)), 96, 0x5)
+    cfg, fn, (values, types_), extra = calls[0]
+    assert (cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ) == (7, 1, 1)
+    assert (cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ) == (256, 1, 1)
+    assert cfg.sharedMemBytes == 96 and cfg.hStream == ("stream", 0x5) and cfg.numAttrs == 1
+    attr = cfg.attrs[0]
+    assert attr.id == "PSS" and attr.value.programmaticStreamSerializationAllowed == 1
+    assert fn == ("function", 0xF00) and extra == 0
+    assert values == (0x1000, 0, -3, 0.5, 9)
+    assert types_ == (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32, ctypes.c_float, ctypes.c_uint32)
+    launch(kernel, (2, 3, 4), (32, 2), (), 0, 0)  # 3-D grid, 2-D block; the CUfunction is looked up once
+    cfg = calls[1][0]
+    assert (cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ, cfg.blockDimX, cfg.blockDimY) == (2, 3, 4, 32, 2)
+    assert calls[1][1] is fn
+
+
+def test_a_failed_launch_raises_naming_the_error():
+    d, _ = fake_driver("CUDA_ERROR_INVALID_VALUE")
+    with pytest.raises(RuntimeError, match="CUDA_ERROR_INVALID_VALUE"):
+        PdlLauncher(d)(FakeKernel(1), (1,), (32,), (), 0, 0)
+
+
+def test_pdl_is_on_by_default_and_reads_as_off_on_the_cpu():
+    assert EngineOptions().pdl is True
+    assert EngineOptions().effective("cpu", "float32").pdl is False
+    assert EngineOptions().effective("cuda", "bfloat16").pdl is True
+    assert EngineOptions(cuda_graphs=False).effective("cuda", "bfloat16").pdl is False  # eager: plain launches
+    from toolkit.backends.cpu import CpuBackend
+
+    be = CpuBackend()
+    assert be.launching(True) is be
+
+
+def test_pdl_reads_as_off_where_the_backend_cannot_replay_graphs(monkeypatch):
+    """The engine's effective options derive pdl from the graphs the backend can actually run."""
+    from toolkit.engine.build import build_engine
+
+    eng = build_engine(shape="tiny", device="cpu", max_context=64)
+    monkeypatch.setattr(eng.backend, "name", "cuda", raising=False)
+    monkeypatch.setattr(eng.backend, "pdl_supported", True, raising=False)
+    monkeypatch.setattr(eng.backend, "graphs_supported", False, raising=False)
+    assert eng.effective_options().pdl is False and eng.effective_options().cuda_graphs is False
+    monkeypatch.setattr(eng.backend, "graphs_supported", True)
+    assert eng.effective_options().pdl is True
+    monkeypatch.setattr(eng.backend, "pdl_supported", False)
+    assert eng.effective_options().pdl is False

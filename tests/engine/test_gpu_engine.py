@@ -1,0 +1,234 @@
+"""The batched runtime on the GPU: CUDA graphs change no token, batching changes no token (fp32),
+and how often it changes none in bf16. Skipped without a GPU."""
+import numpy as np
+import pytest
+from tests.conftest import FIXTURES
+from tests.engine.test_batching import alone, run_mixed, workload
+
+from toolkit.engine.build import build_engine
+from toolkit.cli.common import default_model
+from toolkit.engine import SamplingParams
+from toolkit.engine.options import EngineOptions
+
+pytestmark = pytest.mark.gpu
+
+
+def prompts(rng, vocab, n, lo=3, hi=40):
+    return [rng.integers(1, vocab, rng.integers(lo, hi)).tolist() for _ in range(n)]
+
+
+def run_batch(engine, batch, n_tokens, toggle=None):
+    """All requests at once; toggle(step_no) may return new options. Returns tokens per request and steps."""
+    rids = [engine.add_request(ids, SamplingParams(max_tokens=n_tokens, ignore_eos=True)) for ids in batch]
+    got, steps, k = {r: [] for r in rids}, [], 0
+    while engine.has_unfinished():
+        if toggle is not None and toggle(k) is not None:
+            engine.set_options(toggle(k))
+        outs = engine.step()
+        for o in outs:
+            got[o.request_id].append(o.token)
+        if outs:
+            steps.append(outs[0].step)
+        k += 1
+    return [got[r] for r in rids], steps
+
+
+def switch_changes_no_token(eng, reqs, switch: str, kernel: str, monkeypatch, **fixed):
+    """reqs with `switch` off and on, each from graphs (captured afresh) and eagerly: every step records the switch
+    as set, the spied CudaKernels method `kernel` runs only with it on, and the tokens are the same in all four."""
+    cls = type(eng.backend.kernels)  # the class: the PDL twin's kernels are a copy of the backend's
+    real, launches = getattr(cls, kernel), []
+    monkeypatch.setattr(cls, kernel, lambda *a, **k: (launches.append(1), real(*a, **k)))
+    runs = {}
+    for on in (False, True):
+        for graphs in (True, False):
+            before = len(launches)
+            eng.runner.graphs.clear()
+            eng.set_options(EngineOptions(cuda_graphs=graphs, **{switch: on}, **fixed))
+            runs[on, graphs], steps = run_batch(eng, reqs, 8)
+            assert all(getattr(s.options, switch) == on for s in steps)
+            assert (len(launches) > before) == on
+    eng.set_options(EngineOptions())
+    assert all(r == runs[False, False] for r in runs.values())
+
+
+@pytest.fixture(scope="module")
+def tiny_bf16():
+    return build_engine(shape="tiny", device="cuda", dtype="bfloat16", max_context=256, kv_cache_tokens=256 * 80)
+
+
+@pytest.mark.parametrize("batch", [1, 2, 3, 8, 17, 64, 256])
+def test_graph_equals_eager_every_bucket(tiny_bf16, batch):
+    eng = tiny_bf16
+    reqs = prompts(np.random.default_rng(batch), eng.cfg.vocab_size, batch)
+    eng.set_options(EngineOptions(cuda_graphs=True))
+    with_graphs, steps = run_batch(eng, reqs, 6)
+    assert any(s.graph for s in steps) and all(s.graph == (s.kind == "decode") for s in steps)
+    eng.set_options(EngineOptions(cuda_graphs=False))
+    eager, steps = run_batch(eng, reqs, 6)
+    assert not any(s.graph for s in steps) and all(s.sections_ms for s in steps)
+    eng.set_options(EngineOptions())
+    assert with_graphs == eager
+
+
+@pytest.mark.parametrize("batch, fused", [(1, False), (1, True), (5, False)])
+def test_pdl_changes_no_token(tiny_bf16, batch, fused):
+    """Programmatic dependent launch (decode steps replayed from graphs) gives the tokens of plain launches."""
+    eng = tiny_bf16
+    reqs = prompts(np.random.default_rng(30 + batch), eng.cfg.vocab_size, batch)
+    kernels = eng.backend.launching(True).kernels
+    real, launches = kernels._pdl, []
+    kernels._pdl = lambda *a: (launches.append(a[0]), real(*a))  # count the PDL launches (graph captures)
+    runs = {}
+    for pdl in (False, True):
+        for graphs in (True, False):
+            before = len(launches)
+            eng.runner.graphs.clear()  # earlier tests in this module captured these buckets already
+            eng.set_options(EngineOptions(pdl=pdl, cuda_graphs=graphs, fused_gemv=fused))
+            runs[pdl, graphs], steps = run_batch(eng, reqs, 8)
+            assert all(s.options.pdl == (pdl and s.graph) for s in steps)  # PDL only from graphs
+            assert (len(launches) > before) == (pdl and graphs)  # a new graph captured with PDL launches
+    kernels._pdl = real
+    eng.set_options(EngineOptions())
+    assert all(r == runs[False, False] for r in runs.values())
+
+
+@pytest.mark.parametrize("pdl", [True, False])
+def test_mlp_kernel_changes_no_token(tiny_bf16, pdl, monkeypatch):
+    """The persistent MLP kernel (batch-1 steps) gives the tokens of the unfused kernels, from graphs and eagerly,
+    and runs (batch-1 decode steps launch it)."""
+    reqs = prompts(np.random.default_rng(50), tiny_bf16.cfg.vocab_size, 1)
+    switch_changes_no_token(tiny_bf16, reqs, "mlp_kernel", "decode_mlp", monkeypatch, pdl=pdl)
+
+
+@pytest.mark.parametrize("pdl", [True, False])
+def test_rope_in_gemm_changes_no_token(tiny_bf16, pdl, monkeypatch):
+    """RoPE and the K/V write in the qkv projection's epilogue (gemm_skinny_rope, decode steps of 2-32 rows) give
+    the tokens of gemm_skinny + rope_qkv, from graphs and eagerly, and run (decode steps of 5 rows launch it)."""
+    reqs = prompts(np.random.default_rng(70), tiny_bf16.cfg.vocab_size, 5)
+    switch_changes_no_token(tiny_bf16, reqs, "rope_in_gemm", "gemm_skinny_rope", monkeypatch, pdl=pdl)
+
+
+@pytest.mark.parametrize("pdl", [True, False])
+def test_stream_gemm_changes_no_token(tiny_bf16, pdl, monkeypatch):
+    """The MLP's projections on gemm_stream (decode steps of 2-32 rows; here every projection, the default model's
+    weights being under the size it takes in the engine, and gemm_skinny off) give the tokens of cuBLAS, from
+    graphs and eagerly, and run."""
+    import toolkit.backends.cuda as cuda_backend
+
+    monkeypatch.setattr(cuda_backend, "_STREAM_WEIGHTS", (0, 64 << 20))
+    reqs = prompts(np.random.default_rng(90), tiny_bf16.cfg.vocab_size, 5)
+    switch_changes_no_token(tiny_bf16, reqs, "stream_gemm", "gemm_stream", monkeypatch, pdl=pdl, skinny_gemm=False)
+
+
+@pytest.mark.parametrize("pdl", [True, False])
+def test_split_down_changes_no_token_fp32(pdl, monkeypatch):
+    """The down projection in slices (split_down, decode steps of 2-128 rows) gives the tokens of one cuBLAS call in
+    fp32 (only the fp32 summation order differs), from graphs and eagerly, and runs (batch 5: 2 slices of the tiny
+    shape's 688 columns)."""
+    eng = build_engine(shape="tiny", device="cuda", dtype="float32", max_context=256, kv_cache_tokens=256 * 8)
+    reqs = prompts(np.random.default_rng(90), eng.cfg.vocab_size, 5)
+    switch_changes_no_token(eng, reqs, "split_down", "add_rmsnorm_partials", monkeypatch, pdl=pdl)
+
+
+def test_split_down_bf16_agreement(tiny_bf16):
+    """In bf16 the down output may round differently (another fp32 summation order before the rounding): report
+    how often the tokens agree with it on and off; with it on, graphs and eager steps agree exactly."""
+    eng = tiny_bf16
+    reqs = prompts(np.random.default_rng(91), eng.cfg.vocab_size, 24)
+    runs = {}
+    for on, graphs in ((False, True), (True, True), (True, False)):
+        eng.set_options(EngineOptions(split_down=on, cuda_graphs=graphs))
+        runs[on, graphs], steps = run_batch(eng, reqs, 16)
+        assert all(st.options.split_down == on for st in steps)
+    eng.set_options(EngineOptions())
+    assert runs[True, True] == runs[True, False]
+    first_diff = [next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(a))
+                  for a, b in zip(runs[True, True], runs[False, True])]
+    agree = sum(first_diff) / sum(len(t) for t in runs[False, True])
+    print(f"split_down bf16, batch 24, tiny: {agree:.1%} of tokens before the first divergence")
+    assert agree > 0.8
+
+
+def test_toggling_graphs_mid_request_changes_no_token(tiny_bf16):
+    eng = tiny_bf16
+    reqs = prompts(np.random.default_rng(7), eng.cfg.vocab_size, 5)
+    eng.set_options(EngineOptions(cuda_graphs=False))
+    want, _ = run_batch(eng, reqs, 12)
+    flip = lambda k: EngineOptions(cuda_graphs=(k // 3) % 2 == 0)  # on, off, on, ... every 3 steps
+    got, steps = run_batch(eng, reqs, 12, toggle=flip)
+    eng.set_options(EngineOptions())
+    assert got == want
+    assert {s.graph for s in steps if s.kind == "decode"} == {True, False}
+
+
+def test_context_bucket_graphs_change_no_token():
+    """Requests whose context crosses the 512 bucket: decode attention's plan (and the decode graph) switches to
+    the 1024 bucket, captured on first use, and the tokens are those of eager steps, which size it the same."""
+    eng = build_engine(shape="tiny", device="cuda", dtype="bfloat16", max_context=1024, max_num_seqs=8,
+                       kv_cache_tokens=1024 * 8)
+    run = eng.runner
+    assert run.context_buckets == (256, 512, 1024)
+    assert {k[1] for k in run.graphs} == {256}  # start-up captured the smallest context bucket only
+    rng = np.random.default_rng(11)
+    reqs = [rng.integers(1, eng.cfg.vocab_size, n).tolist() for n in (497, 480, 30)]
+    # No prefix cache: the second run's prefill then recomputes what the first did, row for row.
+    eng.set_options(EngineOptions(cuda_graphs=True, prefix_caching=False))
+    with_graphs, steps = run_batch(eng, reqs, 24)  # the longest reaches 497 + 23 = 520 tokens of context
+    assert all(s.graph == (s.kind == "decode") for s in steps)
+    assert {k[:2] for k in run.graphs} >= {(4, 512), (4, 1024)}  # batch bucket 4, both context buckets
+    eng.set_options(EngineOptions(cuda_graphs=False, prefix_caching=False))
+    eager, steps = run_batch(eng, reqs, 24)
+    assert not any(s.graph for s in steps)
+    assert with_graphs == eager and all(len(t) == 24 for t in eager)
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen3"])
+def test_batch_invariance_fp32_with_preemption(name):
+    engine = build_engine(FIXTURES / name, device="cuda", dtype="float32", max_context=64, kv_cache_tokens=96,
+                          max_num_batched_tokens=48, max_num_seqs=8)
+    requests, arrivals = workload(engine.cfg.vocab_size)
+    want = [alone(engine, ids, n) for ids, n in requests]
+    assert run_mixed(engine, requests, arrivals) == want
+    assert engine.scheduler.num_preemptions > 0
+
+
+def test_bf16_batch_agreement_rate():
+    """bf16 GEMMs may round differently at another batch size; report how often tokens still agree."""
+    if default_model() is None:
+        pytest.skip("no default model")
+    engine = build_engine(default_model(), device="cuda", max_num_seqs=64, kv_cache_tokens=64 * 1024)
+    rng = np.random.default_rng(0)
+    reqs = [engine.tokenizer.encode(t) for t in ("Once upon a time", "The king said unto", "It is a truth",
+                                                 "And the LORD spake", "To be, or not to be")]
+    reqs += prompts(rng, engine.cfg.vocab_size, 27, 5, 200)
+    want = [alone(engine, ids, 32) for ids in reqs]
+    got, _ = run_batch(engine, reqs, 32)
+    same_seq = np.mean([a == b for a, b in zip(got, want)])
+    first_diff = [next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(a)) for a, b in zip(got, want)]
+    agree = sum(first_diff) / sum(len(w) for w in want)
+    print(f"bf16 default model, batch 32 vs alone: {same_seq:.1%} of requests identical, "
+          f"{agree:.1%} of tokens before the first divergence")
+    assert agree > 0.8
+
+
+def test_prefix_reuse_on_gpu():
+    engine = build_engine(FIXTURES / "qwen2", device="cuda", dtype="float32", max_context=64, max_num_seqs=8,
+                          kv_cache_tokens=512)
+    prefix = np.random.default_rng(3).integers(1, engine.cfg.vocab_size, 40).tolist()
+    list(engine.generate(prefix + [7, 8], SamplingParams(max_tokens=1)))
+    follow = prefix + [9, 10, 11]
+    out = list(engine.generate(follow, SamplingParams(max_tokens=1)))[0]
+    assert out.stats.cached_tokens == 32 and out.step.n_tokens == len(follow) - 32
+    warm = engine.backend.to_host(engine.runner.logits[:1])[0]
+    np.testing.assert_allclose(warm, engine.logits(follow)[-1], atol=1e-3)
+
+
+def test_nan_logits_end_only_their_request_on_gpu():
+    engine = build_engine(FIXTURES / "llama", device="cuda", dtype="float32", max_context=64, max_num_seqs=8,
+                          kv_cache_tokens=512)
+    ok_ids, bad_ids = [1, 2, 3, 4], [1, 2, 99, 4]
+    want = alone(engine, ok_ids, 4)
+    engine.weights.embed[99] = float("nan")
+    got, _ = run_batch(engine, [ok_ids, bad_ids], 4)
+    assert got[0] == want and got[1] == [None]  # the NaN request's one output is its error record

@@ -1,0 +1,135 @@
+"""gemm_skinny_rope (gemm_skinny.cu: the qkv projection with rope_qkv as its epilogue) on the GPU: the very bits of
+gemm_skinny followed by rope_qkv (q, and the K/V written into the caches, untouched slots left alone) at the
+Qwen2.5-0.5B, -1.5B and -7B qkv shapes, with and without the bias, padding rows and a position outside the table;
+against its CPU twin; split-K and repeat launches; the backend's linear_rope choosing it."""
+import numpy as np
+import pytest
+
+from kernels.gemm_skinny import gemm_skinny_rope as twin
+from kernels.rope import rope_qkv
+
+cp = pytest.importorskip("cupy")
+from tests.gpu_arrays import dev, rounded  # noqa: E402
+from tests.kernels.test_gpu_kernels import K, check, host, ints, rope_tables  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+# (Hq, Hkv, D, K): Qwen2.5-0.5B, -1.5B, -7B; the tiny shape; a head dim of 80.
+SHAPES = [(14, 2, 64, 896), (12, 2, 128, 1536), (28, 4, 128, 3584), (4, 2, 64, 256), (4, 1, 80, 320)]
+SLOTS = 200
+
+
+def case(M, hq, hkv, D, Kin, dtype, bias, seed=0):
+    """Inputs and the caches (NaN-filled, so an unwritten slot stays NaN) for M decode rows: row 1 a padding row
+    (slot -1), the last row (M > 3) at a position outside the table; the others at distinct slots."""
+    rng = np.random.default_rng(seed + M + D + Kin)
+    N = (hq + 2 * hkv) * D
+    x = rounded(rng.standard_normal((M, Kin)), dtype)
+    w = rounded(0.05 * rng.standard_normal((N, Kin)), dtype)
+    b = rounded(0.5 * rng.standard_normal(N), dtype) if bias else None
+    cos, sin = rope_tables(64, D)
+    positions = rng.integers(0, 64, M).astype(np.int32)
+    slots = rng.permutation(SLOTS)[:M].astype(np.int32)
+    if M > 1:
+        slots[1] = -1
+    if M > 3:
+        positions[-1] = 64
+    return x, w, b, cos, sin, positions, slots
+
+
+def run(fused, M, hq, hkv, D, x, w, b, cos, sin, positions, slots, dtype, split=None):
+    k = K(dtype)
+    q = dev(np.full((M, hq, D), 7.0), dtype)
+    kc, vc = dev(np.full((SLOTS, hkv, D), np.nan), dtype), dev(np.full((SLOTS, hkv, D), np.nan), dtype)
+    xd, wd, bd = dev(x, dtype), dev(w, dtype), None if b is None else dev(b, dtype)
+    rope = (bd, cp.asarray(cos), cp.asarray(sin), ints(positions), ints(slots))
+    if fused:
+        k.gemm_skinny_rope(xd, wd, *rope, hq, hkv, q, kc, vc, split=split)
+    else:
+        qkv = dev(np.zeros((M, w.shape[0])), dtype)
+        k.gemm_skinny(xd, wd, qkv)
+        k.rope_qkv(qkv, bd, None, None, 1e-6, *rope[1:], hq, hkv, q, kc, vc)
+    return [host(a, dtype) for a in (q, kc, vc)]
+
+
+def reference(x, w, b, cos, sin, positions, slots, hq, hkv, D):
+    """The CPU twin on the rows whose position is in the table (the twin refuses the others): (those rows, their
+    q, the caches NaN but where written)."""
+    rows = positions < cos.shape[0]
+    q = np.zeros((int(rows.sum()), hq, D), np.float32)
+    kc = np.full((SLOTS, hkv, D), np.nan, np.float32)
+    vc = kc.copy()
+    twin(x[rows], w, b, cos, sin, positions[rows], slots[rows], hq, hkv, q, kc, vc)
+    return rows, q, kc, vc
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("M", [2, 5, 8, 17, 32])
+@pytest.mark.parametrize("hq, hkv, D, Kin", SHAPES)
+def test_equals_gemm_skinny_then_rope_qkv(dtype, bias, M, hq, hkv, D, Kin):
+    args = case(M, hq, hkv, D, Kin, dtype, bias)
+    got = run(True, M, hq, hkv, D, *args, dtype)
+    want = run(False, M, hq, hkv, D, *args, dtype)
+    for name, g, w_ in zip(("q", "k_cache", "v_cache"), got, want):
+        np.testing.assert_array_equal(g, w_, err_msg=name)  # NaN == NaN: the untouched slots
+    x, w, b, cos, sin, positions, slots = args
+    ok = (slots >= 0) & (positions < 64)
+    assert np.isnan(got[1][slots[~ok & (slots >= 0)]]).all(), "a position outside the table writes no K/V"
+    assert not np.isnan(got[1][slots[ok]]).any() and not np.isnan(got[2][slots[ok]]).any()
+    # Against the CPU twin (fp32 projection and rotation: bf16 rounding apart).
+    rows, q, kc, vc = reference(x, w, b, cos, sin, positions, slots, hq, hkv, D)
+    check(f"gemm_skinny_rope q M={M} D={D}", got[0][rows], q, dtype)
+    check(f"gemm_skinny_rope k M={M} D={D}", got[1][slots[ok]], kc[slots[ok]], dtype)
+    check(f"gemm_skinny_rope v M={M} D={D}", got[2][slots[ok]], vc[slots[ok]], dtype)
+
+
+@pytest.mark.parametrize("split", [(8, 4), (16, 2), (4, 1)])
+def test_split_k_and_repeat_launches(split):
+    """K cut into slices (the last block of a tile adds them and runs the epilogue), and repeat launches give the
+    same bits (its counters are left at zero)."""
+    hq, hkv, D, Kin, M = 12, 2, 128, 1536, 32
+    args = case(M, hq, hkv, D, Kin, "bfloat16", True, seed=9)
+    first = run(True, M, hq, hkv, D, *args, "bfloat16", split=split)
+    x, w, b, cos, sin, positions, slots = args
+    _, _, kc, _ = reference(*args, hq, hkv, D)
+    ok = (slots >= 0) & (positions < 64)
+    check(f"gemm_skinny_rope split={split}", first[1][slots[ok]], kc[slots[ok]], "bfloat16")
+    for _ in range(2):
+        again = run(True, M, hq, hkv, D, *args, "bfloat16", split=split)
+        for a, b_ in zip(again, first):
+            np.testing.assert_array_equal(a, b_)
+
+
+def test_backend_linear_rope_picks_it():
+    """CudaBackend.linear_rope: gemm_skinny_rope at 2-32 rows with skinny_gemm and no q/k norms (qkv not written);
+    the two kernels with q/k norms, at 33 rows or with skinny_gemm off; the same q either way."""
+    from toolkit.backends.cuda import CudaBackend
+
+    be = CudaBackend("bfloat16")
+    be.bind_thread()
+    hq, hkv, D, Kin = 14, 2, 64, 896
+    calls = []
+    real = be.kernels.gemm_skinny_rope
+    be.kernels.gemm_skinny_rope = lambda *a, **k: (calls.append(a[0].shape[0]), real(*a, **k))
+    for M, skinny, norms in ((8, True, False), (8, False, False), (8, True, True), (33, True, False)):
+        x, w, b, cos, sin, positions, slots = case(M, hq, hkv, D, Kin, "bfloat16", True, seed=2)
+        slots = np.arange(M, dtype=np.int32)
+        qkv = dev(np.full((M, w.shape[0]), 3.0), "bfloat16")
+        norm = dev(np.ones(D), "bfloat16") if norms else None
+        q = dev(np.zeros((M, hq, D)), "bfloat16")
+        kc, vc = dev(np.zeros((SLOTS, hkv, D)), "bfloat16"), dev(np.zeros((SLOTS, hkv, D)), "bfloat16")
+        before = len(calls)
+        be.linear_rope(dev(x, "bfloat16"), dev(w, "bfloat16"), qkv, dev(b, "bfloat16"), norm, norm, 1e-6,
+                       cp.asarray(cos), cp.asarray(sin), ints(positions), ints(slots), hq, hkv, q, kc, vc,
+                       skinny_gemm=skinny)
+        fused = len(calls) > before
+        assert fused == (skinny and not norms and M <= 32), (M, skinny, norms)
+        assert (host(qkv, "bfloat16") == 3.0).all() == fused, "qkv is written only by the unfused path"
+        if not norms:
+            rows = positions < 64
+            ref_q = np.zeros((int(rows.sum()), hq, D), np.float32)
+            ref_k = np.zeros((SLOTS, hkv, D), np.float32)
+            rope_qkv(x[rows] @ w.T, b, None, None, 0.0, cos, sin, positions[rows], slots[rows], hq, hkv, ref_q,
+                     ref_k, ref_k.copy())
+            check(f"linear_rope M={M} skinny={skinny}", host(q, "bfloat16")[rows], ref_q, "bfloat16")

@@ -1,0 +1,202 @@
+"""The sampler inside the engine (CPU): the fast path's gate and its equivalence with the slow path,
+the model's logits left untouched, batch invariance of seeded sampling, stop strings, min_tokens,
+bad words, logit bias, logprobs, and the distribution sampled against filtered_probs."""
+import math
+
+import numpy as np
+import pytest
+from tests.conftest import FIXTURES
+
+from toolkit.engine.build import build_engine
+from toolkit.backends.cpu import CpuBackend
+from toolkit.engine import SamplingParams
+from toolkit.sampler.sampler import Sampler
+from toolkit.sampler.state import RequestSampling
+from toolkit.sampler.probs import filtered_probs
+from toolkit.engine.timings import NullTimer
+
+
+@pytest.fixture(scope="module")
+def engine():
+    return build_engine(FIXTURES / "llama", device="cpu", max_context=96, max_num_batched_tokens=256)
+
+
+PROMPTS = [[1, 5, 9, 13], [2, 7], [3, 3, 3, 8, 21, 4], [11]]
+
+
+def run(engine, reqs, fast=True):
+    """reqs: [(prompt ids, SamplingParams)] admitted together; returns (tokens per request, steps seen)."""
+    engine.set_options(engine.options.with_(sampler_fast_path=fast))
+    rids = {engine.add_request(ids, p): i for i, (ids, p) in enumerate(reqs)}
+    toks, steps = [[] for _ in reqs], []
+    while engine.has_unfinished():
+        for o in engine.step():
+            if o.token is not None:
+                toks[rids[o.request_id]].append(o.token)
+            if o.step is not None and (not steps or steps[-1] is not o.step):
+                steps.append(o.step)
+    engine.set_options(engine.options.with_(sampler_fast_path=True))
+    return toks, steps
+
+
+def test_noop_batches_fast_equals_slow(engine):
+    V = engine.cfg.vocab_size
+    reqs = [(ids, SamplingParams(max_tokens=12, temperature=t, seed=40 + i, ignore_eos=True))
+            for i, (ids, t) in enumerate(zip(PROMPTS, [0.0, 1.0, 1.0, 0.0]))]
+    fast, fsteps = run(engine, reqs, fast=True)
+    slow, ssteps = run(engine, reqs, fast=False)
+    assert fast == slow
+    assert {s.sampler_path for s in fsteps} == {"fast"} and {s.sampler_bytes for s in fsteps} == {0}
+    assert {s.sampler_path for s in ssteps} == {"slow"}
+    assert all(s.sampler_why == "switched off" for s in ssteps)
+    assert {s.sampler_bytes for s in ssteps if s.kind == "decode"} == {4 * 4 * V}  # 4 rows x V x fp32
+
+
+def test_one_processing_row_flips_the_batch_and_keeps_the_others(engine):
+    base = [(ids, SamplingParams(max_tokens=10, temperature=t, seed=7 + i, ignore_eos=True))
+            for i, (ids, t) in enumerate(zip(PROMPTS[:3], [0.0, 1.0, 0.0]))]
+    alone, _ = run(engine, base)
+    hot = (PROMPTS[3], SamplingParams(max_tokens=10, temperature=0.7, top_p=0.9, seed=1, ignore_eos=True))
+    mixed, steps = run(engine, base + [hot])
+    assert mixed[:3] == alone
+    assert {s.sampler_path for s in steps} == {"slow"}
+    assert steps[0].sampler_why == "temperature 0.7"
+
+
+def test_batch_invariance_of_seeded_sampling(engine):
+    rng = np.random.default_rng(3)
+    V = engine.cfg.vocab_size
+    target = ([4, 8, 15, 16, 23], SamplingParams(max_tokens=16, temperature=0.8, top_k=20, top_p=0.9,
+                                                 repetition_penalty=1.2, seed=1234, ignore_eos=True))
+    alone, _ = run(engine, [target])
+    others = []
+    for i in range(15):
+        kw = [dict(temperature=0.0), dict(temperature=1.0), dict(temperature=0.6, min_p=0.1),
+              dict(temperature=1.3, top_k=5, frequency_penalty=0.5), dict(temperature=0.9, presence_penalty=1.0,
+                                                                          logit_bias={3: 2.0})][i % 5]
+        ids = rng.integers(1, V, rng.integers(1, 12)).tolist()
+        others.append((ids, SamplingParams(max_tokens=int(rng.integers(4, 20)), seed=i, ignore_eos=True, **kw)))
+    mixed, _ = run(engine, others[:7] + [target] + others[7:])
+    assert mixed[7] == alone[0]
+
+
+def test_sampler_never_writes_the_model_logits():
+    be = CpuBackend()
+    V, B = 1000, 6
+    rng = np.random.default_rng(0)
+    logits = (rng.standard_normal((B, V)) * 3).astype(np.float32)
+    before = logits.copy()
+    sampler = Sampler(be, V, B, 32)
+    params = [SamplingParams(temperature=0.7, top_k=50, top_p=0.9, min_p=0.05, repetition_penalty=1.3,
+                             frequency_penalty=0.4, presence_penalty=0.2, logit_bias={5: 3.0}, bad_words=((9,),),
+                             seed=i) for i in range(B)]
+    states = [RequestSampling(p, [1, 2, 3, 9], V, i, (), p.bad_words) for i, p in enumerate(params)]
+    for s in states:
+        s.on_token(2)
+    for fast_on in (True, False):
+        sb = sampler.prepare(states, np.arange(B, dtype=np.int32), np.ones(B, bool), B, fast_on)
+        assert not sb.fast
+        sampler.stage(sb)
+        sampler.sample(logits, sb, NullTimer())
+        assert np.array_equal(logits, before)
+        assert 9 not in sampler.sampled[:B].tolist()  # banned
+
+
+def test_sampled_distribution_matches_filtered_probs():
+    """Draws at many positions (independent noise) follow filtered_probs: a χ² test, end to end."""
+    be = CpuBackend()
+    V, draws = 50, 20000
+    rng = np.random.default_rng(1)
+    row = (rng.standard_normal(V) * 2).astype(np.float32)
+    p = SamplingParams(temperature=0.8, top_k=20, top_p=0.9, repetition_penalty=1.5, seed=99)
+    history = ([1, 2, 3], [4, 4])
+    want = filtered_probs(row[None], [p], [history])[0]
+    sampler = Sampler(be, V, 1000, 16)
+    state = RequestSampling(p, history[0], V, 99)
+    for t in history[1]:
+        state.on_token(t)
+    logits = np.repeat(row[None], 1000, axis=0)
+    counts = np.zeros(V)
+    for start in range(0, draws, 1000):
+        sb = sampler.prepare([state] * 1000, np.arange(start, start + 1000, dtype=np.int32), np.ones(1000, bool),
+                             1000, True)
+        sampler.stage(sb)
+        sampler.sample(logits, sb, NullTimer())
+        counts += np.bincount(sampler.sampled[:1000], minlength=V)
+    assert counts[want == 0].sum() == 0  # masked tokens are never drawn
+    live = want > 0
+    expected = want[live] * draws
+    chi2 = ((counts[live] - expected) ** 2 / expected).sum()
+    k = live.sum() - 1  # Wilson-Hilferty: the p = 1e-4 critical value of chi2 with k degrees of freedom
+    crit = k * (1 - 2 / (9 * k) + 3.719 * math.sqrt(2 / (9 * k))) ** 3
+    assert chi2 < crit, (chi2, crit)
+
+
+def test_stop_strings_are_trimmed(engine):
+    p = SamplingParams(max_tokens=40, seed=5, ignore_eos=True)
+    full = "".join(o.text for o in engine.generate(PROMPTS[0], p))
+    assert len(full) > 6
+    stop = full[3:5]
+    first = full.find(stop)
+    outs = list(engine.generate(PROMPTS[0], SamplingParams(max_tokens=40, seed=5, ignore_eos=True, stop=(stop,))))
+    assert "".join(o.text for o in outs) == full[:first]
+    assert outs[-1].finish_reason == "stop"
+
+
+def test_min_tokens_holds_back_eos_and_bad_words_never_appear(engine):
+    eos = sorted(engine.tokenizer.eos_ids)[0]
+    free = [o.token for o in engine.generate(PROMPTS[2], SamplingParams(max_tokens=30, seed=3,
+                                                                        logit_bias={eos: 100.0}))]
+    assert free == [eos] or free[-1:] == [eos]
+    held = list(engine.generate(PROMPTS[2], SamplingParams(max_tokens=30, seed=3, min_tokens=6,
+                                                           logit_bias={eos: 100.0})))
+    toks = [o.token for o in held]
+    assert len(toks) == 7 and eos not in toks[:6] and toks[6] == eos  # 6 tokens, then the EOS it was held from
+    assert held[-1].finish_reason == "stop"
+    greedy = [o.token for o in engine.generate(PROMPTS[1], SamplingParams(max_tokens=12, ignore_eos=True))]
+    banned = greedy[2]
+    again = [o.token for o in engine.generate(PROMPTS[1], SamplingParams(max_tokens=12, ignore_eos=True,
+                                                                          bad_words=((banned,),)))]
+    assert banned not in again
+
+
+def test_logprobs_are_raw_log_softmax(engine):
+    V = engine.cfg.vocab_size
+    ids = PROMPTS[2]
+    outs = list(engine.generate(ids, SamplingParams(max_tokens=3, temperature=0.7, top_k=3, seed=2, logprobs=4,
+                                                    ignore_eos=True)))
+    logits, decode = engine.score(ids, [o.token for o in outs[:-1]])
+    rows = np.concatenate([logits[-1:], decode])
+    for o, row in zip(outs, rows):
+        lp = row.astype(np.float64) - row.max() - np.log(np.exp(row.astype(np.float64) - row.max()).sum())
+        assert o.logprobs["token"] == o.token
+        assert o.logprobs["logprob"] == pytest.approx(lp[o.token], abs=1e-4)
+        assert o.logprobs["rank"] == int((row >= row[o.token]).sum())
+        top = o.logprobs["top"]
+        assert [t for t, _ in top] == list(np.argsort(-row, kind="stable")[:4])
+        assert [v for _, v in top] == pytest.approx(lp[[t for t, _ in top]], abs=1e-4)
+    assert len(outs) == 3 and V > 4
+
+
+def test_stop_string_split_over_steps_is_held_back_and_trimmed():
+    from types import SimpleNamespace
+
+    from toolkit.engine.stops import stop_strings
+
+    seq = SimpleNamespace(params=SimpleNamespace(stop=("\n\n", "END")), text="", held="")
+    emitted = []
+    for piece, want_hit in [("Hello", False), (" wor", False), ("ld\n", False), ("\nmore", True)]:
+        out, hit = stop_strings(seq, piece, final=False)
+        emitted.append(out)
+        assert hit == want_hit
+    assert "".join(emitted) == "Hello world"  # the "\n" was held back, then trimmed with its stop string
+    seq = SimpleNamespace(params=SimpleNamespace(stop=("END",)), text="", held="")
+    assert stop_strings(seq, "the E", final=False) == ("the ", False)  # "E" may start "END"
+    assert stop_strings(seq, "N", final=True) == ("EN", False)  # the request ended: flush what was held
+
+
+def test_logprobs_zero_gives_the_sampled_token_only(engine):
+    outs = list(engine.generate(PROMPTS[0], SamplingParams(max_tokens=2, seed=4, logprobs=0, ignore_eos=True)))
+    assert all(o.logprobs["top"] == [] and o.logprobs["logprob"] <= 0 and o.logprobs["rank"] >= 1 for o in outs)
+    plain = list(engine.generate(PROMPTS[0], SamplingParams(max_tokens=2, seed=4, ignore_eos=True)))
+    assert [o.token for o in plain] == [o.token for o in outs] and all(o.logprobs is None for o in plain)
