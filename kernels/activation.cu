@@ -40,7 +40,7 @@ __global__ void silu_mul(const T* __restrict__ gate_up, T* __restrict__ out, int
     }
 }
 
-// silu_mul_scaled: SwiGLU on a gate_up product whose RMSNorm scale is still to apply (EngineOptions.norm_in_gemm:
+// silu_mul_scaled: SwiGLU on a gate_up product whose RMSNorm scale is still to apply (the plan's skinny_norm o:
 // gemm_skinny_norm left gate_up = W (h * w) and the sums of h^2 in parts, tile by tile). For row t, inv = rsqrt(
 // (parts[0][t] + ... + parts[tiles-1][t]) / H + eps), add_rmsnorm's formula; then out = swiglu(T(inv * g),
 // T(inv * u)), silu_mul's roundings on the scaled values. Grid (blocks a row, rows), block 256: warp 0 adds the

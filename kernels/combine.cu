@@ -10,9 +10,8 @@
 // Kc is a multiple of 128, so every output row starts 512-byte aligned (given an aligned base): stores are int4.
 // Top-k loads are scalar (the input is often a strided / offset view; reference A.9).
 //
-// Work splits (toolkit/bench/sparse.py sweeps them; the flat warp grid is what the engine launches):
+// Two work splits (toolkit/bench/sparse.py times them; the flat warp grid is what the engine launches):
 //   combine_flat_warp   grid ceil(T / 4), block 128: one warp per row, the row's request by binary search in qsl
-//   combine_flat_block  grid T, block 128: one block per row
 //   combine_persistent  grid (workers, num_reqs), block 128: vLLM's layout, block (w, b) does rows qs+w, qs+w+workers..
 #include "dtype.cuh"
 #include "paged.cuh"
@@ -58,17 +57,6 @@ combine_flat_warp(const int* __restrict__ topk, int topk_stride, int Kw, const i
     const int b = find_request(qsl, num_reqs, t);
     combine_row(topk, topk_stride, Kw, t, b, qsl, seq_lens, gather_lens, W, R, K, M, N, Kc, out, lens,
                 threadIdx.x & 31, 32);
-}
-
-extern "C" __global__ void __launch_bounds__(128)
-combine_flat_block(const int* __restrict__ topk, int topk_stride, int Kw, const int* __restrict__ qsl, int num_reqs,
-                   const int* __restrict__ seq_lens, const int* __restrict__ gather_lens, int T, int W, int R, int K,
-                   int M, int N, int Kc, int* __restrict__ out, int* __restrict__ lens) {
-    const int t = blockIdx.x;
-    if (t >= T) return;
-    const int b = find_request(qsl, num_reqs, t);
-    combine_row(topk, topk_stride, Kw, t, b, qsl, seq_lens, gather_lens, W, R, K, M, N, Kc, out, lens,
-                threadIdx.x, 128);
 }
 
 extern "C" __global__ void __launch_bounds__(128)

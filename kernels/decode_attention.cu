@@ -17,7 +17,7 @@
 //   takes more blocks a group (the wrapper's decode_head_blocks), each re-reading the K/V (from L2) for fewer heads,
 //   because there the time goes to each block's chain of math per key tile, not to the bytes.
 //   The sequence's keys are divided evenly over the splits (chunk = ceil(len / n_splits), rounded up to a tile; a
-//   sequence of up to ONE_SPLIT_TILES tiles is one split), so the work spreads over the GPU at any length; splits
+//   sequence of up to 2 tiles is one split), so the work spreads over the GPU at any length; splits
 //   past the end exit at once. A block sweeps its chunk in tiles of KT keys:
 //     - LPK lanes share one key row, each reading a 16-byte chunk (D=64 bf16: 8 lanes/key, 4 keys per warp);
 //       key group kg = warp * KPW + lane / LPK reads keys tile + j * KPG + kg, j < 4 (each a 16-byte-aligned
@@ -32,30 +32,12 @@
 //   - several: each writes its partial to the workspace and counts itself done; the last one merges them all
 //     (weights 2^(m_s - m_max) / sum_s(l_s 2^(m_s - m_max))) into out. No second kernel, so no second launch
 //     per layer (it used to cost ~2-3 us a layer in a batch-1 decode step).
-//
-// ROPE = true (EngineOptions.rope_in_attention; a pure decode step, one token per sequence): rope_qkv's work for
-// the step is done here instead of in its own launch. q comes from the fused QKV row qkv[b] (bias, Qwen3 q_norm,
-// rotation at positions[b]: rope.cuh's steps, so the bits are rope_qkv's), straight into shared memory; the blocks
-// of a sequence's last split (the only ones that read its new key) first write the new K and V into cache slot
-// slot_mapping[b] (every block of that kv head writes the same bytes), then read the cache after a barrier. So
-// k_cache / v_cache carry no __restrict__: this kernel may write them, and its loads must see those writes. A
-// padding row (slot < 0) writes nothing; a position outside the rope table attends with q = 0 (rope_qkv would
-// leave q stale there; both only happen for bad input).
 #include "dtype.cuh"
 #include "pdl.cuh"
-#include "rope.cuh"
 #include "decode_split.cuh"
 
 constexpr int MAXG = 8;        // q heads per block; a larger GQA group is spread over several blocks
 constexpr int KPT = 4;         // keys per thread per tile
-// A sequence of up to ONE_SPLIT_TILES tiles is swept by one block; longer ones are split into tiles. Measured on the
-// H200 (Qwen2.5-0.5B, batch 1, a layer): a second split's merge (workspace, fence, counter, second pass) costs
-// ~2.3 us, a block's second tile ~1 us. So two tiles in one block beat two splits and a merge, and past that
-// one-tile splits (the merge paid once) beat longer ones.
-#ifndef ONE_SPLIT_TILES
-#define ONE_SPLIT_TILES 2
-#endif
-
 template <typename T, int D>
 struct Shape {
     static constexpr int VEC = 16 / sizeof(T);      // elements per 16-byte chunk
@@ -74,66 +56,13 @@ __device__ __forceinline__ int key_slot(const int* table, int key, int block_siz
     return (int)blk * block_size + key % block_size;
 }
 
-// The inputs of the ROPE variant (rope_qkv's, see rope.cu), gathered from the kernel's last arguments (null / 0 for
-// the plain kernel; flat arguments, because both launch paths pass only pointers and scalars).
-template <typename T>
-struct RopeIn {
-    const T *qkv, *bias, *q_norm, *k_norm;
-    const float *cos_t, *sin_t;
-    const int *positions, *slot_mapping;
-    float eps;
-    int n_pos, num_slots;
-};
-
-// ROPE: q heads h0 .. h0 + Gb - 1 of sequence b, rotated as rope_qkv would store them (rounded to T), scaled into
-// s_q; with write_kv (the sequence's last split) the new K and V of kv head kvh into the caches. A warp per head.
-template <typename T, int D>
-__device__ __forceinline__ void rope_prologue(const RopeIn<T>& rp, int b, int kvh, int h0, int Gb, int Hq, int Hkv,
-                                              bool write_kv, float scale_log2, int warp, int lane,
-                                              float (&s_q)[MAXG][D], T* k_cache, T* v_cache) {
-    constexpr int half = D / 2;
-    const int NH = Hq + 2 * Hkv;
-    const T* row = rp.qkv + (size_t)b * NH * D;
-    const int p = rp.positions[b];
-    const bool in_table = (unsigned)p < (unsigned)rp.n_pos;
-    const float* cr = rp.cos_t + (size_t)(in_table ? p : 0) * half;
-    const float* sr = rp.sin_t + (size_t)(in_table ? p : 0) * half;
-    float x1[MAX_PAIRS], x2[MAX_PAIRS];
-    for (int g = warp; g < Gb; g += 4) {  // warp-uniform
-        const int col = (h0 + g) * D;
-        rope_load(row + col, rp.bias, col, half, lane, x1, x2);
-        if (rp.q_norm) rope_norm(rp.q_norm, rp.eps, D, lane, x1, x2);
-        rope_rotate(cr, sr, half, lane, x1, x2);
-#pragma unroll
-        for (int k = 0; k < MAX_PAIRS; k++) {
-            const int i = lane + 32 * k;
-            if (i < half) {  // the T value rope_qkv would have stored in q, then scaled as the plain kernel does
-                s_q[g][i] = in_table ? rnd<T>(x1[k]) * scale_log2 : 0.0f;
-                s_q[g][i + half] = in_table ? rnd<T>(x2[k]) * scale_log2 : 0.0f;
-            }
-        }
-    }
-    const int slot = rp.slot_mapping[b];
-    if (!write_kv || !in_table || (unsigned)slot >= (unsigned)rp.num_slots || warp >= 2) return;
-    const int col = (Hq + warp * Hkv + kvh) * D;  // warp 0: the k head, warp 1: the v head
-    rope_load(row + col, rp.bias, col, half, lane, x1, x2);
-    if (warp == 0) {
-        if (rp.k_norm) rope_norm(rp.k_norm, rp.eps, D, lane, x1, x2);
-        rope_rotate(cr, sr, half, lane, x1, x2);
-    }
-    rope_store((warp == 0 ? k_cache : v_cache) + ((size_t)slot * Hkv + kvh) * D, half, lane, x1, x2);
-}
-
 // (128, 3): caps registers at 170 so 3 blocks fit per SM; with the plain bound ptxas picked a small spill for fp32.
-template <typename T, int D, bool ROPE>
+template <typename T, int D>
 __global__ void __launch_bounds__(128, 3)
 decode_attention(const T* __restrict__ q, const T* k_cache, const T* v_cache,
                  const int* __restrict__ block_tables, const int* __restrict__ seq_lens, int block_size, int M,
                  int num_blocks, float scale_log2, int Hq, int Hkv, int n_splits, float* __restrict__ ws_ml,
-                 float* __restrict__ ws_acc, unsigned* __restrict__ counters, T* __restrict__ out,
-                 const T* qkv, const T* bias, const T* q_norm, const T* k_norm, float eps, const float* cos_t,
-                 const float* sin_t, const int* positions, const int* slot_mapping, int n_pos, int num_slots) {
-    const RopeIn<T> rp{qkv, bias, q_norm, k_norm, cos_t, sin_t, positions, slot_mapping, eps, n_pos, num_slots};
+                 float* __restrict__ ws_acc, unsigned* __restrict__ counters, T* __restrict__ out) {
     pdl_enter();  // (pdl.cuh) a no-op unless launched with PDL
     using Sh = Shape<T, D>;
     constexpr int VEC = Sh::VEC, LPK = Sh::LPK, NV = Sh::NV, KPW = Sh::KPW, KPG = Sh::KPG, KT = Sh::KT;
@@ -152,13 +81,18 @@ decode_attention(const T* __restrict__ q, const T* k_cache, const T* v_cache,
     __shared__ __align__(16) float s_q[MAXG][D];       // q, pre-scaled by scale * log2(e): exp2f gives softmax
     __shared__ float s_m[4][MAXG], s_l[4][MAXG];       // per-warp running max / sum, merged at the end
     __shared__ float s_red[4][MAXG][D];                // per-warp accumulators, merged at the end
+    __shared__ bool s_last;                            // finish_decode_block's flag (last: see there)
     const int length = seq_length(seq_lens, b, M * block_size);
     if (length == 0) {  // a padding row: zeros, not 0/0 (written by split 0)
         if (split == 0)
             for (int i = tid; i < Gb * D; i += blockDim.x) out[((size_t)b * Hq + h0) * D + i] = from_f32<T>(0.0f);
         return;
     }
-    const int chunk = split_chunk(length, n_splits, KT, ONE_SPLIT_TILES);
+    // A sequence of up to 2 tiles is swept by one block; longer ones are split into tiles. Measured on the H200
+    // (Qwen2.5-0.5B, batch 1, a layer): a second split's merge (workspace, fence, counter, second pass) costs ~2.3 us,
+    // a block's second tile ~1 us. So two tiles in one block beat two splits and a merge, and past that one-tile
+    // splits (the merge paid once) beat longer ones. (cuda_kernels.py's DECODE_ONE_SPLIT_TILES)
+    const int chunk = split_chunk(length, n_splits, KT, 2);
     const int n_active = (length + chunk - 1) / chunk;  // the non-empty splits
     const int k_begin = split * chunk, k_end = min(k_begin + chunk, length);
     if (k_begin >= k_end) return;  // nothing here (the merge reads only the non-empty splits)
@@ -170,14 +104,9 @@ decode_attention(const T* __restrict__ q, const T* k_cache, const T* v_cache,
         const int key = k_begin + j * KPG + kg;
         slot[j] = key < k_end ? key_slot(table, key, block_size, num_blocks) : 0;
     }
-    if (ROPE) {
-        rope_prologue<T, D>(rp, b, kvh, h0, Gb, Hq, Hkv, split == n_active - 1, scale_log2, warp, lane, s_q,
-                            const_cast<T*>(k_cache), const_cast<T*>(v_cache));
-    } else {
-        const T* qb = q + ((size_t)b * Hq + h0) * D;  // issued while the block-table loads are in flight
-        for (int i = tid; i < Gb * D; i += blockDim.x) s_q[i / D][i % D] = to_f32(qb[i]) * scale_log2;
-    }
-    __syncthreads();  // s_q ready (and, with ROPE, the new K/V written before any warp reads the cache)
+    const T* qb = q + ((size_t)b * Hq + h0) * D;  // issued while the block-table loads are in flight
+    for (int i = tid; i < Gb * D; i += blockDim.x) s_q[i / D][i % D] = to_f32(qb[i]) * scale_log2;
+    __syncthreads();  // s_q ready
 
     // Each warp runs its own online softmax over its own keys (no barrier inside the loop): running max m and
     // sum l per head (the same in every lane), and per lane the unnormalised output for its X dims.
@@ -275,15 +204,12 @@ decode_attention(const T* __restrict__ q, const T* k_cache, const T* v_cache,
     }
     __syncthreads();
     finish_decode_block<T, D, MAXG>(s_red, s_m, s_l, Gb, b, h0, Hq, split, n_splits, n_active, ws_ml, ws_acc,
-                                    counters, out);
+                                    counters, out, s_last);
 }
 
-#define ONE_ROPE(T, D, R)                                                                                     \
-    template __global__ void decode_attention<T, D, R>(const T*, const T*, const T*, const int*, const int*, int,  \
-                                                       int, int, float, int, int, int, float*, float*, unsigned*,  \
-                                                       T*, const T*, const T*, const T*, const T*, float,          \
-                                                       const float*, const float*, const int*, const int*, int, int);
-#define ONE_D(T, D) ONE_ROPE(T, D, false) ONE_ROPE(T, D, true)
+#define ONE_D(T, D)                                                                                            \
+    template __global__ void decode_attention<T, D>(const T*, const T*, const T*, const int*, const int*, int, int,  \
+                                                    int, float, int, int, int, float*, float*, unsigned*, T*);
 // Small head dims (8-32) are for tiny test models (tests/fixtures, stories260K); 64-256 for real ones.
 #define ALL_D(T) ONE_D(T, 8) ONE_D(T, 16) ONE_D(T, 32) ONE_D(T, 64) ONE_D(T, 128) ONE_D(T, 256)
 ALL_D(float) ALL_D(__half) ALL_D(__nv_bfloat16)

@@ -1,20 +1,19 @@
 // decode_attention_tc.cu -- decode_attention.cu's op on tensor cores: a decode step of B sequences, each new query
 // per head attending keys 0..len_b-1 of the paged KV cache (same layout, arguments, splits and workspace; read that
-// file's header first). For 16-bit T and D in {64, 128}, with EngineOptions.tensor_cores (toolkit/backends/
-// cuda_kernels.py routes a plain decode step here; rope_in_attention keeps the CUDA-core kernel).
+// file's header first). For 16-bit T and D in {64, 128} and GQA groups of up to 16 heads; the step plan
+// (toolkit/model/plan.py) sends a decode step here where it pays (a big batch or a long context).
 //
 // Why: the CUDA-core kernel scores a key tile one q head after another, each a chain of dot products, shuffles,
 // exp2 and V sums, so a block of 7 heads (a GQA group of Qwen2.5) spent its time on that chain, not on bytes: at
-// batch 32 and a context of 1 to 129 keys, decode attention was ~160-300 us of a ~1 ms step (README, "Decode
-// attention on tensor cores"). Here the heads of a GQA group are the rows of one mma.m16n8k16 A tile ("GQA
-// packing"): a tile of 64 keys is S = Q K^T (16 heads x 64 keys, 4 warps x 16 keys) and O += P V, a few mma
-// instructions a warp instead of 7 chains.
+// batch 32 and a context of 1 to 129 keys, decode attention was ~160-300 us of a ~1 ms step
+// (experiments/NOTEBOOK.md, "Does decode attention at batch 32 pay on tensor cores?"). Here the heads of a GQA group
+// are the rows of one mma.m16n8k16 A tile ("GQA packing"): a tile of 64 keys is S = Q K^T (16 heads x 64 keys,
+// 4 warps x 16 keys) and O += P V, a few mma instructions a warp instead of 7 chains.
 //
 // One kernel (decode_attention_tc<T, D>): grid (Hkv * n_hg, n_splits, B), block 128 (4 warps), dynamic shared
 // memory (16 + 4 * 64) * (D + 8) * sizeof(T) (39 KB at D = 64).
 //   - A block owns gpb = ceil(G / n_hg) <= 16 q heads of one GQA group of one sequence (rows gpb..15 of the A tile
-//     are zeros and never stored) and one split of its keys (decode_split.cuh; one split up to DT_ONE_SPLIT_TILES
-//     tiles).
+//     are zeros and never stored) and one split of its keys (decode_split.cuh; one split up to 4 tiles).
 //   - K/V tiles of 64 keys are gathered through the block table into shared memory with cp.async (each 16-byte
 //     chunk from its row's slot; keys past the split are zero-filled) and double-buffered: tile j + 1 loads while
 //     tile j is used, and the block-table entries of tile j + 2 are read meanwhile. Tiles 0 and 1, but for the
@@ -23,7 +22,7 @@
 //     FlashAttention-2 steps of kernels/prefill_attention.cu, on a 16-key slice) with its own online softmax, so
 //     the 4 warps split the keys the way the CUDA-core kernel's do; at the end their partials meet in shared
 //     memory (over the dead K/V buffers) and decode_split.cuh's finish_decode_block merges them, and the splits.
-//   - A split of exactly 2 tiles is one pass over 128 keys instead (DT_PAIR_PASS): warp w takes keys 32w..32w+31.
+//   - A split of exactly 2 tiles is one pass over 128 keys instead: warp w takes keys 32w..32w+31.
 // Numerics: scores and sums in fp32, P rounded to T for the P V product (as in prefill_attention_tc), so it
 // matches the fp32 CPU twin (kernels/decode_attention.py) to bf16 rounding, not bit for bit.
 #include "dtype.cuh"
@@ -33,27 +32,6 @@
 
 constexpr int DT_ROWS = 16;  // q heads a block: the A tile's rows
 constexpr int DT_KT = 64;    // keys a tile: 16 a warp
-// A sequence of up to DT_ONE_SPLIT_TILES tiles is one split (no merge). A tile here costs a few mma a warp and its
-// loads overlap the previous tile's math, so a block sweeps more tiles than the CUDA-core kernel's 2 before a merge
-// pays off.
-#ifndef DT_ONE_SPLIT_TILES
-#define DT_ONE_SPLIT_TILES 4
-#endif
-// Tile 1 issued before the PDL wait too (1), or only in the loop, after it (0: for A/B runs through
-// TOOLKIT_NVRTC_DEFINES=-DDT_EARLY_TILE1=0).
-#ifndef DT_EARLY_TILE1
-#define DT_EARLY_TILE1 1
-#endif
-// A split of exactly 2 tiles (65-128 keys: at batch 32 half of bench's decode steps) in one pass of 32 keys a warp
-// (1), or tile after tile (0: for A/B runs). Tile after tile, the second tile cost 1.4-1.6 us a layer in the step
-// even though its loads were issued before the PDL wait: another wait, barrier pair, max reduction and rescale of
-// O, a chain of dependent instructions (benchmarks/results/ncu_decode_attention_tiles.log). In one pass the batch-32
-// step at 65 keys took 763.3 against 773.2 us (benchmarks/results/decode_pair_ab.log); the second tile still costs
-// ~1 us a layer, for reasons not found (README, "Two more leads for batch 32").
-#ifndef DT_PAIR_PASS
-#define DT_PAIR_PASS 1
-#endif
-
 // Cache slot of key `key` through one block-table row, or -1 (a zero-filled row) at or past `end`; the block id is
 // clamped to the cache.
 __device__ __forceinline__ int tile_slot(const int* table, int key, int end, int block_size, int num_blocks) {
@@ -90,22 +68,15 @@ __device__ __forceinline__ void scale_mask(float (&s)[NT][4], int k0, int c, int
         }
 }
 
-// (128, 2) gives 111 registers at D = 64 (163 at 128); the plain bound, DT_MIN_BLOCKS=0, gives 96 (155) and was
-// slower in the batch-32 step: 92.8 against 77.3 us at 1 key (benchmarks/results/decode_launch_bounds_ab.log).
-#ifndef DT_MIN_BLOCKS
-#define DT_MIN_BLOCKS 2
-#endif
-#if DT_MIN_BLOCKS > 0
-#define DT_BOUNDS __launch_bounds__(128, DT_MIN_BLOCKS)
-#else
-#define DT_BOUNDS __launch_bounds__(128)
-#endif
+// (128, 2) gives 111 registers at D = 64 (163 at 128); the plain bound gives 96 (155) and was slower in the
+// batch-32 step: 92.8 against 77.3 us at 1 key (experiments/logs/decode_launch_bounds_ab.log).
 template <typename T, int D>
-__global__ void DT_BOUNDS
+__global__ void __launch_bounds__(128, 2)
 decode_attention_tc(const T* __restrict__ q, const T* __restrict__ k_cache, const T* __restrict__ v_cache,
                     const int* __restrict__ block_tables, const int* __restrict__ seq_lens, int block_size, int M,
                     int num_blocks, float scale_log2, int Hq, int Hkv, int n_splits, float* __restrict__ ws_ml,
                     float* __restrict__ ws_acc, unsigned* __restrict__ counters, T* __restrict__ out) {
+    __shared__ bool dt_last;  // finish_decode_block's flag (first: see there)
     // Rows padded by 8 elements: the 8 row addresses of one ldmatrix fall in 8 different 16-byte bank groups.
     constexpr int LD = D + 8, TILE = DT_KT * LD;
     extern __shared__ __align__(16) unsigned char dt_smem[];
@@ -130,7 +101,10 @@ decode_attention_tc(const T* __restrict__ q, const T* __restrict__ k_cache, cons
             for (int i = tid; i < Gb * D; i += blockDim.x) out[((size_t)b * Hq + h0) * D + i] = from_f32<T>(0.0f);
         return;
     }
-    const int chunk = split_chunk(length, n_splits, DT_KT, DT_ONE_SPLIT_TILES);
+    // A sequence of up to 4 tiles is one split (no merge). A tile here costs a few mma a warp and its loads overlap
+    // the previous tile's math, so a block sweeps more tiles than the CUDA-core kernel's 2 before a merge pays off
+    // (4 against 2: experiments/logs/decode_tc_one_split_ab.log). (cuda_kernels.py's TC_ONE_SPLIT_TILES)
+    const int chunk = split_chunk(length, n_splits, DT_KT, 4);
     const int n_active = (length + chunk - 1) / chunk;  // the non-empty splits
     const int k_begin = split * chunk, k_end = min(k_begin + chunk, length);
     if (k_begin >= k_end) return;  // nothing here (the merge reads only the non-empty splits); before any barrier
@@ -142,12 +116,12 @@ decode_attention_tc(const T* __restrict__ q, const T* __restrict__ k_cache, cons
 
     // Before the wait (PDL): what the previous kernels of this step cannot have written. The block tables and
     // lengths are staged before the step, and the cache rows of keys 0..length-2 were written by earlier steps:
-    // in a pure decode step (the only one launched with PDL) rope_qkv (or the qkv projection, with rope_in_gemm)
+    // in a pure decode step (the only one launched with PDL) rope_qkv (or gemm_skinny_rope's qkv projection)
     // writes just each sequence's new key, length - 1, into its sequence's own last block. So the slots of tiles
     // 0 and 1 are read, and both tiles' K/V rows but the new key's start loading, while the previous kernel still
     // runs: a sequence of up to 2 tiles then waits for no K/V load after the wait but the new key's. (Against
     // loading tile 1 in the loop, after the wait: decode attention at batch 32 took 100.8 against 109.5 us a step
-    // at 65 keys, 142.6 against 153.6 at 129, 184.0 against 199.4 at 256; benchmarks/results/
+    // at 65 keys, 142.6 against 153.6 at 129, 184.0 against 199.4 at 256; experiments/logs/
     // decode_tc_early_tile1_ab.log.)
     // The new key's row counted from tile 0's first; -1 where it is not in this split (a split ends before it: then
     // its tile-1 rows past k_end are zero-filled like any other, none skipped).
@@ -159,7 +133,7 @@ decode_attention_tc(const T* __restrict__ q, const T* __restrict__ k_cache, cons
     __syncthreads();
     load_tile_rows<T, D, LD>(Ks, kb, s_slot[0], kv_stride, new_row);
     load_tile_rows<T, D, LD>(Vs, vb, s_slot[0], kv_stride, new_row);
-    if (DT_EARLY_TILE1 && n_kt > 1) {
+    if (n_kt > 1) {
         load_tile_rows<T, D, LD>(Ks + TILE, kb, s_slot[1], kv_stride, new_row - DT_KT);
         load_tile_rows<T, D, LD>(Vs + TILE, vb, s_slot[1], kv_stride, new_row - DT_KT);
     }
@@ -173,7 +147,7 @@ decode_attention_tc(const T* __restrict__ q, const T* __restrict__ k_cache, cons
     }
     // The new key's row, where it falls in tile 0 or 1 (in a later tile the loop loads it, after the wait).
     // D / 8 chunks of K, then of V (new_row >= 0: the key is in this split, so its slot is >= 0).
-    if (new_row >= 0 && new_row < (1 + DT_EARLY_TILE1) * DT_KT && tid < D / 4) {
+    if (new_row >= 0 && new_row < 2 * DT_KT && tid < D / 4) {
         const int col = (tid % (D / 8)) * 8, t = new_row / DT_KT, r = new_row % DT_KT;
         const size_t off = (size_t)s_slot[t][r] * kv_stride + col;
         cp_async16((tid < D / 8 ? Ks : Vs) + t * TILE + r * LD + col, (tid < D / 8 ? kb : vb) + off, true);
@@ -185,10 +159,12 @@ decode_attention_tc(const T* __restrict__ q, const T* __restrict__ k_cache, cons
 #pragma unroll
     for (int n = 0; n < D / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
 
-    if (DT_PAIR_PASS && DT_EARLY_TILE1 && n_kt == 2) {
+    if (n_kt == 2) {
         // Both tiles are in flight already (before the wait, above): one pass over their 128 keys, warp w taking
         // keys 32w..32w+31 (the two buffers are adjacent, so keys 0..127 are rows 0..127 of Ks and Vs). One
-        // online-softmax step, one wait and one barrier pair instead of two (see DT_PAIR_PASS above).
+        // online-softmax step, one wait and one barrier pair instead of two: tile after tile, the second tile cost
+        // 1.4-1.6 us a layer (another wait, barrier pair, max reduction and rescale of O), and the batch-32 step at
+        // 65 keys took 773.2 against 763.3 us in one pass (experiments/logs/decode_pair_ab.log).
         cp_async_wait<0>();
         __syncthreads();
         const int k0 = k_begin + warp * 32;
@@ -203,7 +179,7 @@ decode_attention_tc(const T* __restrict__ q, const T* __restrict__ k_cache, cons
         for (int j = 0; j < n_kt; j++) {
             const int buf = j & 1, k0 = k_begin + j * DT_KT + warp * 16;  // k0: this warp's first key of the tile
             // The next tile into the other buffer while this one is used (tile 1: before the wait, above).
-            if (j >= DT_EARLY_TILE1 && j + 1 < n_kt) {
+            if (j >= 1 && j + 1 < n_kt) {
                 load_slot_rows<T, D, LD, DT_KT>(Ks + (buf ^ 1) * TILE, kb, s_slot[buf ^ 1], kv_stride);
                 load_slot_rows<T, D, LD, DT_KT>(Vs + (buf ^ 1) * TILE, vb, s_slot[buf ^ 1], kv_stride);
                 cp_async_commit();
@@ -250,7 +226,7 @@ decode_attention_tc(const T* __restrict__ q, const T* __restrict__ k_cache, cons
     }
     __syncthreads();
     finish_decode_block<T, D, DT_ROWS>(red, s_m, s_l, Gb, b, h0, Hq, split, n_splits, n_active, ws_ml, ws_acc,
-                                       counters, out);
+                                       counters, out, dt_last);
 }
 
 #define DT_INSTANCE(T, D)                                                                                     \

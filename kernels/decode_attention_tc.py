@@ -7,7 +7,7 @@ once and merge to the same softmax:
     equal runs of whole tiles over n_splits);
   - a split is swept in tiles of KT = 64 keys; warp w of the block takes keys 16w..16w+15 of each tile, for every
     head of the GQA group at once (the mma's 16 rows), with its own running max m, sum l and output acc; except
-    a split of exactly 2 tiles (PAIR_PASS), swept in one pass where warp w takes keys 32w..32w+31;
+    a split of exactly 2 tiles, swept in one pass where warp w takes keys 32w..32w+31;
   - at the end the 4 warps are merged, each rescaled from its own max to the block's, and then the splits, each
     from the block's max to the sequence's (decode_split.cuh's finish_decode_block).
 Everything is fp32 (the GPU rounds P to 16 bits for the P V product: the GPU tests allow for that).
@@ -16,8 +16,7 @@ import numpy as np
 
 KT = 64               # keys a tile (DT_KT)
 WARPS = 4             # warps a block, each a 16-key slice of every tile (32 keys in a 2-tile pass)
-ONE_SPLIT_TILES = 4   # DT_ONE_SPLIT_TILES
-PAIR_PASS = True      # DT_PAIR_PASS
+ONE_SPLIT_TILES = 4   # decode_attention_tc.cu: a sequence of up to this many tiles is one split
 
 
 def split_chunk(length: int, n_splits: int, kt: int = KT, one_split_tiles: int = ONE_SPLIT_TILES) -> int:
@@ -68,7 +67,7 @@ def decode_attention_tc(q, k_cache, v_cache, block_tables, seq_lens, block_size,
                 k_end = min(k_begin + chunk, L)
                 warps = [(np.full(G, -np.inf, np.float32), np.zeros(G, np.float32), np.zeros((G, D), np.float32))
                          for _ in range(WARPS)]
-                pair = PAIR_PASS and -(-(k_end - k_begin) // KT) == 2
+                pair = -(-(k_end - k_begin) // KT) == 2
                 kt, slice_ = (2 * KT, 32) if pair else (KT, 16)  # keys a pass, keys a warp's slice
                 for k0 in range(k_begin, k_end, kt):
                     for w in range(WARPS):

@@ -25,12 +25,15 @@ __device__ __forceinline__ int seq_length(const int* seq_lens, int b, int max_le
 // the block normalises straight into out. Several: each writes its partial to the workspace (ws_ml: max, sum;
 // ws_acc: output) and counts itself done in counters[b, blockIdx.x]; the last one merges them all (weights
 // 2^(m_s - m_max) / sum_s(l_s 2^(m_s - m_max))) into out and resets the counter, so graphs replay it. (No second
-// kernel: a second launch per layer cost ~2-3 us in a batch-1 decode step.) m and l are overwritten.
+// kernel: a second launch per layer cost ~2-3 us in a batch-1 decode step.) m and l are overwritten. s_last: a
+// __shared__ flag of the kernel's (each kernel declares it where its shared-memory layout, and so its machine code,
+// stays what was measured: the order of __shared__ declarations is the layout).
 template <typename T, int D, int R>
 __device__ __forceinline__ void finish_decode_block(const float (*red)[R][D], float (*m)[R], float (*l)[R], int Gb,
                                                     int b, int h0, int Hq, int split, int n_splits, int n_active,
                                                     float* __restrict__ ws_ml, float* __restrict__ ws_acc,
-                                                    unsigned* __restrict__ counters, T* __restrict__ out) {
+                                                    unsigned* __restrict__ counters, T* __restrict__ out,
+                                                    bool& s_last) {
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     for (int i = tid; i < Gb * D; i += blockDim.x) {
         const int g = i / D, d = i % D;
@@ -54,7 +57,6 @@ __device__ __forceinline__ void finish_decode_block(const float (*red)[R][D], fl
 
     // Several splits: the last of them to finish merges all (the others' writes are visible to it: each block
     // fences before it counts itself, and the merge reads through L2).
-    __shared__ bool s_last;
     __threadfence();
     __syncthreads();  // also: every thread is done reading m, l before they are reused below
     if (tid == 0) {

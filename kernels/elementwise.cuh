@@ -1,5 +1,5 @@
 // elementwise.cuh -- the per-element arithmetic of SwiGLU (activation.cu) and RMSNorm's output (rmsnorm.cu),
-// rounding for rounding, shared with gemv_fused (gemv.cu), which folds both into its prologue.
+// rounding for rounding, shared with the kernels that fold SwiGLU into their epilogue (gemv.cu, gemm_skinny.cu).
 #ifndef TOOLKIT_ELEMENTWISE_CUH
 #define TOOLKIT_ELEMENTWISE_CUH
 // (after dtype.cuh: kernel_source pastes headers in one level deep, so this one includes nothing itself)

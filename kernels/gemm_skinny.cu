@@ -1,9 +1,9 @@
 // gemm_skinny.cu -- y[m, n] = sum_k x[m, k] * w[n, k] for 1-32 rows m, on tensor cores: the small projections of
-// a decode step at batch 2-32 (EngineOptions.skinny_gemm; toolkit/backends/cuda.py routes qkv and o here, where it
-// measured faster than cuBLAS; README, "A tensor-core GEMM for 2-32 rows, second attempt"). Like gemv.cu this is a
-// weight stream (each weight byte is used M <= 32 times, far too few to be compute-bound), so what matters is how
-// many weight bytes are in flight, and that the step's kernels keep overlapping (PDL: cuBLAS's kernels do not
-// take part, so each one drains the GPU before it starts).
+// a decode step at batch 2-32 (the step plan, toolkit/model/plan.py, routes qkv and o here, where it
+// measured faster than cuBLAS; experiments/NOTEBOOK.md, "A tensor-core GEMM for 2-32 rows, second attempt").
+// Like gemv.cu this is a weight stream (each weight byte is used M <= 32 times, far too few to be
+// compute-bound), so what matters is how many weight bytes are in flight, and that the step's kernels keep
+// overlapping (PDL: cuBLAS's kernels do not take part, so each one drains the GPU before it starts).
 //
 // Layout (row-major, HF's [out, in] weights): x T[M, K]; w T[N, K]; y TO[M, N] (TO = T, or float for logits).
 // T is bf16 or fp16 (fp32 stays on cuBLAS); K % 32 == 0, 16-byte aligned rows (the wrapper checks).
@@ -20,10 +20,10 @@
 //     of the S blocks adds the S tiles in slice order and writes y. Either way the sums run in a fixed order: the
 //     same bits on every launch, graph or eager.
 // S is 1 except where the tiles alone leave SMs idle and K is long (the down projection: 56 tiles of 4,864
-// columns at Qwen2.5-0.5B). (The previous attempt, gemm_small in benchmarks/results/gemm_small_experiments.log,
+// columns at Qwen2.5-0.5B). (The previous attempt, gemm_small in experiments/logs/gemm_small_experiments.log,
 // split K into up to 19 slices and was slowest where its last block then read them all. A persistent version of
 // this kernel, a block looping over tiles with its ring running on across them, measured slower at every shape:
-// benchmarks/results/gemm_skinny_persistent.log.)
+// experiments/logs/gemm_skinny_persistent.log.)
 //
 // Fragments without ldmatrix or shared memory. mma.m16n8k16 (mma.cuh) wants lane (g = lane / 4, c = lane % 4)
 // to hold k = 2c, 2c+1, 2c+8, 2c+9 of its A rows g, g+8 and of its B column g. A dot product does not care which
@@ -39,7 +39,7 @@
 // I + j0..; the epilogue writes y[m, j] = swiglu(T(gate), T(up)) (elementwise.cuh), the bits silu_mul would
 // write from this kernel's gate_up, so gate_up is never written and silu_mul never launched.
 //
-// gemm_skinny_rope (the qkv projection of a decode step, EngineOptions.rope_in_gemm): rope_qkv's work as the
+// gemm_skinny_rope (the qkv projection of a decode step, the plan's skinny_rope): rope_qkv's work as the
 // epilogue, so qkv is never written and rope_qkv never launched. RoPE pairs dims i and i + D/2 of a head, and the
 // mma tile's 16 rows are two halves of 8 (lane g holds rows g and g + 8), so tile t of head h = t / (D/16) streams
 // weight rows h D + 8q + g (the first half, q = t % (D/16)) and h D + D/2 + 8q + g (the second): each lane ends
@@ -315,10 +315,11 @@ gemm_skinny_rope(const T* __restrict__ x, const T* __restrict__ w, float* __rest
 }
 
 // The o projection with add_rmsnorm's residual add as its epilogue, and the RMSNorm split in two (gemm_skinny_norm,
-// EngineOptions.norm_in_gemm; README, "The post-attention RMSNorm in the o projection"). RMSNorm(h) * w =
-// inv(h) * (h * w), with inv(h) = rsqrt(mean(h^2) + eps) one number a row: the weight is applied here, elementwise,
-// and inv, which needs the whole row, where the product is next used (silu_mul_scaled, after the gate_up GEMM:
-// W (inv h * w) = inv W (h * w)). So the add_rmsnorm between the o projection and gate_up is never launched.
+// the plan's skinny_norm; experiments/NOTEBOOK.md, "Can the post-attention RMSNorm move into the o projection?").
+// RMSNorm(h) * w = inv(h) * (h * w), with inv(h) = rsqrt(mean(h^2) + eps) one number a row: the weight is applied
+// here, elementwise, and inv, which needs the whole row, where the product is next used (silu_mul_scaled, after
+// the gate_up GEMM: W (inv h * w) = inv W (h * w)). So the add_rmsnorm between the o projection and gate_up is
+// never launched.
 // Epilogue, for output (m, n) of this tile: o = T(y) (the o projection as it would be written), then add_rmsnorm's
 // add, h = T(float(residual) + float(o)) written back (the same bits as add_rmsnorm's residual), x_out = T(h * w[n])
 // for the gate_up GEMM, and parts[tile][m] = the sum of h^2 over the tile's 16 columns, in column order

@@ -1,7 +1,7 @@
 // gemv.cu -- y[m, n] = sum_k x[m, k] * w[n, k] for a handful of rows m < M <= 4: the projections of a decode
 // step at batch 1-4, where every weight byte is read once and used M times, so the op is a pure weight stream.
 // (cuBLAS is tuned for larger M; at M = 1 its kernels leave bandwidth unused on these shapes: bench_kernels.py
-// compares both, and EngineOptions.small_batch_gemv switches between them.)
+// compares both, and the step plan, toolkit/model/plan.py, picks this kernel for a 1-row step.)
 //
 // Layout (row-major, HF's [out, in] weights): x T[M, K]; w T[N, K]; y TO[M, N] (TO = T, or float for logits).
 // Requires K % (16 / sizeof(T)) == 0 and 16-byte aligned rows (the wrapper checks).
@@ -16,7 +16,79 @@
 #include "dtype.cuh"
 #include "elementwise.cuh"
 #include "pdl.cuh"
-#include "gemv.cuh"
+
+// Weights are constants, so a kernel launched with PDL (pdl.cuh) loads the first GEMV_PF 16-byte chunks of each
+// lane's weight row before it waits for the previous kernel: with K = 896 in bf16 that is the whole row (112
+// chunks, 3.5 a lane), so the weight stream overlaps the previous kernel's tail. Launched normally it is the same
+// loads, issued first. (8 measured slower: 1.373 against 1.312 ms at depth 4096, bench_pdl_prefetch8.log.)
+constexpr int GEMV_PF = 4;
+
+// A lane's chunks are c0, c0 + cs, c0 + 2 cs, ... (c0 = part * 32 + lane, cs = 32 * wpr).
+__device__ __forceinline__ void w_prefetch(const uint4* __restrict__ wr, int KC, int c0, int cs,
+                                           uint4 (&pre)[GEMV_PF]) {
+#pragma unroll
+    for (int p = 0; p < GEMV_PF; p++) {
+        const int c = c0 + cs * p;
+        pre[p] = c < KC ? __ldg(wr + c) : make_uint4(0u, 0u, 0u, 0u);
+    }
+}
+
+// One warp's dot products of weight row wr with the M rows of x: the lane takes 16-byte chunks c0, c0 + cs, ...
+// (the first GEMV_PF of them already in pre); x_chunk(m, c) gives chunk c of x row m. Returns, in every lane, the
+// warp's sums (fp32, reduced over the warp by xor shuffles).
+template <typename T, int M, typename XChunk>
+__device__ __forceinline__ void warp_dots(const uint4* __restrict__ wr, int KC, int c0, int cs,
+                                          const uint4 (&pre)[GEMV_PF], XChunk x_chunk, float (&acc)[M]) {
+    constexpr int VEC = 16 / sizeof(T);
+#pragma unroll
+    for (int m = 0; m < M; m++) acc[m] = 0.0f;
+    auto dot_chunk = [&](uint4 w, int c) {
+        Chunk<T> wc;
+        wc.u = w;
+#pragma unroll
+        for (int m = 0; m < M; m++) {
+            Chunk<T> xc;
+            xc.u = x_chunk(m, c);
+#pragma unroll
+            for (int e = 0; e < VEC; e++) acc[m] += to_f32(wc.e[e]) * to_f32(xc.e[e]);
+        }
+    };
+#pragma unroll
+    for (int p = 0; p < GEMV_PF; p++)
+        if (c0 + cs * p < KC) dot_chunk(pre[p], c0 + cs * p);
+    // Unrolled so each lane has several independent 16-byte weight loads in flight (latency hiding).
+#pragma unroll 4
+    for (int c = c0 + cs * GEMV_PF; c < KC; c += cs) dot_chunk(__ldg(wr + c), c);
+#pragma unroll
+    for (int m = 0; m < M; m++)
+        for (int o = 16; o > 0; o >>= 1) acc[m] += __shfl_xor_sync(0xffffffffu, acc[m], o);
+}
+
+// Which row and which part of it this warp takes (wpr warps a row, 8 / wpr rows a block).
+struct RowPart {
+    int n, part, c0, cs;
+    __device__ RowPart(int warp, int lane, int wpr)
+        : n(blockIdx.x * (8 / wpr) + warp / wpr), part(warp % wpr), c0(part * 32 + lane), cs(32 * wpr) {}
+};
+
+// With wpr > 1, the row's first warp adds the row's partial sums, in part order, into acc (every warp of the
+// block must call it: it has a barrier). Returns whether this warp holds the row's full sums.
+template <int M>
+__device__ __forceinline__ bool row_sums(const RowPart& r, int warp, int lane, int wpr, float (&acc)[M]) {
+    if (wpr == 1) return true;
+    __shared__ float s_part[8][M];
+#pragma unroll
+    for (int m = 0; m < M; m++)
+        if (lane == 0) s_part[warp][m] = acc[m];
+    __syncthreads();
+    if (r.part) return false;
+#pragma unroll
+    for (int m = 0; m < M; m++) {
+        acc[m] = s_part[warp][m];
+        for (int p = 1; p < wpr; p++) acc[m] += s_part[warp + p][m];
+    }
+    return true;
+}
 
 template <typename T, typename TO, int M>
 __global__ void __launch_bounds__(256, 1)
@@ -97,98 +169,6 @@ gemv_swiglu(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ ou
         if (lane == 0) out[(size_t)m * I + r.n] = swiglu(from_f32<T>(acc[m]), from_f32<T>(acc[M + m]));
 }
 
-// ---- gemv_fused: the same weight stream with the work around it folded in -------------------------------------
-// A decode step at batch 1 is launch-bound: each small kernel between two GEMVs costs a launch and a drain
-// for a few KB of data. gemv_fused moves that work into the GEMV that consumes or produces it:
-//   PRO = GF_NORM:   x = RMSNorm(h) * norm_w (h T[M, K], read-only here): the qkv and gate_up projections
-//   PRO = GF_SWIGLU: x = silu(gate) * up (gate_up T[M, 2K]):              the down projection
-//   PRO = GF_NONE:   x as given:                                          the o projection
-//   ADD:  y[m, n] = T(y[m, n] + T(acc)) in place, i.e. y is the residual h: o and down add into it
-// Every block computes the whole prologue into shared memory (K values a row; the inputs are a few KB in L2),
-// then streams its 8 / wpr weight rows as gemv does. The roundings are those of the unfused kernels (elementwise.cuh,
-// then a T result added in T), so only the order of the sum of squares differs.
-// ADD is race-free: element (m, n) is read and written by lane 0 of row n's first warp only, and no prologue reads y.
-// Each warp issues its first weight loads (w_prefetch) before the prologue, so the prologue runs while they fly.
-constexpr int GF_NONE = 0, GF_NORM = 1, GF_SWIGLU = 2;
-
-template <typename T, int M, int PRO, bool ADD>
-__global__ void __launch_bounds__(256, 1)
-gemv_fused(const T* __restrict__ x, const T* __restrict__ norm_w, float eps, const T* __restrict__ w, T* y,
-           int N, int K, int wpr) {
-    constexpr int VEC = 16 / sizeof(T);
-    extern __shared__ __align__(16) unsigned char gf_smem[];
-    T* xs = reinterpret_cast<T*>(gf_smem);  // [M][K]: the prologue's output (PRO != GF_NONE)
-    __shared__ float s_ss[8][M];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, KC = K / VEC;
-    const RowPart r(warp, lane, wpr);
-    const uint4* wr = reinterpret_cast<const uint4*>(w + (size_t)min(r.n, N - 1) * K);
-    uint4 pre[GEMV_PF];
-    w_prefetch(wr, KC, r.c0, r.cs, pre);  // before the prologue and the wait: the weights do not depend on them
-    pdl_enter();
-    if (PRO == GF_SWIGLU) {
-        for (int c = threadIdx.x; c < M * KC; c += blockDim.x) {
-            const int m = c / KC, k = (c % KC) * VEC;
-            Chunk<T> g, u, o;
-            g.u = __ldg(reinterpret_cast<const uint4*>(x + (size_t)m * 2 * K + k));
-            u.u = __ldg(reinterpret_cast<const uint4*>(x + (size_t)m * 2 * K + K + k));
-#pragma unroll
-            for (int e = 0; e < VEC; e++) o.e[e] = swiglu(g.e[e], u.e[e]);
-            *reinterpret_cast<uint4*>(xs + m * K + k) = o.u;
-        }
-        __syncthreads();
-    } else if (PRO == GF_NORM) {
-        // Pass 1: each row's sum of squares (per thread, per warp by shuffles, per block through s_ss).
-        float ss[M];
-#pragma unroll
-        for (int m = 0; m < M; m++) ss[m] = 0.0f;
-        for (int c = threadIdx.x; c < M * KC; c += blockDim.x) {
-            const int m = c / KC;
-            Chunk<T> h;
-            h.u = __ldg(reinterpret_cast<const uint4*>(x + (size_t)m * K) + c % KC);
-            float a = 0.0f;
-#pragma unroll
-            for (int e = 0; e < VEC; e++) a += to_f32(h.e[e]) * to_f32(h.e[e]);
-#pragma unroll
-            for (int r = 0; r < M; r++) if (r == m) ss[r] += a;  // unrolled: ss stays in registers
-        }
-#pragma unroll
-        for (int m = 0; m < M; m++) {
-            for (int o = 16; o > 0; o >>= 1) ss[m] += __shfl_xor_sync(0xffffffffu, ss[m], o);
-            if (lane == 0) s_ss[warp][m] = ss[m];
-        }
-        __syncthreads();
-        // Pass 2: normalise, round to T, scale by the weight, round again (rmsnorm.cu's order).
-        for (int c = threadIdx.x; c < M * KC; c += blockDim.x) {
-            const int m = c / KC, k = (c % KC) * VEC;
-            float tot = 0.0f;
-#pragma unroll
-            for (int i = 0; i < 8; i++) tot += s_ss[i][m];
-            const float inv = rsqrtf(tot / (float)K + eps);
-            Chunk<T> h, nw, o;
-            h.u = __ldg(reinterpret_cast<const uint4*>(x + (size_t)m * K + k));
-            nw.u = __ldg(reinterpret_cast<const uint4*>(norm_w + k));
-#pragma unroll
-            for (int e = 0; e < VEC; e++) o.e[e] = rms_scale(to_f32(h.e[e]), inv, nw.e[e]);
-            *reinterpret_cast<uint4*>(xs + m * K + k) = o.u;
-        }
-        __syncthreads();
-    }
-    if (wpr == 1 && r.n >= N) return;  // whole warp, after the block's prologue barriers (row_sums has none then)
-    float acc[M];
-    warp_dots<T, M>(wr, KC, r.c0, r.cs, pre, [&](int m, int c) {
-        return PRO == GF_NONE ? __ldg(reinterpret_cast<const uint4*>(x + (size_t)m * K) + c)
-                              : *reinterpret_cast<const uint4*>(xs + m * K + c * VEC);
-    }, acc);
-    if (!row_sums<M>(r, warp, lane, wpr, acc) || r.n >= N) return;
-#pragma unroll
-    for (int m = 0; m < M; m++) {
-        if (lane == 0) {
-            T* yp = y + (size_t)m * N + r.n;
-            *yp = ADD ? from_f32<T>(to_f32(*yp) + to_f32(from_f32<T>(acc[m]))) : from_f32<T>(acc[m]);
-        }
-    }
-}
-
 #define GEMV_M(T, TO)                                                                                      \
     template __global__ void gemv<T, TO, 1>(const T*, const T*, TO*, int, int, int);                       \
     template __global__ void gemv<T, TO, 2>(const T*, const T*, TO*, int, int, int);                       \
@@ -202,10 +182,3 @@ GEMV_M(__nv_bfloat16, __nv_bfloat16) GEMV_M(__nv_bfloat16, float)
     template __global__ void gemv_swiglu<T, 3>(const T*, const T*, T*, int, int, int);                        \
     template __global__ void gemv_swiglu<T, 4>(const T*, const T*, T*, int, int, int);
 GEMV_SWIGLU(float) GEMV_SWIGLU(__half) GEMV_SWIGLU(__nv_bfloat16)
-#define GF_ARGS(T) const T*, const T*, float, const T*, T*, int, int, int
-#define GEMV_FUSED_M(T, M)                                                                                 \
-    template __global__ void gemv_fused<T, M, GF_NORM, false>(GF_ARGS(T));                                   \
-    template __global__ void gemv_fused<T, M, GF_NONE, true>(GF_ARGS(T));                                    \
-    template __global__ void gemv_fused<T, M, GF_SWIGLU, true>(GF_ARGS(T));
-#define GEMV_FUSED(T) GEMV_FUSED_M(T, 1) GEMV_FUSED_M(T, 2) GEMV_FUSED_M(T, 3) GEMV_FUSED_M(T, 4)
-GEMV_FUSED(float) GEMV_FUSED(__half) GEMV_FUSED(__nv_bfloat16)

@@ -2,13 +2,10 @@
 
 On the CPU BLAS already streams the weights at memory speed for any number of rows, so the twin is the same
 matmul the CPU backend's `linear` uses; it exists so the GPU kernel has a reference under its own name.
-`gemv_fused` is the twin of gemv.cu's gemv_fused: the RMSNorm, SwiGLU or residual add around a projection, done
-by the other ops' twins, in the order the unfused model runs them.
 """
 import numpy as np
 
 from .activation import silu_mul
-from .rmsnorm import add_rmsnorm
 
 MAX_ROWS = 4  # gemv.cu is instantiated for M = 1..4
 
@@ -43,27 +40,3 @@ def gemv_swiglu(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
     """out[M, I] = silu(x @ w[:I].T) * (x @ w[I:].T): the gate_up projection (w [2I, K]) with SwiGLU as its
     epilogue, as gemv.cu's gemv_swiglu does it: gemv, then silu_mul's rounding. float32, M <= MAX_ROWS."""
     swiglu_projection("gemv_swiglu", gemv, x, w, out)
-
-
-FUSED_KINDS = ("norm", "add", "swiglu_add")
-
-
-def gemv_fused(x: np.ndarray, w: np.ndarray, y: np.ndarray, kind: str, norm_weight=None, eps: float = 0.0) -> None:
-    """kind "norm": y = (RMSNorm(x) * norm_weight) @ w.T, x the residual h [M, K]; "add": y += x @ w.T, y the
-    residual [M, N]; "swiglu_add": y += (silu(gate) * up) @ w.T, x = gate_up [M, 2K]. float32, M <= MAX_ROWS."""
-    if kind not in FUSED_KINDS:
-        raise ValueError(f"gemv_fused: kind {kind!r} is not one of {FUSED_KINDS}")
-    M, (N, K) = x.shape[0], w.shape
-    if (not 1 <= M <= MAX_ROWS or x.shape != (M, 2 * K if kind == "swiglu_add" else K) or y.shape != (M, N)
-            or (kind == "norm") != (norm_weight is not None)):
-        raise ValueError(f"gemv_fused({kind}): x {x.shape}, w {w.shape}, y {y.shape} (1 <= M <= {MAX_ROWS})")
-    if kind == "norm":
-        xn = np.empty_like(x)
-        add_rmsnorm(None, x, norm_weight, eps, xn)
-        np.matmul(xn, w.T, out=y)
-        return
-    if kind == "swiglu_add":
-        act = np.empty((M, K), np.float32)
-        silu_mul(x, act)
-        x = act
-    y += x @ w.T

@@ -95,6 +95,37 @@ def check_tables(block_tables, seq_lens, block_size, num_slots):
 
 
 @njit(cache=True, nogil=True)
+def descending_order(x):
+    """Indices of x by descending value, equal values in ascending index, NaN last: a bottom-up merge sort.
+
+    Written out because a cached kernel must not call numba's np.sort / np.argsort (nor partition, unique,
+    searchsorted, sorted). Numba names a compiled function by qualified name, argument types and a per-process
+    counter, and its sort factory makes np.sort's and np.argsort's helpers under one name with the same types: two
+    cache files written by different processes can then hold one symbol with two bodies, and the first one loaded
+    serves both. That is how sparse_prefill's cached np.sort once stood in for _plan's np.argsort (garbage work
+    items, then MemoryError or a segfault; tests/kernels/test_numba_cache.py)."""
+    n = x.shape[0]
+    a = np.arange(n)
+    b = np.empty(n, np.int64)
+    w = 1
+    while w < n:
+        for lo in range(0, n, 2 * w):
+            mid, hi = min(lo + w, n), min(lo + 2 * w, n)
+            i, j = lo, mid
+            for k in range(lo, hi):
+                # Take the right run's head only when it ranks strictly first: ties keep index order (stable).
+                if i < mid and (j >= hi or not (x[a[j]] > x[a[i]] or (x[a[i]] != x[a[i]] and x[a[j]] == x[a[j]]))):
+                    b[k] = a[i]
+                    i += 1
+                else:
+                    b[k] = a[j]
+                    j += 1
+        a, b = b, a
+        w *= 2
+    return a
+
+
+@njit(cache=True, nogil=True)
 def _plan(query_start_loc, seq_lens, bq):
     """Query blocks of every sequence as rows (sequence, first row, n, position of the first query), ordered so that
     any contiguous range of blocks mixes cheap and costly ones: prange hands each thread a contiguous range of
@@ -115,7 +146,7 @@ def _plan(query_start_loc, seq_lens, bq):
             blocks[k, 0], blocks[k, 1], blocks[k, 2], blocks[k, 3] = b, query_start_loc[b] + t, n, last0
             cost[k] = n * (last0 + n)
             k += 1
-    order = np.argsort(-cost)
+    order = descending_order(cost)
     zig = np.empty((nblk, 4), np.int64)
     for r in range(nblk):
         zig[r] = blocks[order[r // 2 if r % 2 == 0 else nblk - 1 - r // 2]]
@@ -170,6 +201,46 @@ def _prefill(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, block
         _prefill_serial(q, k_cache, v_cache, block_tables, blocks, block_size, scale, out)
     return -1
 
+
+
+# Decode's drivers (kernels/decode_attention.py is their wrapper) live here, beside attend: the cached code of a
+# jitted function holds its callees' code, and numba does not notice when a callee in another file changes.
+@njit(cache=True, nogil=True, parallel=True)
+def _decode_parallel(q, k_cache, v_cache, block_tables, seq_lens, block_size, scale, out):
+    Hkv = k_cache.shape[1]
+    group = q.shape[1] // Hkv
+    for item in prange(seq_lens.shape[0] * Hkv):
+        b, kvh = item // Hkv, item % Hkv
+        attend(q, b, 1, kvh * group, group, k_cache, v_cache, kvh, block_tables[b], block_size, seq_lens[b] - 1,
+               scale, out)
+
+
+@njit(cache=True, nogil=True)
+def _decode_serial(q, k_cache, v_cache, block_tables, seq_lens, block_size, scale, out):
+    Hkv = k_cache.shape[1]
+    group = q.shape[1] // Hkv
+    for item in range(seq_lens.shape[0] * Hkv):
+        b, kvh = item // Hkv, item % Hkv
+        attend(q, b, 1, kvh * group, group, k_cache, v_cache, kvh, block_tables[b], block_size, seq_lens[b] - 1,
+               scale, out)
+
+
+@njit(cache=True, nogil=True)
+def decode(q, k_cache, v_cache, block_tables, seq_lens, block_size, scale, out, min_macs):
+    """One decode step (kernels/decode_attention.py): validates (returns the first bad sequence, or -1), then runs
+    the serial or parallel driver by size. One compiled entry point: the choice costs no extra Python-level
+    dispatch on the per-token path."""
+    bad = check_tables(block_tables, seq_lens, block_size, k_cache.shape[0])
+    if bad >= 0:
+        return bad
+    keys = 0
+    for b in range(seq_lens.shape[0]):
+        keys += seq_lens[b]
+    if keys * q.shape[1] * q.shape[2] >= min_macs:
+        _decode_parallel(q, k_cache, v_cache, block_tables, seq_lens, block_size, scale, out)
+    else:
+        _decode_serial(q, k_cache, v_cache, block_tables, seq_lens, block_size, scale, out)
+    return -1
 
 def check_shapes(op, q, k_cache, v_cache, block_tables, seq_lens, block_size, out):
     """Shared by the prefill and decode wrappers: dtypes, q/out [rows, Hq, D], caches [num_slots, Hkv, D]."""

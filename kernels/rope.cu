@@ -16,7 +16,7 @@
 // Layout (row-major): qkv T[T, (Hq+2Hkv)*D]; bias T[(Hq+2Hkv)*D] or nullptr; q_norm, k_norm T[D] or nullptr;
 // cos, sin float[P, D/2]; positions, slot_mapping int[T]; q_out T[T, Hq, D]; k_cache, v_cache T[num_slots, Hkv, D].
 // Launch: block 128 threads = 4 warps, one warp per (token, head) item, grid ceil(T*(Hq+2Hkv) / 4); the warp's
-// steps are in rope.cuh (shared with decode_attention.cu's rope_in_attention variant). A decode step of one token
+// steps are in rope.cuh (shared with gemm_skinny.cu's RoPE epilogue). A decode step of one token
 // is 18 warps in 5 blocks.
 #include "dtype.cuh"
 #include "pdl.cuh"

@@ -1,5 +1,5 @@
-// rope.cuh -- one warp's share of RoPE for one (token, head) of the fused QKV row: the steps of rope.cu's rope_qkv,
-// also run by decode_attention.cu's rope_in_attention variant, so both produce the same bits.
+// rope.cuh -- one warp's share of RoPE for one (token, head) of the fused QKV row: the steps of rope.cu's rope_qkv;
+// gemm_skinny.cu's RoPE epilogue uses its rounding (rnd) and rotation (rope_pair), so both produce the same bits.
 // Lane l owns the pairs (i, i + D/2) for i = l, l+32, ... (at most MAX_PAIRS, so D <= 256): the per-head norm is a
 // warp reduction and the rotation needs no data exchange. Values stay fp32 between the steps; each step rounds to T
 // where HF holds a T tensor (see rope.cu).

@@ -163,12 +163,10 @@ __device__ __forceinline__ float max_nan(float a, float b) {  // max that propag
     return d;
 }
 
-// Tuning knob, timed by benchmarks/profile_sampler.py: GS_BLOCKS, the blocks per SM that __launch_bounds__ asks
-// the registers to allow (5: 48 registers a thread, no spills; 6 would need 40, and spills). Shared memory,
-// 32 KB a block for bf16, allows 6.
-#ifndef GS_BLOCKS
-#define GS_BLOCKS 5
-#endif
+// GS_BLOCKS: the blocks per SM that gumbel_sample's __launch_bounds__ asks the registers to allow (5: 48 registers a
+// thread, no spills; 6 would need 40, and spills; timed by profile_sampler.py). Shared memory, 32 KB a block for
+// bf16, allows 6.
+constexpr int GS_BLOCKS = 5;
 __device__ __forceinline__ float exact_key(float v, float u) { return v + gumbel_u(u); }
 
 __device__ __forceinline__ unsigned sel4(uint4 w, int q) { return q == 0 ? w.x : q == 1 ? w.y : q == 2 ? w.z : w.w; }

@@ -29,7 +29,7 @@
 //    toolkit/sparse.py, nearly every union chunk; 1.10 -> 0.74 ms a layer at 16K tokens). Rows that see no key
 //    of a chunk keep m = -inf (guarded: exp2 never sees -inf - -inf). 157 registers at D=64, so 3 CTAs per SM:
 //    bounding it to 128 (4 CTAs, as the dense kernel) spilled. Measured on the H200:
-//    benchmarks/results/bench_sparse_layer.log, sparse_kernels.log.
+//    experiments/logs/bench_sparse_layer.log, sparse_kernels.log.
 #include "dtype.cuh"
 #include "paged.cuh"
 #include "scan.cuh"

@@ -258,7 +258,7 @@ sparse_topk(const float* __restrict__ scores, int N, const int* __restrict__ qsl
             // holds bin 255 - h), so d is the one bin whose keys above it number < need <= those up to it. Digit
             // 0 takes what is left when the bins hold fewer than need keys (bad input). Thread 0 walking the 256
             // bins one by one was a chain of dependent shared-memory loads: 4 passes of it were about half of
-            // this kernel's 39 us a layer at 4,096 tokens (benchmarks/results/sparse_kernels_4k.log).
+            // this kernel's 39 us a layer at 4,096 tokens (experiments/logs/sparse_kernels_4k.log).
             const int c = tid < 256 ? hist[255 - tid] : 0;
             int all;
             const int above = block_scan<TK_THREADS>(c, warp_sums, &all);

@@ -139,6 +139,31 @@ def indexer_scores(qbar, kbar, query_start_loc, seq_lens, R: int, Q: int, r0: in
     return out
 
 
+@njit(cache=True, nogil=True)
+def _descending_order(x):
+    """kernels/prefill_attention.py descending_order (stable, NaN last), copied rather than imported: a cached
+    kernel calls no np.sort / np.argsort (see there), and no jitted function of another file (numba's cache does
+    not notice when a callee in another file changes)."""
+    n = x.shape[0]
+    a = np.arange(n)
+    b = np.empty(n, np.int64)
+    w = 1
+    while w < n:
+        for lo in range(0, n, 2 * w):
+            mid, hi = min(lo + w, n), min(lo + 2 * w, n)
+            i, j = lo, mid
+            for k in range(lo, hi):
+                if i < mid and (j >= hi or not (x[a[j]] > x[a[i]] or (x[a[i]] != x[a[i]] and x[a[j]] == x[a[j]]))):
+                    b[k] = a[i]
+                    i += 1
+                else:
+                    b[k] = a[j]
+                    j += 1
+        a, b = b, a
+        w *= 2
+    return a
+
+
 @njit(cache=True, nogil=True, parallel=True)
 def _topk(scores, row, cnt, p0, r0, R, K, out):
     for i in prange(scores.shape[0]):
@@ -149,9 +174,16 @@ def _topk(scores, row, cnt, p0, r0, R, K, out):
             if nt <= K:
                 sel[:nt] = np.arange(nt)
             else:
-                # Stable sort of -score: equal scores keep ascending block order, so the lower block wins a tie.
-                order = np.argsort(-scores[i, :nt], kind="mergesort")
-                sel[:] = np.sort(order[:K])
+                # Stable descending order: equal scores keep ascending block order, so the lower block wins a tie.
+                order = _descending_order(scores[i, :nt])
+                keep = np.zeros(nt, np.bool_)
+                for r in range(K):
+                    keep[order[r]] = True
+                c = 0
+                for j in range(nt):  # the K kept blocks in ascending order
+                    if keep[j]:
+                        sel[c] = j
+                        c += 1
         for r in range(cnt[tr]):
             t, n = row[tr] + r, (p0[tr] + r + 1) // R
             if n <= K:  # short row: every complete block, in order

@@ -1,4 +1,9 @@
-"""toolkit: a small LLM inference engine written to be read (README.md)."""
+"""toolkit: a small LLM inference engine written to be read (README.md).
+
+    from toolkit import LLM, SamplingParams      # the Python API (toolkit/engine/llm.py), vLLM's shape
+"""
+
+__all__ = ["LLM", "SamplingParams"]
 
 
 def _version() -> str:
@@ -20,8 +25,18 @@ def _version() -> str:
 
 
 def __getattr__(name: str):
-    # Computed on first use: reading package metadata scans sys.path, which every `import toolkit`
-    # (the CLI, the tests) would otherwise pay for.
+    # Computed on first use: reading package metadata scans sys.path, and the API imports NumPy and the engine,
+    # which every `import toolkit` (the CLI, the tests) would otherwise pay for.
     if name == "__version__":
         return _version()
+    if name == "LLM":
+        from toolkit.engine.llm import LLM
+        return LLM
+    if name == "SamplingParams":
+        from toolkit.sampler.params import SamplingParams
+        return SamplingParams
     raise AttributeError(f"module 'toolkit' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(list(globals()) + __all__ + ["__version__"])

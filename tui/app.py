@@ -4,20 +4,26 @@ Generation runs in a thread worker (`_generate`) that only reads the session's m
 posts batches of RequestOutputs to the app (`post_message` is thread-safe); every widget is touched on the
 UI thread, in the message handlers. The engine itself lives on the EngineWorker's thread.
 
-Every EngineOptions switch gets a ctrl+<letter> binding (footer and command palette), generated from the
-dataclass: a switch added later appears with no change here (a function key from F2 on, once the free letters
-run out, then ctrl+F2 on). `sampler_fast_path` and `sparse_prefill` take ctrl+f / ctrl+s when they exist.
+Layout: from WIDE_AT columns on, the panel stands right of the chat; on a narrower terminal it moves under
+the chat, compact (its header and toggles with their states, and a one-line summary), so the chat keeps the
+full width. ctrl+t shows or hides the panel's details either way.
+
+Keys: each EngineOptions toggle has a function key from F2 on, in EngineOptions.names() order (the sampler
+fast path also keeps ctrl+f); a toggle this backend cannot run has no key and no line. F1 (or ? when the
+prompt does not have focus) lists every key.
 """
 from __future__ import annotations
 
 import sys
 import time
+from dataclasses import dataclass
 from functools import partial
 
 from textual import on, work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.command import DiscoveryHit, Hit, Hits, Provider
+from textual.css.query import NoMatches
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.message import Message
 from textual.widgets import Footer, Input, Static
@@ -27,86 +33,78 @@ from toolkit.errors import ToolkitError
 from toolkit.engine.options import EngineOptions
 
 from .chat_view import ErrorScreen, Note, ReplyGroup, UserMessage
-from .session import ChatSession, Turn, fast_path_note
+from .help import HelpScreen
+from .session import ChatSession, Turn
 from .settings import Settings, SettingsModal
-from .timings_panel import TimingsPanel
+from .step_stats import implied_off
+from .timings_panel import TimingsPanel, key_label, label
 
 SWITCH_INTERVAL_S = 5e-5  # see on_mount
 FLUSH_S = 1 / 15  # the worker posts outputs at most this often (many replies x fast steps = many tokens)
-RESERVED_KEYS = {"sampler_fast_path": "f", "sparse_prefill": "s"}
-# ctrl+letters taken by the prompt Input's editing keys, the terminal (m=enter, i=tab, h=backspace,
-# j=newline), quit/copy (q, c), the palette (p), the two reserved switches, and the app's own commands.
-APP_KEYS = {"clear": "l", "regenerate": "r", "settings": "o", "system": "y"}
-_TAKEN = set("acdeiuwkxvmhjqpzfs") | set(APP_KEYS.values())
+WIDE_AT = 106  # columns from which the panel (64 wide at least) stands beside a chat of 40 and more
+FAST_PATH_ALIAS = "ctrl+f"  # the sampler fast path's key from before the F-keys, kept
 
 
 def toggle_keys(names) -> dict:
-    """switch name -> ctrl+<letter>: the reserved ones, then the first free initial, then any free letter; once
-    the letters run out, function keys from F2 on, then ctrl+F2 on."""
-    letters, used = {n: RESERVED_KEYS[n] for n in names if n in RESERVED_KEYS}, set(_TAKEN)
-    for name in names:
-        if name in letters:
-            continue
-        words = name.split("_")
-        candidates = [w[0] for w in reversed(words) if w] + [c for c in name if c.isalpha()] + \
-            list("bgnotlry")
-        letter = next((c for c in candidates if c not in used), None)
-        if letter is not None:
-            letters[name] = letter
-            used.add(letter)
-    spare = iter([f"f{i}" for i in range(2, 13)] + [f"ctrl+f{i}" for i in range(2, 13)])
-    return {**{n: f"ctrl+{k}" for n, k in letters.items()}, **{n: next(spare) for n in names if n not in letters}}
+    """toggle name -> function key, from F2 on, in order (EngineOptions has at most six toggles)."""
+    names = tuple(names)
+    if len(names) > 11:
+        raise ValueError(f"{len(names)} toggles: only F2-F12 are free")
+    return {n: f"f{i + 2}" for i, n in enumerate(names)}
 
 
 TOGGLE_KEYS = toggle_keys(EngineOptions.names())
+# What F1 says of each command (the toggles say their EngineOptions help).
+HELP_TEXT = {"quit": "quit", "help": "this list of keys (? only outside the prompt)",
+             "cancel_reply": "cancel the reply (it keeps what came)",
+             "settings": "settings: sampling parameters, parallel replies, system prompt (ctrl+o saves)",
+             "system": "edit the system prompt", "clear": "clear the conversation",
+             "regenerate": "regenerate the last reply", "details": "show or hide the timing details",
+             "command_palette": "command palette: every command by name"}
 
 
-def _label(name: str) -> str:
-    return name.replace("_", " ")
-
-
-# -- messages from the worker thread ------------------------------------------------------------------------
+# -- messages from the worker thread (dataclass messages, as Textual's own) ---------------------------------
+@dataclass
 class Loaded(Message):
-    def __init__(self, session: ChatSession):
-        super().__init__()
-        self.session = session
+    session: ChatSession
 
 
+@dataclass
 class LoadFailed(Message):
-    def __init__(self, reason: str):
-        super().__init__()
-        self.reason = reason
+    reason: str
 
 
+@dataclass
 class ReplyChunk(Message):
-    def __init__(self, turn: Turn, outputs: tuple):
-        super().__init__()
-        self.turn, self.outputs = turn, outputs
+    turn: Turn
+    outputs: tuple
 
 
+@dataclass
 class ReplyDone(Message):
-    def __init__(self, turn: Turn):
-        super().__init__()
-        self.turn = turn
+    turn: Turn
 
 
 # -- the command palette ------------------------------------------------------------------------------------
 class ChatCommands(Provider):
-    """One command per engine switch, and the conversation commands."""
+    """One command per toggle this backend can run (with the state it ran with), and the app's commands."""
 
     def _commands(self):
         app = self.app
-        if not isinstance(app, ChatApp) or app.session is None:
+        if not isinstance(app, ChatApp) or app.session is None or app.panel is None:
             return []
         cmds = []
-        for name in EngineOptions.names():
-            state = "on" if getattr(app.session.options, name) else "off"
-            cmds.append((f"Toggle {_label(name)} (now {state})", partial(app.action_toggle, name),
+        for name in app.session.toggles:
+            ran, asked = app.panel.state(name), getattr(app.session.options, name)
+            state = ("on" if ran else "off") + ("" if ran == asked else f", asked {'on' if asked else 'off'}")
+            cmds.append((f"Toggle {label(name)} (runs {state})", partial(app.action_toggle, name),
                          EngineOptions.help(name)))
         cmds += [("System prompt", app.action_system, "edit the system prompt"),
                  ("Clear conversation", app.action_clear, "start a new conversation"),
                  ("Regenerate last reply", app.action_regenerate, "run the last prompt again"),
-                 ("Settings", app.action_settings, "sampling parameters, parallel replies, system prompt")]
+                 ("Settings", app.action_settings, "sampling parameters, parallel replies, system prompt"),
+                 ("Keys", app.action_help, "every key"),
+                 ("Timing details", app.action_details, "show or hide the timing details")]
         return cmds
 
     async def discover(self) -> Hits:
@@ -129,19 +127,29 @@ class ChatApp(App):
     #chat-column { width: 1fr; }
     #conversation { height: 1fr; padding: 0 1; }
     #prompt { dock: bottom; }
-    #side { width: 64; border-left: solid $primary; }
-    #loading { padding: 1 2; color: $text-muted; }
+    #side { width: 42%; min-width: 64; max-width: 84; border-left: solid $primary; }
+    #main.-narrow { layout: vertical; }
+    #main.-narrow #chat-column { height: 1fr; }
+    #main.-narrow #side { width: 1fr; min-width: 0; max-width: 100%; height: auto; max-height: 50%;
+                          border-left: none; border-top: solid $primary; }
+    #main.-narrow #side.-details { height: 1fr; max-height: 100%; }
+    #loading { padding: 0 1; color: $text-muted; }
     """
     COMMANDS = App.COMMANDS | {ChatCommands}
     BINDINGS = [
         Binding("ctrl+q", "quit", "quit", priority=True),
         Binding("ctrl+c", "quit", "quit", show=False, priority=True),
+        Binding("f1", "help", "keys", key_display="F1", priority=True),
+        Binding("question_mark", "help", "keys", show=False),
         Binding("escape", "cancel_reply", "cancel"),
-        Binding(f"ctrl+{APP_KEYS['settings']}", "settings", "settings"),
-        Binding(f"ctrl+{APP_KEYS['system']}", "system", "system prompt", show=False),
-        Binding(f"ctrl+{APP_KEYS['clear']}", "clear", "clear"),
-        Binding(f"ctrl+{APP_KEYS['regenerate']}", "regenerate", "regenerate"),
-    ] + [Binding(key, f"toggle('{name}')", _label(name), priority=True) for name, key in TOGGLE_KEYS.items()]
+        Binding("ctrl+o", "settings", "settings"),
+        Binding("ctrl+y", "system", "system prompt", show=False),
+        Binding("ctrl+l", "clear", "clear"),
+        Binding("ctrl+r", "regenerate", "regen"),
+        Binding("ctrl+t", "details", "details"),
+    ] + [Binding(key, f"toggle('{name}')", label(name), show=False, priority=True)
+         for name, key in TOGGLE_KEYS.items()] + \
+        [Binding(FAST_PATH_ALIAS, "toggle('sampler_fast_path')", "sampler fast path", show=False, priority=True)]
 
     def __init__(self, load, **kw):
         """`load()` returns a ChatSession; it runs in a thread, and whatever it raises becomes the error screen."""
@@ -152,6 +160,7 @@ class ChatApp(App):
         self.turn: Turn | None = None
         self._group: ReplyGroup | None = None
         self._last_step = -1
+        self.details: bool | None = None  # the timing details shown (ctrl+t); None: as the width says
         self.load_error: str | None = None  # why the model did not load (the exit code is then 2)
 
     def compose(self) -> ComposeResult:
@@ -168,7 +177,29 @@ class ChatApp(App):
         # default a thread waits up to 5 ms for it while the UI thread renders: on the CPU a default-model
         # decode step of ~6 ms took ~48 ms in the app. A 50 us switch interval brought it to ~13 ms.
         sys.setswitchinterval(SWITCH_INTERVAL_S)
+        self._relayout()
         self._load()
+
+    # -- layout ------------------------------------------------------------------------------------------
+    @property
+    def narrow(self) -> bool:
+        return self.size.width < WIDE_AT
+
+    def on_resize(self) -> None:
+        self._relayout()
+
+    def _relayout(self) -> None:
+        """Beside the chat from WIDE_AT columns on, else under it and compact; ctrl+t overrides the details."""
+        narrow = self.narrow
+        details = self.details if self.details is not None else not narrow
+        try:
+            main, side = self.query_one("#main"), self.query_one("#side")
+        except NoMatches:  # not composed yet
+            return
+        main.set_class(narrow, "-narrow")
+        side.set_class(details, "-details")
+        if self.panel is not None:
+            self.panel.set_compact(not details)
 
     # -- loading -----------------------------------------------------------------------------------------
     @work(thread=True, group="load")
@@ -186,30 +217,56 @@ class ChatApp(App):
 
     async def on_loaded(self, message: Loaded) -> None:
         s = self.session = message.session
-        self.panel = TimingsPanel(s.header, EngineOptions.names(), s.peak_gbps, s.engine.weight_bytes,
-                                  id="timings")
+        toggles = s.toggles
+        self.panel = TimingsPanel(s.header, toggles, s.peak_gbps, s.engine.weight_bytes,
+                                  keys={n: TOGGLE_KEYS[n] for n in toggles},
+                                  implied=implied_off(s.engine.backend, toggles),
+                                  requested=s.options, expected=s.effective(), id="timings")
         side = self.query_one("#side")
         await side.remove_children()
         await side.mount(self.panel)
+        self._relayout()
         self.panel.set_context_use(0, s.engine.max_context)
-        self.panel.set_fast_path_note(fast_path_note(s.params))
+        self.panel.set_fast_path_note(s.fast_path_why())
         mode = "chat template" if s.chat_mode else "no chat template: plain continuation"
-        await self._note(f"{s.model_name} ({mode}) · {getattr(s.engine, 'device_note', '')}")
+        await self._note(f"{s.model_name} ({mode}) · {getattr(s.engine, 'device_note', '')} · F1: keys")
+        self._prompt(None)
+
+    def _prompt(self, busy: str | None) -> None:
+        """Disable the prompt while a reply runs (`busy` says so in it), or enable and focus it (None)."""
         prompt = self.query_one("#prompt", Input)
-        prompt.disabled = False
-        prompt.placeholder = "message (Enter sends)" if s.chat_mode else "text to continue (Enter sends)"
-        prompt.focus()
+        prompt.disabled = busy is not None
+        prompt.placeholder = busy or ("message (Enter sends)" if self.session.chat_mode
+                                      else "text to continue (Enter sends)")
+        if busy is None:
+            prompt.focus()
         self.refresh_bindings()
+
+    # -- keys --------------------------------------------------------------------------------------------
+    def help_rows(self) -> list:
+        """(keys, what) for every key the app answers to now: the toggles this backend can run, then the rest."""
+        toggles = self.session.toggles if self.session is not None else ()
+        by_action = {}
+        for b in self.BINDINGS:
+            by_action.setdefault(b.action, []).append(b.key)
+        rows = [("Enter", "send the prompt")] + [(key_label(",".join(keys)), HELP_TEXT.get(action, action))
+                                                 for action, keys in by_action.items()
+                                                 if not action.startswith("toggle(")]
+        rows.append((self.COMMAND_PALETTE_BINDING, HELP_TEXT["command_palette"]))
+        return rows + [(key_label(",".join(by_action[f"toggle('{n}')"])), f"{label(n)}: {EngineOptions.help(n)}")
+                       for n in toggles]
 
     def on_load_failed(self, message: LoadFailed) -> None:
         self.load_error = message.reason
         self.push_screen(ErrorScreen(message.reason))
 
     def check_action(self, action: str, parameters: tuple) -> bool | None:
-        if action in ("quit", "command_palette", "help_quit"):
+        if action in ("quit", "command_palette", "help_quit", "help"):
             return True
         if self.session is None:
             return False
+        if action == "toggle":
+            return parameters[0] in self.session.toggles  # no key for a toggle this backend cannot run
         if action == "cancel_reply":
             return True if self.turn is not None else None
         if action in ("regenerate", "clear", "settings", "system") and self.turn is not None:
@@ -240,10 +297,7 @@ class ChatApp(App):
         self.turn = turn
         self._group = ReplyGroup(len(turn.handles))
         await conv.mount(self._group)
-        prompt = self.query_one("#prompt", Input)
-        prompt.disabled = True
-        prompt.placeholder = "generating... (Esc cancels)"
-        self.refresh_bindings()
+        self._prompt("generating... (Esc cancels)")
         self._generate(turn)
 
     @work(thread=True, exclusive=True, group="reply")
@@ -299,11 +353,7 @@ class ChatApp(App):
                              f"{st.prefill_tps:.0f} tok/s | {st.generated_tokens} tok, {st.decode_tps:.1f} tok/s"
                              f"{batch}{end}]")
         self.turn = self._group = None
-        prompt = self.query_one("#prompt", Input)
-        prompt.disabled = False
-        prompt.placeholder = "message (Enter sends)" if self.session.chat_mode else "text to continue"
-        prompt.focus()
-        self.refresh_bindings()
+        self._prompt(None)
 
     # -- actions -----------------------------------------------------------------------------------------
     def action_cancel_reply(self) -> None:
@@ -312,30 +362,43 @@ class ChatApp(App):
 
     def action_toggle(self, name: str) -> None:
         s = self.session
-        if s is None:
+        if s is None or name not in s.toggles:
             return
         value = not getattr(s.options, name)
         s.set_option(name, value)
-        self.panel.mark_toggle(name, value)
+        self.panel.set_requested(s.options, s.effective())
         runs = getattr(s.effective(), name)
-        extra = "" if runs == value else " (this backend runs it as off)"
-        self.notify(f"{_label(name)} {'on' if value else 'off'}{extra}", timeout=2)
+        extra = "" if runs == value else f" (runs {'on' if runs else 'off'} here)"
+        self.notify(f"{label(name)} {'on' if value else 'off'} from the next step{extra}", timeout=2)
+
+    def action_help(self) -> None:
+        if not isinstance(self.screen, HelpScreen):
+            self.push_screen(HelpScreen(self.help_rows()))
+
+    def action_details(self) -> None:
+        if self.panel is None:
+            return
+        self.details = self.panel.compact  # compact now: show the details
+        self._relayout()
 
     def _settings(self) -> Settings:
         s = self.session
         return Settings(s.params, s.replies, s.system)
 
+    def _engine_line(self) -> str:
+        return " · ".join(f"{label(n)} {'on' if self.panel.state(n) else 'off'}" for n in self.session.toggles)
+
     def _apply_settings(self, result: Settings | None) -> None:
         if result is None:
             return
         self.session.configure(result.params, result.replies, result.system)
-        self.panel.set_fast_path_note(fast_path_note(result.params))
+        self.panel.set_fast_path_note(self.session.fast_path_why())
 
-    def action_settings(self) -> None:
-        self.push_screen(SettingsModal(self._settings()), self._apply_settings)
+    def action_settings(self, focus: str | None = None) -> None:
+        self.push_screen(SettingsModal(self._settings(), focus=focus, engine=self._engine_line()), self._apply_settings)
 
     def action_system(self) -> None:
-        self.push_screen(SettingsModal(self._settings(), focus="system"), self._apply_settings)
+        self.action_settings("system")
 
     async def action_clear(self) -> None:
         if self.session is None or self.turn is not None:

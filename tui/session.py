@@ -16,7 +16,6 @@ the engine itself lives on the EngineWorker's thread, reached only through its q
 from __future__ import annotations
 
 import dataclasses
-import math
 import queue
 import threading
 import typing
@@ -24,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from toolkit.engine import SamplingParams
+from toolkit.engine.options import EngineOptions
 from toolkit.errors import ToolkitError
 from toolkit.sampler.params import load_generation_config
 
@@ -45,12 +45,10 @@ def default_params(model_dir) -> SamplingParams:
 
 
 def fast_path_note(params: SamplingParams, vocab_size: int | None = None) -> str | None:
-    """Why the batch needs logits processing (so a sampler fast path cannot apply), or None. The same test
-    as the sampler's gate."""
+    """The parameters that need logits processing (so the sampler fast path cannot apply), as "temperature 0.7,
+    top_k 20", or None. The same test as the sampler's gate."""
     reasons = params.processing_reasons(vocab_size, has_stop_ids=bool(params.stop_token_ids) or not params.ignore_eos)
-    if not reasons:
-        return None
-    return f"sampler fast path not applicable: {', '.join(reasons)} needs logits processing"
+    return ", ".join(reasons) if reasons else None
 
 
 @dataclass
@@ -124,9 +122,19 @@ class ChatSession:
         return {"device": e.backend.name, "model": self.model_name, "dtype": e.backend.dtype,
                 "context": e.max_context}
 
+    @property
+    def toggles(self) -> tuple:
+        """The toggles this backend can run (the UI shows no others)."""
+        return EngineOptions.available(self.engine.backend)
+
+    def fast_path_why(self) -> str | None:
+        """Why the sampler fast path will not apply to this session's requests (None: it will)."""
+        cfg = getattr(self.engine, "cfg", None)
+        return fast_path_note(self.params, getattr(cfg, "vocab_size", None))
+
     def effective(self, options=None):
-        """The options as this backend runs them (an unsupported switch reads as off)."""
-        return (options or self.options).effective(self.engine.backend.name, self.engine.backend.dtype)
+        """The options as this backend runs them (a toggle it cannot run reads as off)."""
+        return (options or self.options).effective(self.engine.backend)
 
     # -- settings -----------------------------------------------------------------------------------------
     def configure(self, params: SamplingParams | None = None, replies: int | None = None,
@@ -232,7 +240,7 @@ class ChatSession:
             user = self.messages[-2]["content"]
             del self.messages[-2:]
             return user
-        piece = getattr(self, "_last_piece", "")
+        piece = self._last_piece
         if not piece or not self.transcript.endswith(piece):
             return None
         self.transcript = self.transcript[:-len(piece)]
@@ -241,7 +249,3 @@ class ChatSession:
 
     def close(self):
         self.worker.close()
-
-
-def tokens_per_s(n: int, ms: float) -> float:
-    return n / (ms / 1e3) if ms > 0 and math.isfinite(ms) else 0.0

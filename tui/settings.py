@@ -1,5 +1,6 @@
 """The settings modal: one row per SamplingParams field (so fields a later issue adds appear by themselves),
-plus the number of parallel replies and the system prompt. Save checks everything by building the values;
+plus the number of parallel replies and the system prompt; above them, read-only, the engine's toggles as
+the last step ran them (their keys flip them, F1 lists the keys). Save checks everything by building the values;
 a bad one gets a message under the form and the modal stays open.
 
 Fields holding strings or pairs (stop, bad_words, logit_bias) have no row: comma-separated text cannot say
@@ -78,20 +79,23 @@ class SettingsModal(ModalScreen[Settings | None]):
 
     DEFAULT_CSS = """
     SettingsModal { align: center middle; }
-    SettingsModal > Vertical { width: 72; height: auto; max-height: 90%; border: thick $accent;
+    SettingsModal > Vertical { width: 72; max-width: 100%; height: 90%; border: thick $accent;
                                background: $surface; padding: 0 1; }
-    SettingsModal #settings-form { height: auto; max-height: 30; }
+    SettingsModal #settings-form { height: 1fr; }
     SettingsModal .row { height: 3; }
     SettingsModal .row Label { width: 22; padding: 1 1 0 0; }
     SettingsModal .row Input { width: 1fr; }
+    SettingsModal #settings-engine { color: $text-muted; }
     SettingsModal #settings-error { color: $error; height: auto; }
     SettingsModal #settings-buttons { height: 3; align-horizontal: right; }
     """
     BINDINGS = [Binding("escape", "cancel", "cancel"), Binding("ctrl+o", "save", "save", priority=True)]
 
-    def __init__(self, settings: Settings, focus: str | None = None):
+    def __init__(self, settings: Settings, focus: str | None = None, engine: str = ""):
+        """`engine`: the toggles as the last step ran them, shown read-only (their keys flip them)."""
         super().__init__()
         self.settings = settings
+        self.engine = engine
         self._focus = focus
         self._fields = [f for f in sampling_fields() if f[0] not in NO_ROW]
 
@@ -99,6 +103,9 @@ class SettingsModal(ModalScreen[Settings | None]):
         p = self.settings.params
         with Vertical():
             yield Static("[b]Settings[/b]  (ctrl+o saves, Esc cancels)")
+            if self.engine:
+                yield Static(f"engine, as it ran: {self.engine} (F1 lists their keys)", id="settings-engine",
+                             markup=False)
             with VerticalScroll(id="settings-form"):
                 for name, tp, _ in self._fields:
                     base, _ = _kind(tp)

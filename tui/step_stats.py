@@ -2,20 +2,29 @@
 
 `StepStats` takes each engine step's `StepTiming` and keeps: current and mean ms per decode step and tok/s
 (since the options or batch size last changed), the last prefill, the recent decode steps for the sparkline
-with the positions where a switch was toggled, per-phase means over eager steps (phases are whatever
-`StepTiming.sections_ms` holds, plus "host" and "detokenize"), and the A/B table: for every `EngineOptions`
-switch, the steps seen with it on and with it off. Everything is generic, so switches and sections added by
-later issues appear with no change here. A step's time is its device time (`gpu_ms`), or its wall time where
-a step has no device time.
+with the positions where a toggle took effect, per-phase means over eager steps (phases are whatever
+`StepTiming.sections_ms` holds, plus "host" and "detokenize"), and the A/B comparison.
+
+The A/B comparison compares like with like. A step's time depends on its shape far more than on any toggle
+(a decode step of 32 rows is not a decode step of one), so each toggle's "on" and "off" means come from steps
+of one shape: the same kind, batch size and context bucket (`step_shape`), with every other toggle in the
+same state (flipping two toggles at once leaves neither comparable). A toggle whose "off" forces another off
+(PDL runs only in CUDA graphs) is compared with that one free (`implied_off`). Only the groups that have both
+"on" and "off" steps become rows, each with its sample counts.
+
+A step's time is its device time (`gpu_ms`), or its wall time where a step has no device time.
 """
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass
 
 from toolkit.engine.options import EngineOptions
 
 WINDOW = 64  # decode steps on the sparkline; steps in the phase means
 HOST, DETOKENIZE = "host", "detokenize"
+MIN_PROMPT_BUCKET = 16  # prefill steps are grouped by prompt tokens: 16, 32, 64, ...
+KIND_ORDER = {"decode": 0, "mixed": 1, "prefill": 2}
 
 
 def step_ms(step) -> float:
@@ -30,6 +39,53 @@ def sampler_bytes(step):
 
 def is_eager(step) -> bool:
     return bool(step.sections_ms) and not step.graph
+
+
+def _pow2_at_least(n: int, smallest: int) -> int:
+    b = smallest
+    while b < n:
+        b *= 2
+    return b
+
+
+@dataclass(frozen=True, order=True)
+class Shape:
+    """What a step's time depends on besides the toggles: kind, batch size (requests in the step) and size.
+
+    `size` is the decode attention's context bucket for a decode step (`StepTiming.context_bucket`, the bucket
+    its plan and CUDA graph were made for) and the prompt tokens of the step rounded up to a power of two for
+    a prefill or mixed step (prefix-cached tokens included, so that prefix caching on and off compare the same
+    prompts)."""
+    kind_order: int
+    batch: int
+    size: int
+    kind: str
+
+    @property
+    def label(self) -> str:
+        if self.kind == "decode":
+            return f"dec b{self.batch} c{self.size}" if self.size else f"dec b{self.batch} c?"
+        return f"{'pre' if self.kind == 'prefill' else 'mix'} b{self.batch} t{self.size}"
+
+
+def step_shape(step) -> Shape:
+    if step.kind == "decode":
+        size = step.context_bucket
+    else:
+        size = _pow2_at_least(step.n_tokens + step.cached_tokens, MIN_PROMPT_BUCKET)
+    return Shape(KIND_ORDER.get(step.kind, 3), step.n_seqs, size, step.kind)
+
+
+def implied_off(backend, names=None) -> dict:
+    """{toggle: toggles that switching it off also switches off on this backend} (PDL needs CUDA graphs), from
+    EngineOptions.effective, so the A/B comparison of the first leaves the others free."""
+    names = tuple(EngineOptions.names() if names is None else names)
+    on = EngineOptions().effective(backend)
+    out = {}
+    for n in names:
+        off = EngineOptions().with_(**{n: False}).effective(backend)
+        out[n] = frozenset(m for m in names if m != n and getattr(on, m) and not getattr(off, m))
+    return out
 
 
 def _mean(total: float, n: int):
@@ -52,17 +108,27 @@ class _Acc:
         return _mean(self.total, self.n)
 
 
-class _Side:
-    """One state (on or off) of one switch in the A/B table."""
-    __slots__ = ("steps", "step", "sampler", "prefill")
+@dataclass(frozen=True)
+class ABRow:
+    """One like-with-like comparison: `toggle` on and off over steps of one shape, the other toggles alike."""
+    toggle: str
+    shape: Shape
+    others_off: tuple  # other toggles off on both sides, where another group of this shape had them on
+    on_n: int
+    on_ms: float
+    off_n: int
+    off_ms: float
+    on_sampler_ms: float | None
+    off_sampler_ms: float | None
 
-    def __init__(self):
-        self.steps = 0
-        self.step, self.sampler, self.prefill = _Acc(), _Acc(), _Acc()
+    @property
+    def key(self) -> str:
+        return f"{self.toggle}|{self.shape.kind}|{self.shape.batch}|{self.shape.size}|{','.join(self.others_off)}"
 
-    def as_dict(self) -> dict:
-        return {"steps": self.steps, "step_ms": self.step.mean, "sampler_ms": self.sampler.mean,
-                "prefill_ms": self.prefill.mean}
+    @property
+    def ratio(self):
+        """off / on: above 1 the toggle saves time."""
+        return self.off_ms / self.on_ms if self.on_ms else None
 
 
 class StepStats:
@@ -71,12 +137,13 @@ class StepStats:
     Decode numbers come from steps with kind "decode"; prefill numbers from the
     other steps ("prefill", "mixed"). `mean_decode_ms` and `decode_tps` are over
     the decode steps since the options or the batch size last changed, so they
-    show the configuration now running; the A/B table keeps everything.
+    show the configuration now running; the A/B comparison keeps everything.
     """
 
-    def __init__(self, option_names=None, window: int = WINDOW):
+    def __init__(self, option_names=None, window: int = WINDOW, implied: dict | None = None):
         self.option_names = tuple(EngineOptions.names() if option_names is None else option_names)
         self.window = window
+        self.implied = dict(implied or {})
         self.reset()
 
     def reset(self) -> None:
@@ -87,17 +154,16 @@ class StepStats:
         self.prefill_ms = self.prefill_tps = None  # the last prefill (or mixed) step
         self.prefill_tokens = self.prefill_cached = 0
         self.sampler_bytes = None  # the last decode step's, where StepTiming reports it
-        self._run_key = None
-        self._run_ms = 0.0
-        self._run_tokens = 0
-        self._run_steps = 0
+        self.last_options = None  # the options the last step ran with (what ran, not what was asked)
+        self.last_sampler = None  # (path, why) of the last step that recorded a sampler path
+        self._run_key, self._run_ms, self._run_tokens, self._run_steps = None, 0.0, 0, 0  # the decode run
         self._recent = deque(maxlen=self.window)  # decode step ms
         self._marks = deque()  # (absolute decode step number, label)
         self._pending = []  # labels for the next decode step's mark
-        self._last_options = None
         self._phases = {"decode": deque(maxlen=self.window), "prefill": deque(maxlen=self.window)}
-        self._phase_order = []
-        self._ab = {name: {True: _Side(), False: _Side()} for name in self.option_names}
+        self._phase_order = {}  # every phase seen, in first-seen order (a dict as an ordered set)
+        # toggle -> (shape, the other toggles' states) -> {True: (step, sampler), False: (step, sampler)}
+        self._ab = {name: {} for name in self.option_names}
 
     # ---- input
     def add(self, step) -> None:
@@ -105,13 +171,15 @@ class StepStats:
         ms = step_ms(step)
         decode = step.kind == "decode"
         opts = step.options
-        if opts is not None and self._last_options is not None and opts != self._last_options:
+        if opts is not None and self.last_options is not None and opts != self.last_options:
             for name in self.option_names:
-                old, new = getattr(self._last_options, name, None), getattr(opts, name, None)
+                old, new = getattr(self.last_options, name, None), getattr(opts, name, None)
                 if old != new and new is not None:
                     self.mark(f"{name} {'on' if new else 'off'}")
         if opts is not None:
-            self._last_options = opts
+            self.last_options = opts
+        if step.sampler_path:
+            self.last_sampler = (step.sampler_path, step.sampler_why)
         if decode:
             self._add_decode(step, ms)
         else:
@@ -119,27 +187,24 @@ class StepStats:
             self.prefill_tokens, self.prefill_cached = step.n_tokens, step.cached_tokens
             self.prefill_tps = step.n_tokens / ms * 1e3 if ms > 0 else None
         if is_eager(step):
-            phases = dict(step.sections_ms)
-            phases[HOST] = step.other_ms
-            phases[DETOKENIZE] = step.detokenize_ms
-            for k in phases:
-                if k not in self._phase_order:
-                    self._phase_order.append(k)
+            phases = {**step.sections_ms, HOST: step.other_ms, DETOKENIZE: step.detokenize_ms}
+            self._phase_order.update(dict.fromkeys(phases))
             self._phases["decode" if decode else "prefill"].append(phases)
         if opts is not None:
-            sampling = step.sampler_ms if decode else None
-            for name, sides in self._ab.items():
-                v = getattr(opts, name, None)
-                if v is None:
-                    continue
-                side = sides[bool(v)]
-                side.steps += 1
-                if decode:
-                    side.step.add(ms)
-                    if sampling is not None:
-                        side.sampler.add(sampling)
-                else:
-                    side.prefill.add(ms)
+            self._add_ab(step, opts, ms)
+
+    def _add_ab(self, step, opts, ms: float) -> None:
+        shape = step_shape(step)
+        state = {n: bool(getattr(opts, n)) for n in self.option_names if getattr(opts, n, None) is not None}
+        sampling = step.sampler_ms
+        for name, value in state.items():
+            free = self.implied.get(name, frozenset()) | {name}
+            others = tuple((n, v) for n, v in state.items() if n not in free)
+            sides = self._ab[name].setdefault((shape, others), {True: (_Acc(), _Acc()), False: (_Acc(), _Acc())})
+            acc, smp = sides[value]
+            acc.add(ms)
+            if sampling is not None:
+                smp.add(sampling)
 
     def _add_decode(self, step, ms: float) -> None:
         self.decode_steps += 1
@@ -205,15 +270,29 @@ class StepStats:
                 acc.setdefault(k, _Acc()).add(v)
         return {k: acc[k].mean for k in self.phases() if k in acc}
 
-    def ab_table(self) -> dict:
-        """{switch: {"on": {"steps", "step_ms", "sampler_ms", "prefill_ms"}, "off": {...}}}.
+    def ab_rows(self) -> list:
+        """The like-with-like comparisons that have steps both ways, in toggle order, then by shape. A row names
+        the other toggles that were off in it only where they tell it from another group of the same shape."""
+        rows = []
+        for name in self.option_names:
+            groups = sorted(self._ab[name].items(), key=lambda kv: (kv[0][0], kv[0][1]))
+            varies = {}  # shape -> the other toggles seen both ways among its groups
+            for (shape, others), _ in groups:
+                seen = varies.setdefault(shape, {})
+                for n, v in others:
+                    seen.setdefault(n, set()).add(v)
+            for (shape, others), sides in groups:
+                (on, on_smp), (off, off_smp) = sides[True], sides[False]
+                if on.n and off.n:
+                    off_named = tuple(n for n, v in others if not v and len(varies[shape][n]) > 1)
+                    rows.append(ABRow(name, shape, off_named, on.n, on.mean, off.n, off.mean, on_smp.mean,
+                                      off_smp.mean))
+        return rows
 
-        steps counts every step run in that state; step_ms and sampler_ms are
-        means over decode steps, prefill_ms over prefill steps; None where no
-        step was seen.
-        """
-        return {name: {"on": sides[True].as_dict(), "off": sides[False].as_dict()}
-                for name, sides in self._ab.items()}
+    def seen(self, name: str) -> dict:
+        """{True: steps run with `name` on, False: off}, over every shape (how far a comparison has come)."""
+        groups = self._ab.get(name, {}).values()
+        return {v: sum(sides[v][0].n for sides in groups) for v in (True, False)}
 
     def weights_gbps(self, weight_bytes: int):
         """GB/s of weights read: one full read of the weights per mean decode step."""

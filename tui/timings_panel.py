@@ -1,10 +1,16 @@
-"""The live timings panel: where each step's time goes, and what each switch buys.
+"""The live timings panel: the toggles as they ran, where each step's time goes, and what each toggle buys.
 
-`TimingsPanel` renders a `StepStats` (tui/step_stats.py): a header, big ms/step and tok/s, the last prefill,
-a sparkline of recent decode steps with toggle marks under it, a per-phase table and the A/B table of every
-`EngineOptions` switch. `record()` may be called far faster than a terminal can redraw: it only aggregates,
-and the widgets are brought up to date at most ~15 times a second, by `update_cell` and value assignment,
-never by rebuilding.
+`TimingsPanel` renders a `StepStats` (tui/step_stats.py). From the top:
+  * the header (device, model, dtype, context used) and one line per toggle this backend can run, with its
+    key and the state the last step ran with (not the state asked for); the sampler fast path's line says
+    why it does not apply when it does not, so the reason is on screen even in the compact layout;
+  * a one-line summary (compact layout only);
+  * the details: big ms/step and tok/s, the last prefill, a sparkline of recent decode steps with toggle
+    marks under it, the A/B table (like with like: tui/step_stats.py), the per-phase table, bandwidth.
+`compact` hides the details (narrow terminals put the panel under the chat; ctrl+t flips it).
+
+`record()` may be called far faster than a terminal can redraw: it only aggregates, and the widgets are
+brought up to date at most ~15 times a second.
 """
 from __future__ import annotations
 
@@ -22,6 +28,10 @@ from toolkit.engine.options import EngineOptions
 from .step_stats import StepStats
 
 REFRESH_S = 1 / 15  # widget updates per second at most
+SHORT = {"sampler_fast_path": "fast path", "sparse_prefill": "sparse", "prefix_caching": "prefix cache",
+         "cuda_graphs": "graphs", "fused_kernels": "fused"}  # A/B table labels (a narrow column)
+
+
 # ---------------------------------------------------------------- formatting (pure)
 
 def fmt_ms(v) -> str:
@@ -43,6 +53,23 @@ def fmt_bytes(v) -> str:
         if v >= scale:
             return f"{v / scale:.1f} {unit}"
     return f"{int(v)} B"
+
+
+def label(name: str) -> str:
+    return name.replace("_", " ")
+
+
+def short_label(name: str) -> str:
+    return SHORT.get(name, label(name))
+
+
+KEY_NAMES = {"question_mark": "?", "escape": "Esc", "enter": "Enter"}
+
+
+def key_label(key: str) -> str:
+    """A binding's keys as the user reads them: "f2,ctrl+f" -> "F2, ctrl+f", question_mark -> ?."""
+    return ", ".join(KEY_NAMES.get(k, k.upper() if k[:1] == "f" and k[1:].isdigit() else k)
+                     for k in key.split(","))
 
 
 def sparkline_columns(n: int, width: int) -> list:
@@ -70,24 +97,30 @@ def marks_line(n: int, width: int, positions) -> str:
     cols = sparkline_columns(n, width)
     out = [" "] * width
     for p in positions:
-        for c, idx in enumerate(cols):
-            if p in idx:
-                out[c] = "▲"
-                break
+        c = next((c for c, idx in enumerate(cols) if p in idx), None)
+        if c is not None:
+            out[c] = "▲"
     return "".join(out)
 
 
 # ---------------------------------------------------------------- the widget
 
 PHASE_COLUMNS = (("phase", "phase"), ("ms", "ms"), ("share", "share %"), ("prefill", "prefill ms"))
-# The A/B table has two rows per switch (keys "<name>:on", "<name>:off"), so it fits a narrow column.
-AB_COLUMNS = (("switch", "switch"), ("state", ""), ("steps", "n"), ("step_ms", "step"),
-              ("sampler_ms", "smp"), ("prefill_ms", "pre"))
+AB_COLUMNS = (("toggle", "toggle"), ("shape", "steps"), ("on_ms", "on ms"), ("on_n", "n"),
+              ("off_ms", "off ms"), ("off_n", "n"), ("ratio", "off/on"))
+AB_CAPTION = ("A/B, like with like: mean ms/step with the toggle on and off, over n steps of one shape "
+              "(dec b4 c512: decode, batch 4, context bucket 512; pre b1 t64: prefill, 1 prompt, <= 64 tokens) "
+              "and the other toggles alike; off/on > 1: the toggle saves time.")
+AB_EMPTY = "No comparison yet: flip a toggle, then run the same kind of step again."
 
 
-def ab_row_key(name: str, state: str) -> str:
-    """Row key of one switch's "on" or "off" row in the A/B table."""
-    return f"{name}:{state}"
+def ab_cells(row) -> dict:
+    shape = row.shape.label + (f" ({', '.join(short_label(n) for n in row.others_off)} off)"
+                               if row.others_off else "")
+    ratio = row.ratio
+    return {"toggle": short_label(row.toggle), "shape": shape, "on_ms": fmt_ms(row.on_ms), "on_n": str(row.on_n),
+            "off_ms": fmt_ms(row.off_ms), "off_n": str(row.off_n),
+            "ratio": "-" if ratio is None else f"{ratio:.2f}"}
 
 
 class TimingsPanel(Widget):
@@ -100,63 +133,70 @@ class TimingsPanel(Widget):
         overflow-y: auto;
         padding: 0 1;
     }
+    TimingsPanel.-compact { height: auto; overflow-y: hidden; }
+    TimingsPanel.-compact #tp-details { display: none; }
+    TimingsPanel #tp-summary { display: none; }
+    TimingsPanel.-compact #tp-summary { display: block; color: $text-muted; }
     TimingsPanel #tp-header { color: $text-muted; }
-    TimingsPanel #tp-big { height: auto; }
+    TimingsPanel #tp-details { height: auto; }
+    TimingsPanel #tp-big { height: auto; margin-top: 1; }
     TimingsPanel #tp-big > Vertical { width: 1fr; height: auto; }
     TimingsPanel Digits { width: auto; }
     TimingsPanel #tp-spark { height: 2; margin-top: 1; }
     TimingsPanel #tp-marks { height: 1; color: $warning; }
     TimingsPanel DataTable { height: auto; margin-top: 1; }
-    TimingsPanel #tp-note { color: $warning; }
     TimingsPanel #tp-ab-caption { color: $text-muted; margin-top: 1; }
     TimingsPanel #tp-ab { margin-top: 0; }
     """
 
     def __init__(self, header: dict, option_names: tuple = None, peak_gbps: float | None = None,
-                 weight_bytes: int = 0, **kw):
+                 weight_bytes: int = 0, keys: dict | None = None, implied: dict | None = None,
+                 requested=None, expected=None, **kw):
+        """`option_names`: the toggles this backend can run (the others are never shown); `keys`: name -> the
+        key that flips it; `requested`/`expected`: the options asked for and as this backend runs them (what
+        the header shows until the first step says what ran)."""
         super().__init__(**kw)
         self.header = dict(header)
         self.option_names = tuple(EngineOptions.names() if option_names is None else option_names)
+        self.keys = dict(keys or {})
         self.peak_gbps = peak_gbps
         self.weight_bytes = weight_bytes
-        self.stats = StepStats(self.option_names)
+        self.stats = StepStats(self.option_names, implied=implied)
         self.batch_tps = None
         self.context_use = (0, self.header.get("context") or 0)
-        self.switches = {}  # name -> requested state (mark_toggle), else as last run
-        self.last_toggle = None
-        self.fast_path_note = None
+        self.requested = requested if requested is not None else EngineOptions()
+        self.expected = expected if expected is not None else self.requested
+        self._start = self.expected  # what the engine was set to run when the panel began (before any step)
+        self.fast_path_why = None  # why the sampler fast path does not apply (None: it does, or unknown)
+        self._pending = {}  # toggle -> steps recorded when it was asked for (it takes effect at the next step)
         self._dirty = True
         self._last_flush = 0.0
         self._phase_rows = set()
+        self._ab_keys = ()
 
     # ---- composition
     def compose(self) -> ComposeResult:
         yield Static(id="tp-header")
-        with Horizontal(id="tp-big"):
-            with Vertical():
-                yield Digits("-", id="tp-ms")
-                yield Static("ms/step", id="tp-ms-label")
-            with Vertical():
-                yield Digits("-", id="tp-tps")
-                yield Static("tok/s", id="tp-tps-label")
-        yield Static(id="tp-prefill")
-        yield Sparkline([], id="tp-spark")
-        yield Static(id="tp-marks")
-        phases = DataTable(id="tp-phases", show_cursor=False, zebra_stripes=True)
-        for key, label in PHASE_COLUMNS:
-            phases.add_column(label, key=key)
-        yield phases
-        yield Static("A/B: mean ms of decode step (step), sampler (smp) and prefill (pre) "
-                     "over the n steps run with each switch on and off", id="tp-ab-caption")
-        ab = DataTable(id="tp-ab", show_cursor=False, zebra_stripes=True)
-        for key, label in AB_COLUMNS:
-            ab.add_column(label, key=key)
-        for name in self.option_names:
-            ab.add_row(name, "on", "0", "-", "-", "-", key=ab_row_key(name, "on"))
-            ab.add_row("", "off", "0", "-", "-", "-", key=ab_row_key(name, "off"))
-        yield ab
-        yield Static(id="tp-note")
-        yield Static(id="tp-bw")
+        yield Static(id="tp-toggles")
+        yield Static(id="tp-summary")
+        with Vertical(id="tp-details"):
+            with Horizontal(id="tp-big"):
+                with Vertical():
+                    yield Digits("-", id="tp-ms")
+                    yield Static("ms/step", id="tp-ms-label")
+                with Vertical():
+                    yield Digits("-", id="tp-tps")
+                    yield Static("tok/s", id="tp-tps-label")
+            yield Static(id="tp-prefill")
+            yield Sparkline([], id="tp-spark")
+            yield Static(id="tp-marks")
+            yield Static(AB_CAPTION, id="tp-ab-caption")
+            for table_id, columns in (("tp-ab", AB_COLUMNS), ("tp-phases", PHASE_COLUMNS)):
+                table = DataTable(id=table_id, show_cursor=False, zebra_stripes=True)
+                for key, text in columns:
+                    table.add_column(text, key=key)
+                yield table
+            yield Static(id="tp-bw")
 
     def on_mount(self) -> None:
         self.set_interval(REFRESH_S, self._tick)
@@ -170,26 +210,72 @@ class TimingsPanel(Widget):
         self.stats.add(step)
         if batch_tokens_per_s is not None:
             self.batch_tps = batch_tokens_per_s
-        if step.options is not None:
-            for name in self.option_names:
-                v = getattr(step.options, name, None)
-                if v is not None and name not in self.switches:
-                    self.switches[name] = bool(v)
+        if step.sampler_path == "fast":
+            self.fast_path_why = None
+        elif step.sampler_path == "slow" and step.sampler_why and step.sampler_why != "switched off":
+            if not (self.fast_path_why and step.sampler_why in self.fast_path_why):
+                self.fast_path_why = step.sampler_why  # keep the fuller list the settings gave, if it says so
         self._changed()
 
     def set_context_use(self, used: int, total: int) -> None:
         self.context_use = (used, total)
         self._changed()
 
-    def mark_toggle(self, name: str, value: bool) -> None:
-        self.switches[name] = bool(value)
-        self.last_toggle = f"{name} {'on' if value else 'off'}"
-        self.stats.mark(self.last_toggle)
+    def set_requested(self, requested, expected) -> None:
+        """The user asked for `requested`, which this backend runs as `expected`, from the next step on."""
+        for name in self.option_names:
+            if getattr(requested, name) != getattr(self.requested, name):
+                self.stats.mark(f"{name} {'on' if getattr(requested, name) else 'off'}")
+            if getattr(requested, name) != getattr(self.requested, name) or \
+                    getattr(expected, name) != getattr(self.expected, name):
+                self._pending[name] = self.stats.steps
+        self.requested, self.expected = requested, expected
         self._changed()
 
-    def set_fast_path_note(self, text: str | None) -> None:
-        self.fast_path_note = text
+    def set_fast_path_note(self, why: str | None) -> None:
+        """Why the sampler fast path will not apply under the sampling parameters now set (None: it will)."""
+        self.fast_path_why = why
         self._changed()
+
+    def set_compact(self, compact: bool) -> None:
+        self.set_class(compact, "-compact")
+        self._changed()
+
+    @property
+    def compact(self) -> bool:
+        return self.has_class("-compact")
+
+    def state(self, name: str) -> bool:
+        """The state `name` ran with at the last step (before any step: as the engine was set up to run it)."""
+        ran = self.stats.last_options
+        return bool(getattr(ran if ran is not None else self._start, name))
+
+    def toggle_line(self, name: str, width: int = 0) -> Text:
+        """`F2 sampler fast path  on  not applicable: ...`: key, name, the state that ran, and what else is
+        true of it (a change asked for that the next step makes; a request this setup runs otherwise; why the
+        fast path does not apply: on the same line where `width` holds it, else right under the name)."""
+        name_w = max(len(label(n)) for n in self.option_names)
+        key_w = max((len(key_label(self.keys[n])) for n in self.option_names if n in self.keys), default=0)
+        ran, wanted, next_ = self.state(name), getattr(self.requested, name), getattr(self.expected, name)
+        line = Text()
+        if key_w:
+            line.append(f"{key_label(self.keys.get(name, '')):<{key_w}} ", "bold")
+        line.append(f"{label(name):<{name_w}} ")
+        line.append("on " if ran else "off", "bold green" if ran else "bold red")
+        # A step already running when the toggle was asked for still ran the old state: one step of grace.
+        pending = name in self._pending and self.stats.steps <= self._pending[name] + 1
+        if pending and next_ != ran:
+            line.append(f" -> {'on' if next_ else 'off'} at the next step", "italic")
+        elif wanted != ran:
+            line.append(f" (asked {'on' if wanted else 'off'})", "dim")
+        if name == "sampler_fast_path" and self.fast_path_why:
+            reason = f"not applicable: {self.fast_path_why} needs logits processing"
+            if width and line.cell_len + 1 + len(reason) > width:
+                line.append("\n" + " " * (key_w + 1 if key_w else 0))
+            else:
+                line.append(" ")
+            line.append(reason, "yellow")
+        return line
 
     # ---- refresh at most ~15 Hz
     def _changed(self) -> None:
@@ -209,30 +295,30 @@ class TimingsPanel(Widget):
         self._last_flush = time.monotonic()
         s = self.stats
         self._update_header()
+        self.query_one("#tp-summary", Static).update(
+            f"{fmt_ms(s.mean_decode_ms)} ms/step · {fmt_rate(s.decode_tps)} tok/s · prefill "
+            f"{fmt_ms(s.prefill_ms)} ms · ctrl+t: details")
+        if self.compact:
+            return  # the details are hidden: brought up to date when they show
         self.query_one("#tp-ms", Digits).update(fmt_ms(s.mean_decode_ms))
         self.query_one("#tp-ms-label", Static).update(
             f"ms/step\nnow {fmt_ms(s.current_ms)}" + (f" · batch {s.current_batch}" if s.current_batch > 1 else ""))
         self.query_one("#tp-tps", Digits).update(fmt_rate(s.decode_tps))
-        label = f"tok/s\nnow {fmt_rate(s.current_tps)}"
+        text = f"tok/s\nnow {fmt_rate(s.current_tps)}"
         if self.batch_tps is not None:
-            label += f" · batch {fmt_rate(self.batch_tps)}"
-        self.query_one("#tp-tps-label", Static).update(label)
-        if s.prefill_ms is None:
-            self.query_one("#tp-prefill", Static).update("prefill -")
-        else:
-            cached = f" · {s.prefill_cached} reused" if s.prefill_cached else ""
-            self.query_one("#tp-prefill", Static).update(
-                f"prefill {fmt_ms(s.prefill_ms)} ms · {s.prefill_tokens} tok · {fmt_rate(s.prefill_tps)} tok/s{cached}")
+            text += f" · batch {fmt_rate(self.batch_tps)}"
+        self.query_one("#tp-tps-label", Static).update(text)
+        cached = f" · {s.prefill_cached} reused" if s.prefill_cached else ""
+        self.query_one("#tp-prefill", Static).update("prefill -" if s.prefill_ms is None else (
+            f"prefill {fmt_ms(s.prefill_ms)} ms · {s.prefill_tokens} tok · {fmt_rate(s.prefill_tps)} tok/s{cached}"))
         recent = s.recent
         spark = self.query_one("#tp-spark", Sparkline)
         spark.data = recent
         width = spark.size.width or 0
-        marks = s.toggle_marks
-        line = marks_line(len(recent), width, [p for p, _ in marks]) if width else ""
+        line = marks_line(len(recent), width, [p for p, _ in s.toggle_marks]) if width else ""
         self.query_one("#tp-marks", Static).update(Text(line.rstrip() or " "))
-        self._update_phases()
         self._update_ab()
-        self.query_one("#tp-note", Static).update(self.fast_path_note or "")
+        self._update_phases()
         gbps = s.weights_gbps(self.weight_bytes)
         bw = f"weights {fmt_rate(gbps)} GB/s"
         if gbps is not None and self.peak_gbps:
@@ -243,14 +329,11 @@ class TimingsPanel(Widget):
     def _update_header(self) -> None:
         h = self.header
         used, total = self.context_use
-        parts = [str(h[k]) for k in ("device", "model", "dtype") if h.get(k)]
-        line1 = " · ".join(parts)
-        line2 = f"context {used} / {total}"
-        if self.switches:
-            line2 += " · " + " ".join(f"{n}:{'on' if v else 'off'}" for n, v in self.switches.items())
-        if self.last_toggle:
-            line2 += f" · toggled {self.last_toggle}"
-        self.query_one("#tp-header", Static).update(Text(f"{line1}\n{line2}"))
+        parts = [str(h[k]) for k in ("device", "model", "dtype") if h.get(k)] + [f"context {used} / {total}"]
+        self.query_one("#tp-header", Static).update(Text(" · ".join(parts)))
+        width = self.content_region.width or 0
+        toggles = Text("\n").join(self.toggle_line(n, width) for n in self.option_names)
+        self.query_one("#tp-toggles", Static).update(toggles)
 
     def _update_phases(self) -> None:
         s = self.stats
@@ -272,10 +355,18 @@ class TimingsPanel(Widget):
 
     def _update_ab(self) -> None:
         table = self.query_one("#tp-ab", DataTable)
-        for name, sides in self.stats.ab_table().items():
-            for side in ("on", "off"):
-                row = ab_row_key(name, side)
-                for key, v in sides[side].items():
-                    text = str(v) if key == "steps" else fmt_ms(v)
-                    if table.get_cell(row, key) != text:
-                        table.update_cell(row, key, text, update_width=True)
+        rows = self.stats.ab_rows()
+        keys = tuple(r.key for r in rows)
+        if keys != self._ab_keys:  # a new comparison: rebuilt, so rows stay in toggle and shape order (rare)
+            table.clear()
+            for r in rows:
+                cells = ab_cells(r)
+                table.add_row(*(cells[k] for k, _ in AB_COLUMNS), key=r.key)
+            self._ab_keys = keys
+        else:
+            for r in rows:
+                for col, v in ab_cells(r).items():
+                    if table.get_cell(r.key, col) != v:
+                        table.update_cell(r.key, col, v, update_width=True)
+        table.display = bool(rows)
+        self.query_one("#tp-ab-caption", Static).update(AB_CAPTION if rows else AB_EMPTY)

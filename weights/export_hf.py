@@ -65,7 +65,7 @@ def tokenizer_config(cfg):
     }
 
 
-# Sampling defaults chosen with benchmarks/repetition.py (greedy decoding of this model loops within a few lines).
+# Sampling defaults chosen with experiments/repetition.py (greedy decoding of this model loops within a few lines).
 GENERATION_CONFIG = {"bos_token_id": 0, "eos_token_id": [0, 2], "pad_token_id": 0,
                      "do_sample": True, "temperature": 0.8, "top_k": 40, "top_p": 0.95, "repetition_penalty": 1.1}
 

@@ -70,14 +70,15 @@ def test_a_failed_launch_raises_naming_the_error():
 
 
 def test_pdl_is_on_by_default_and_reads_as_off_on_the_cpu():
-    assert EngineOptions().pdl is True
-    assert EngineOptions().effective("cpu", "float32").pdl is False
-    assert EngineOptions().effective("cuda", "bfloat16").pdl is True
-    assert EngineOptions(cuda_graphs=False).effective("cuda", "bfloat16").pdl is False  # eager: plain launches
     from toolkit.backends.cpu import CpuBackend
 
+    gpu = types.SimpleNamespace(name="cuda", dtype="bfloat16", graphs_supported=True, pdl_supported=True)
     be = CpuBackend()
-    assert be.launching(True) is be
+    assert EngineOptions().pdl is True
+    assert EngineOptions().effective(be).pdl is False
+    assert EngineOptions().effective(gpu).pdl is True
+    assert EngineOptions(cuda_graphs=False).effective(gpu).pdl is False  # eager: plain launches
+    assert be.with_pdl() is be
 
 
 def test_pdl_reads_as_off_where_the_backend_cannot_replay_graphs(monkeypatch):

@@ -1,12 +1,14 @@
 """Decode attention's launch plan (toolkit/backends/cuda_kernels.py), on the CPU: how many blocks share a GQA
-group and how many splits a sequence gets. The kernel derives each block's heads from grid.x alone, so a plan
-must never leave a block without heads or give one more than 8 (MAXG in kernels/decode_attention.cu)."""
+group and how many splits a sequence gets; and which decode kernel the step plan picks (toolkit/model/plan.py's
+decode_tc_pays). The kernel derives each block's heads from grid.x alone, so a plan must never leave a block
+without heads or give one more than 8 (MAXG in kernels/decode_attention.cu)."""
 import math
 
 from hypothesis import given, strategies as st
 
 from toolkit.backends.cuda_kernels import (HEAD_SPLIT_KV_BYTES, MAX_SPLITS, TC_DECODE_KT, TC_ONE_SPLIT_TILES,
-                                          decode_head_blocks, decode_splits, decode_tc_pays)
+                                          decode_head_blocks, decode_splits)
+from toolkit.model.plan import decode_tc_pays
 
 QWEN05 = dict(n_kv_heads=2, group=7)  # Qwen2.5-0.5B: 14 q heads over 2 kv heads
 

@@ -55,7 +55,9 @@ class FakeEngine:
         self.index += 1
         step = SimpleNamespace(index=self.index, kind=kind, n_tokens=n_tokens, n_seqs=len(batch), gpu_ms=ms,
                                wall_ms=ms + 0.5, graph=False, cached_tokens=0,
-                               options=self.options.effective("cpu", "float32"))
+                               options=self.options.effective(SimpleNamespace(name="cpu", dtype="float32",
+                                                                               graphs_supported=False,
+                                                                               pdl_supported=False)))
         outs = []
         for r in batch:
             r.left, r.out = r.left - 1, r.out + 1
@@ -140,8 +142,7 @@ def test_markdown_table_and_peak_flag(fake, capsys):
     out = capsys.readouterr().out
     switches = " | ".join(EngineOptions.names())  # one column per switch, whatever switches exist
     assert f"| test | impl | {switches} | ms | wall ms | tok/s | GB/s | % HBM |" in out
-    assert ("| tg4@b2 d0 | toolkit | off | off | on | off | off | off | off | off | off | off | off | off | off | off | on "
-            "| on "
+    assert ("| tg4@b2 d0 | toolkit | on | on | on | off | off | off "  # the CPU runs the first three toggles
             "| 1.200 ± 0.000 | "
             "1.700 ± 0.000 | 1666.67 ± 0.00 |") in out
     assert "x peer" not in out and "backend: cpu" in out
@@ -212,19 +213,14 @@ def test_tiny_shape_json_and_markdown(capsys):
     assert [r["test"] for r in rows] == ["pp16", "tg4@b1 d0", "tg4@b2 d0", "tg4@b1 d8", "tg4@b2 d8"]
     assert all(r["tok_per_s"] > 0 and r["ms"] > 0 and r["repeats"] == 2 for r in rows)
     assert all(r["timed_steps"] == 4 for r in rows[1:]), "every timed step is pure decode at the full batch"
-    assert rows[0]["switches"] == {"cuda_graphs": False, "tensor_cores": False, "prefix_caching": True,
-                                   "small_batch_gemv": False, "skinny_gemm": False, "fused_gemv": False,
-                                   "gemv_swiglu": False,
-                                   "mlp_kernel": False, "pdl": False,
-                                   "rope_in_attention": False, "rope_in_gemm": False, "stream_gemm": False,
-                                   "split_down": False, "norm_in_gemm": False,
-                                   "sampler_fast_path": True, "sparse_prefill": True,
+    assert rows[0]["switches"] == {"cuda_graphs": False, "prefix_caching": True, "fused_kernels": False,
+                                   "pdl": False, "sampler_fast_path": True, "sparse_prefill": True,
                                    "sparse_topk": 512, "sparse_window": 128, "sparse_block": 4,
                                    "sparse_query_tile": 64, "sparse_max_keep_pct": 50}
     assert data["environment"]["backend"] == "cpu" and data["notes"] == []
     assert main(["bench", "--shape", "tiny", *SMALL[:-4], "-r", "1", "--depth", "0"]) == 0
     out = capsys.readouterr().out
-    assert "| pp16 | toolkit | off | off | on |" in out and "| tg4@b2 d0 | toolkit |" in out
+    assert "| pp16 | toolkit | on | on | on | off | off | off |" in out and "| tg4@b2 d0 | toolkit |" in out
 
 
 def test_defaults_on_the_default_model(capsys):

@@ -7,6 +7,7 @@ produces alone.
 import numpy as np
 import pytest
 from tests.conftest import FIXTURES
+from tests.tolerance import model_bound
 
 from toolkit.engine.build import build_engine
 from toolkit.engine import SamplingParams
@@ -85,7 +86,8 @@ def test_prefix_reuse_prefills_only_new_tokens():
     assert outs[0].step.n_tokens == len(follow) - 32  # only the rest was prefilled
     warm = engine.runner.logits[0].copy()  # the prefill step's logits of the last row
     cold = engine.logits(follow)[-1]
-    np.testing.assert_allclose(warm, cold, atol=1e-4)
+    # two float32 runs of the model (cached prefix vs recomputed), rounded differently: tests/tolerance.py
+    assert np.abs(warm - cold).max() <= model_bound(engine.cfg, len(follow), np.abs(cold).max())
     engine.set_options(engine.options.with_(prefix_caching=False))
     outs = list(engine.generate(follow, SamplingParams(max_tokens=1)))
     assert outs[0].stats.cached_tokens == 0 and outs[0].step.n_tokens == len(follow)

@@ -63,9 +63,9 @@ def test_the_model_sizes_decode_attention_by_the_steps_bucket(tiny, monkeypatch)
     be = tiny.runner.model.be
     seen = []
 
-    def spy(q, k, v, tables, lens, bs, scale, out, max_seq_len, rope=None, tensor_cores=False):
+    def spy(q, k, v, tables, lens, bs, scale, out, max_seq_len):
         seen.append((max_seq_len, int(lens.max())))
-        type(be).decode_attention(be, q, k, v, tables, lens, bs, scale, out, max_seq_len, rope, tensor_cores)
+        type(be).decode_attention(be, q, k, v, tables, lens, bs, scale, out, max_seq_len)
 
     monkeypatch.setattr(be, "decode_attention", spy)
     prompt = np.random.default_rng(0).integers(1, tiny.cfg.vocab_size, 509).tolist()

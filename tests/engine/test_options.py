@@ -1,35 +1,42 @@
-"""EngineOptions.effective: a switch the backend cannot honour reads as off, so each step's record says what ran."""
+"""EngineOptions: at most six toggles, each a behaviour; a toggle the backend cannot run is not offered there and
+reads as off, so each step's record says what ran."""
+from types import SimpleNamespace
+
+import pytest
+
 from toolkit.engine.options import EngineOptions
 
-
-def test_rope_in_gemm_reads_as_on_only_where_its_kernel_runs():
-    assert EngineOptions().rope_in_gemm is True
-    assert EngineOptions().effective("cuda", "bfloat16").rope_in_gemm is True
-    assert EngineOptions().effective("cuda", "float32").rope_in_gemm is False  # gemm_skinny is 16-bit
-    assert EngineOptions().effective("cpu", "float32").rope_in_gemm is False
-    assert EngineOptions(skinny_gemm=False).effective("cuda", "bfloat16").rope_in_gemm is False
-    both = EngineOptions(rope_in_attention=True).effective("cuda", "bfloat16")  # the attention does RoPE then
-    assert both.rope_in_attention is True and both.rope_in_gemm is False
+GPU = SimpleNamespace(name="cuda", dtype="bfloat16", num_sms=132, graphs_supported=True, pdl_supported=True)
+CPU = SimpleNamespace(name="cpu", dtype="float32", num_sms=0, graphs_supported=False, pdl_supported=False)
 
 
-def test_stream_gemm_reads_as_on_only_on_the_gpu_in_16_bit():
-    assert EngineOptions().stream_gemm is False  # measured slower than cuBLAS in the step
-    on = EngineOptions(stream_gemm=True)
-    assert on.effective("cuda", "bfloat16").stream_gemm is True
-    assert on.effective("cuda", "float16").stream_gemm is True
-    assert on.effective("cuda", "float32").stream_gemm is False  # tensor cores take 16-bit inputs
-    assert on.effective("cpu", "bfloat16").stream_gemm is False
+def test_six_toggles_all_on_by_default():
+    names = EngineOptions.names()
+    assert set(names) == {"sampler_fast_path", "sparse_prefill", "prefix_caching", "cuda_graphs", "fused_kernels",
+                          "pdl"}
+    assert all(getattr(EngineOptions(), n) is True for n in names)
+    assert not set(names) & set(EngineOptions.param_names())
 
 
-def test_split_down_is_a_gpu_switch():
-    assert EngineOptions().split_down is True
-    assert EngineOptions().effective("cuda", "float32").split_down is True  # cuBLAS takes every dtype
-    assert EngineOptions().effective("cpu", "float32").split_down is False
+def test_cpu_offers_only_what_it_runs():
+    assert EngineOptions.available(CPU) == ("sampler_fast_path", "sparse_prefill", "prefix_caching")
+    eff = EngineOptions().effective(CPU)
+    assert (eff.cuda_graphs, eff.fused_kernels, eff.pdl) == (False, False, False)
+    assert eff.sampler_fast_path and eff.sparse_prefill and eff.prefix_caching
 
 
-def test_norm_in_gemm_rides_on_skinny_gemm():
-    assert EngineOptions().norm_in_gemm is True
-    assert EngineOptions().effective("cuda", "bfloat16").norm_in_gemm is True
-    assert EngineOptions().effective("cuda", "float32").norm_in_gemm is False  # gemm_skinny takes 16-bit inputs
-    assert EngineOptions(skinny_gemm=False).effective("cuda", "bfloat16").norm_in_gemm is False
-    assert EngineOptions().effective("cpu", "bfloat16").norm_in_gemm is False
+def test_gpu_offers_every_toggle_and_pdl_needs_graphs():
+    assert EngineOptions.available(GPU) == EngineOptions.names()
+    assert EngineOptions().effective(GPU) == EngineOptions()
+    assert EngineOptions(cuda_graphs=False).effective(GPU).pdl is False  # PDL runs in graph-replayed steps only
+
+
+@pytest.mark.parametrize("backend,gone", [
+    (SimpleNamespace(**{**vars(GPU), "graphs_supported": False}), {"cuda_graphs", "pdl"}),  # no nvmath-python
+    (SimpleNamespace(**{**vars(GPU), "pdl_supported": False}), {"pdl"}),  # before Hopper, or no cuda-bindings
+    (SimpleNamespace(**{**vars(GPU), "dtype": "float32"}), {"fused_kernels"}),  # our GEMMs take 16-bit inputs
+])
+def test_what_a_gpu_cannot_run_is_not_offered(backend, gone):
+    assert set(EngineOptions.names()) - set(EngineOptions.available(backend)) == gone
+    eff = EngineOptions().effective(backend)
+    assert all(getattr(eff, n) is False for n in gone)

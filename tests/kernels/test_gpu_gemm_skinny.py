@@ -1,7 +1,7 @@
 """gemm_skinny.cu (tensor-core projections at 2-32 rows) on the GPU against its CPU twin: the Qwen2.5 decode
 shapes, odd row counts, N not a multiple of the tile's rows, K of one chunk, (MT, WK, S) splits with and
-without split-K, the SwiGLU epilogue, fp32 logits out, repeat launches bit-identical, and the backend's
-linear / linear_swiglu choosing it."""
+without split-K, the SwiGLU epilogue (gemm_skinny_swiglu), fp32 logits out, repeat launches bit-identical, and
+the backend's ops agreeing with cuBLAS."""
 import numpy as np
 import pytest
 
@@ -20,7 +20,7 @@ SPLITS = [(1, 8, 1), (1, 16, 1), (2, 8, 1), (2, 4, 1), (1, 8, 4), (1, 16, 2), (2
 
 def case(M, N, Kin, dtype, seed=0, swiglu=False, twins=(gemm_skinny, gemm_skinny_swiglu)):
     """x [M, K], w [N, K] (swiglu: [2N, K]) and the reference out [M, N] from `twins` (the projection's twin, its
-    SwiGLU form); also test_gpu_gemm_stream.py's, with gemm_stream's twins."""
+    SwiGLU form)."""
     rng = np.random.default_rng(seed + M * N + Kin)
     x = rounded(rng.standard_normal((M, Kin)), dtype)
     w = rounded(0.05 * rng.standard_normal((2 * N if swiglu else N, Kin)), dtype)
@@ -56,8 +56,8 @@ def test_gemm_skinny_swiglu(dtype, M, I, Kin):
     model's MLP, whose 12-chunk K once asked for a 12-warp block and 48 KB + 1 byte of shared memory."""
     x, w, ref = case(M, I, Kin, dtype, seed=5, swiglu=True)
     out = dev(np.full((M, I), 7.0), dtype)
-    K(dtype).gemm_skinny(dev(x, dtype), dev(w, dtype), out, swiglu=True)
-    check(f"gemm_skinny swiglu M={M} I={I} K={Kin}", host(out, dtype), ref, dtype)
+    K(dtype).gemm_skinny_swiglu(dev(x, dtype), dev(w, dtype), out)
+    check(f"gemm_skinny_swiglu M={M} I={I} K={Kin}", host(out, dtype), ref, dtype)
 
 
 @pytest.mark.parametrize("M", [8, 32])
@@ -66,8 +66,8 @@ def test_gemm_skinny_swiglu_split_k(M):
     x, w, ref = case(M, 896, 4864, "bfloat16", seed=6, swiglu=True)
     out = dev(np.zeros((M, 896)), "bfloat16")
     k = K("bfloat16")
-    k.gemm_skinny(dev(x, "bfloat16"), dev(w, "bfloat16"), out, swiglu=True, split=(2, 8, 4))
-    check(f"gemm_skinny swiglu split-k M={M}", host(out, "bfloat16"), ref, "bfloat16")
+    k.gemm_skinny_swiglu(dev(x, "bfloat16"), dev(w, "bfloat16"), out, split=(2, 8, 4))
+    check(f"gemm_skinny_swiglu split-k M={M}", host(out, "bfloat16"), ref, "bfloat16")
 
 
 @pytest.mark.parametrize("M", [4, 32])
@@ -97,28 +97,27 @@ def test_lm_head_rows():
     check("gemm_skinny lm_head -> fp32", cp.asnumpy(out), ref, "float32")
 
 
-def test_backend_picks_it_and_agrees_with_cublas():
-    """CudaBackend.linear / linear_swiglu with skinny_gemm send 2-32 rows here and 33 to cuBLAS; cuBLAS
-    (skinny_gemm off) gives the same product within bf16 rounding."""
+def test_backend_ops_agree_with_cublas():
+    """CudaBackend.gemm_skinny / gemm_skinny_swiglu (the step plan's "skinny") at 2 and 32 rows against the twin,
+    and linear (cuBLAS) within bf16 rounding of the same product; 33 rows are past the kernel and refused."""
     from toolkit.backends.cuda import CudaBackend
 
     be = CudaBackend("bfloat16")
     be.bind_thread()
-    for M in (2, 32, 33):
+    for M in (2, 32):
         x, w, ref = case(M, 1152, 896, "bfloat16", seed=3)
         xd, wd = dev(x, "bfloat16"), dev(w, "bfloat16")
         ours, theirs = dev(np.zeros((M, 1152)), "bfloat16"), dev(np.zeros((M, 1152)), "bfloat16")
-        be.linear(xd, wd, ours, skinny_gemm=True)
+        be.gemm_skinny(xd, wd, ours)
         be.linear(xd, wd, theirs)
-        check(f"linear M={M} (ours)", host(ours, "bfloat16"), ref, "bfloat16")
+        be.synchronize()
+        check(f"gemm_skinny M={M}", host(ours, "bfloat16"), ref, "bfloat16")
         check(f"linear M={M} (cuBLAS)", host(theirs, "bfloat16"), ref, "bfloat16")
-        if M > 32:
-            continue
         x, w, ref = case(M, 64, 896, "bfloat16", seed=4, swiglu=True)
-        act, gu = dev(np.zeros((M, 64)), "bfloat16"), dev(np.zeros((M, 128)), "bfloat16")
-        be.linear_swiglu(dev(x, "bfloat16"), dev(w, "bfloat16"), gu, act, skinny_gemm=True)
-        check(f"linear_swiglu M={M} (ours)", host(act, "bfloat16"), ref, "bfloat16")
-    plans = be.kernels._gemm_plans
-    assert any(key[0] == 32 for key in plans) and not any(key[0] == 33 for key in plans), \
-        "gemm_skinny should serve 32 rows and not 33"
-    assert any(key[0] == 32 and key[3] for key in plans), "linear_swiglu should take the SwiGLU epilogue"
+        act = dev(np.zeros((M, 64)), "bfloat16")
+        be.gemm_skinny_swiglu(dev(x, "bfloat16"), dev(w, "bfloat16"), act)
+        be.synchronize()
+        check(f"gemm_skinny_swiglu M={M}", host(act, "bfloat16"), ref, "bfloat16")
+    x, w, _ = case(33, 1152, 896, "bfloat16", seed=3)
+    with pytest.raises(ValueError, match="gemm_skinny"):
+        be.gemm_skinny(dev(x, "bfloat16"), dev(w, "bfloat16"), dev(np.zeros((33, 1152)), "bfloat16"))

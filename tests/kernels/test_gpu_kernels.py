@@ -136,11 +136,12 @@ def test_add_rmsnorm_partials(dtype, S, T):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("T", [2, 32, 128])
 def test_linear_partials(dtype, T):
-    """split_down's GEMM (one strided-batched cuBLAS call): slice s of K's fp32 product, at the down projection's
-    shape with the slices down_slices picks; their sum is the whole product."""
+    """The down projection in slices (one strided-batched cuBLAS call): slice s of K's fp32 product, at the down
+    projection's shape with the slices the step plan picks (toolkit/model/plan.py); their sum is the whole product."""
+    from toolkit.model.plan import DOWN_SLICES
+
     be = _backend(dtype)
-    S = be.down_slices(T, H, I)
-    assert S == (8 if T <= 32 else 4)
+    S = next(s for top, s in DOWN_SLICES if T <= top)
     rng = np.random.default_rng(T)
     x, w = rounded(rng.standard_normal((T, I)), dtype), rounded(0.02 * rng.standard_normal((H, I)), dtype)
     parts, dx, dw = cp.zeros((S, T, H), cp.float32), dev(x, dtype), dev(w, dtype)
@@ -154,7 +155,6 @@ def test_linear_partials(dtype, T):
         check(f"linear_partials[{s}]", got[s], ref.astype(np.float32), "float32")
     check("linear_partials.sum", got.sum(0), (x.astype(np.float64) @ w.T.astype(np.float64)).astype(np.float32),
           "float32")
-    assert be.down_slices(1, H, I) == 0 and be.down_slices(129, H, I) == 0 and be.down_slices(8, H, 688) == 2
     with pytest.raises(ValueError):
         be.linear_partials(dev(x, dtype), dev(w, dtype), cp.zeros((3, T, H), cp.float32))  # 4864 / 3
 
@@ -293,23 +293,26 @@ def decode_case(name):
                                        ("bfloat16", True), ("float16", True)])
 @pytest.mark.parametrize("name", list(DECODE_CASES))
 def test_decode_attention(dtype, tc, name):
-    """Both kernels against the CPU twin: the CUDA-core one, and (tc) the tensor-core one where it applies (16-bit,
-    D 64 or 128, GQA groups up to 16; elsewhere tensor_cores=True must fall back to the CUDA-core kernel)."""
+    """Both kernels against the CPU twin: decode_attention (CUDA cores) everywhere, and (tc) decode_attention_tc
+    where it applies (16-bit, D 64 or 128, GQA groups up to 16); elsewhere decode_attention_tc refuses the shape."""
     hq, hkv, hd, _, max_len, bs = DECODE_CASES[name]
     q, kc, vc, table, seq_lens, ref = decode_case(name)
     out = dev(np.full_like(q, SENTINEL), dtype)
     kern = K(dtype)
-    kern.decode_attention(dev(q, dtype), dev(kc, dtype), dev(vc, dtype), ints(table), ints(seq_lens), bs,
-                          1 / np.sqrt(hd), out, max_len, tensor_cores=tc)
-    plan = kern._decode_plans.get((len(seq_lens), hq, hkv, hd, max_len, True))
-    used_tc = plan is not None
-    assert used_tc == (tc and hd in (64, 128) and hq // hkv <= 16)
-    if used_tc:  # the tensor-core kernel's own twin, at the plan's split count
+    args = (dev(q, dtype), dev(kc, dtype), dev(vc, dtype), ints(table), ints(seq_lens), bs, 1 / np.sqrt(hd), out,
+            max_len)
+    if tc and not (hd in (64, 128) and hq // hkv <= 16):
+        with pytest.raises(ValueError, match="decode_attention_tc"):
+            kern.decode_attention_tc(*args)
+        return
+    (kern.decode_attention_tc if tc else kern.decode_attention)(*args)
+    if tc:  # the tensor-core kernel's own twin, at the plan's split count
+        plan = kern._decode_plans[(len(seq_lens), hq, hkv, hd, max_len, True)]
         ref = np.full_like(q, np.nan)
         decode_attention_tc(q, kc, vc, table, seq_lens, bs, 1 / np.sqrt(hd), ref, int(plan[2]))
     got = host(out, dtype)
     assert not got[seq_lens == 0].any(), "padding rows (seq_len 0) must be zeros"
-    check(f"decode_attention({'tensor cores, ' if used_tc else ''}{name}: B={len(seq_lens)}, Hq={hq}, Hkv={hkv}, "
+    check(f"decode_attention{'_tc' if tc else ''}({name}: B={len(seq_lens)}, Hq={hq}, Hkv={hkv}, "
           f"D={hd}, max len {seq_lens.max()})", got, ref, dtype)
 
 
@@ -332,9 +335,11 @@ def test_decode_step_replays_in_a_cuda_graph(tc):
     pos, slots, lens = ints(np.zeros(B)), ints(np.full(B, -1)), ints(np.zeros(B))
     d_table = ints(np.zeros((B, M)))
 
+    decode = kern.decode_attention_tc if tc else kern.decode_attention
+
     def step():
         kern.rope_qkv(d_qkv, None, None, None, 1e-6, d_cos, d_sin, pos, slots, HQ, HKV, d_q, d_kc, d_vc)
-        kern.decode_attention(d_q, d_kc, d_vc, d_table, lens, bs, 0.125, d_out, max_len, tensor_cores=tc)
+        decode(d_q, d_kc, d_vc, d_table, lens, bs, 0.125, d_out, max_len)
 
     stream = cp.cuda.Stream(non_blocking=True)
     with stream:
@@ -369,7 +374,7 @@ PREFILL_CASES = {  # name: (Hq, Hkv, D, q_lens, cached prefixes, block_size, fir
     "mixed_d64": (HQ, HKV, 64, [130, 1, 64, 500, 2], [32000, 9, 0, 700, 0], 16, 3, 0),
     "chunks_b64": (HQ, HKV, 64, "chunks64", None, 16, 0, 5),
     "bs8_d64": (HQ, HKV, 64, [200, 65], [63, 1], 8, 1, 1),   # a 64-key tile spans 8 blocks
-    "d256": (8, 2, 256, [40, 9], [3, 0], 16, 2, 0),           # generic kernel even with tc=True, > 48 KB smem
+    "d256": (8, 2, 256, [40, 9], [3, 0], 16, 2, 0),           # CUDA cores only (> 48 KB smem)
 }
 
 
@@ -393,101 +398,25 @@ def prefill_case(name):
 @pytest.mark.parametrize("dtype, tc", [("float32", False), ("bfloat16", True), ("bfloat16", False), ("float16", True)])
 @pytest.mark.parametrize("name", list(PREFILL_CASES))
 def test_prefill_attention(dtype, tc, name):
+    """prefill_attention (CUDA cores) and, where it applies (16-bit, D 64 or 128), prefill_attention_tc against the
+    CPU twin; elsewhere prefill_attention_tc refuses the shape."""
     hq, hkv, hd, _, _, bs, first, _ = PREFILL_CASES[name]
     q, kc, vc, table, qsl, seq_lens, ref, max_q = prefill_case(name)
     out = dev(np.full_like(q, SENTINEL), dtype)
-    K(dtype).prefill_attention(dev(q, dtype), dev(kc, dtype), dev(vc, dtype), ints(table), ints(qsl),
-                               ints(seq_lens), bs, 1 / np.sqrt(hd), out, max_q, tensor_cores=tc)
+    kern = K(dtype)
+    args = (dev(q, dtype), dev(kc, dtype), dev(vc, dtype), ints(table), ints(qsl), ints(seq_lens), bs,
+            1 / np.sqrt(hd), out, max_q)
+    if tc and hd not in (64, 128):
+        with pytest.raises(ValueError, match="prefill_attention_tc"):
+            kern.prefill_attention_tc(*args)
+        return
+    (kern.prefill_attention_tc if tc else kern.prefill_attention)(*args)
     got = host(out, dtype)
     outside = np.ones(len(q), bool)
     outside[qsl[0]:qsl[-1]] = False
     assert (got[outside] == SENTINEL).all(), "rows outside query_start_loc[0]..query_start_loc[B] were written"
     check(f"prefill_attention({'tensor cores' if tc else 'generic'}, {name}: B={len(seq_lens)}, D={hd}, "
           f"max q_len {max_q}, max len {seq_lens.max()})", got, ref, dtype)
-
-
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
-@pytest.mark.parametrize("M", [1, 2, 4])
-@pytest.mark.parametrize("kind, N, Kw", [("norm", 1152, 896), ("norm", 9728, 896), ("add", 896, 896),
-                                         ("swiglu_add", 896, 4864), ("swiglu_add", 37, 2048), ("norm", 37, 2048)])
-def test_gemv_fused(dtype, M, kind, N, Kw):  # (37, 2048): several warps a row, the last block part empty
-    """gemv_fused at the Qwen2.5-0.5B projections (qkv, gate_up, o, down) against its twin, and against the
-    unfused kernels it replaces (add_rmsnorm / silu_mul, gemv, then the residual add in T): bit-identical for the
-    adds (same loop, same roundings); for the norm only the sum of squares' order differs."""
-    from kernels.gemv import gemv_fused
-
-    rng = np.random.default_rng(M * N + Kw)
-    xk = 2 * Kw if kind == "swiglu_add" else Kw
-    x = rounded(rng.standard_normal((M, xk)) * (4 if kind == "norm" else 1), dtype)
-    w = rounded(0.05 * rng.standard_normal((N, Kw)), dtype)
-    nw = rounded(1 + 0.1 * rng.standard_normal(Kw), dtype) if kind == "norm" else None
-    h0 = rounded(rng.standard_normal((M, N)), dtype)
-    ref = np.zeros((M, N), np.float32) if kind == "norm" else h0.copy()
-    gemv_fused(x.copy(), w, ref, kind, nw, 1e-6)
-    k = K(dtype)
-    y = dev(np.zeros((M, N)) if kind == "norm" else h0, dtype)
-    k.gemv_fused(dev(x, dtype), dev(w, dtype), y, kind, None if nw is None else dev(nw, dtype), 1e-6)
-    got = host(y, dtype)
-    check(f"gemv_fused({kind}, M={M})", got, ref, dtype)
-    # The unfused kernels, as Model.forward runs them when gemv_fused is not used.
-    xd = dev(x, dtype)
-    if kind == "norm":
-        xn, unfused = dev(np.zeros((M, Kw)), dtype), dev(np.zeros((M, N)), dtype)
-        k.add_rmsnorm(None, xd, dev(nw, dtype), 1e-6, xn)
-        k.gemv(xn, dev(w, dtype), unfused)
-    else:
-        if kind == "swiglu_add":
-            act = dev(np.zeros((M, Kw)), dtype)
-            k.silu_mul(xd, act)
-            xd = act
-        part, unfused = dev(np.zeros((M, N)), dtype), dev(h0, dtype)
-        k.gemv(xd, dev(w, dtype), part)
-        k.add_rmsnorm(part, unfused, dev(np.ones(N), dtype), 1e-6, dev(np.zeros((M, N)), dtype))  # h += part, in T
-    want = host(unfused, dtype)
-    if kind == "norm":
-        check(f"gemv_fused({kind}, M={M}) vs unfused", got, want, dtype)
-    else:
-        np.testing.assert_array_equal(got, want)
-
-
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
-@pytest.mark.parametrize("H, I", [(896, 4864), (1536, 8960), (200, 40), (64, 256)])
-def test_decode_mlp(dtype, H, I):
-    """The persistent MLP kernel (Qwen2.5-0.5B's and -1.5B's shapes; 200 rows leave most blocks without down rows)
-    against its twin, and bit for bit against the kernels it replaces (add_rmsnorm, gemv_swiglu, gemv, then the
-    next add_rmsnorm's residual add). Launched three times in a row: the grid barrier resets itself."""
-    from kernels.decode_mlp import decode_mlp
-
-    k = K(dtype)
-    if not k.decode_mlp_ok(H, I):
-        pytest.skip(f"decode_mlp does not fit H={H}, I={I} in {dtype} on this GPU")
-    rng = np.random.default_rng(H + I)
-    h0, attn = rounded(rng.standard_normal((1, H)), dtype), rounded(rng.standard_normal((1, H)), dtype)
-    nw = rounded(1 + 0.1 * rng.standard_normal(H), dtype)
-    wgu, wd = rounded(0.05 * rng.standard_normal((2 * I, H)), dtype), rounded(0.05 * rng.standard_normal((H, I)), dtype)
-    ref_h, ref_act = h0.copy(), np.empty((1, I), np.float32)
-    decode_mlp(attn, ref_h, nw, 1e-6, wgu, wd, ref_act)
-    d_attn, d_nw, d_wgu, d_wd = dev(attn, dtype), dev(nw, dtype), dev(wgu, dtype), dev(wd, dtype)
-    runs = []
-    for _ in range(3):
-        h, act = dev(h0, dtype), dev(np.zeros((1, I)), dtype)
-        k.decode_mlp(d_attn, h, d_nw, 1e-6, d_wgu, d_wd, act)
-        runs.append((host(h, dtype), host(act, dtype)))
-    got_h, got_act = runs[0]
-    check(f"decode_mlp(H={H}, I={I}) act", got_act, ref_act, dtype)
-    check(f"decode_mlp(H={H}, I={I}) h", got_h, ref_h, dtype)
-    for h_r, act_r in runs[1:]:
-        np.testing.assert_array_equal(h_r, got_h)
-        np.testing.assert_array_equal(act_r, got_act)
-    # The unfused kernels, as Model.forward runs them without mlp_kernel.
-    h, x = dev(h0, dtype), dev(np.zeros((1, H)), dtype)
-    act, out = dev(np.zeros((1, I)), dtype), dev(np.zeros((1, H)), dtype)
-    k.add_rmsnorm(d_attn, h, d_nw, 1e-6, x)
-    k.gemv_swiglu(x, d_wgu, act)
-    k.gemv(act, d_wd, out)
-    k.add_rmsnorm(out, h, d_nw, 1e-6, x)  # the next block's residual add (its norm output is not compared)
-    np.testing.assert_array_equal(got_act, host(act, dtype))
-    np.testing.assert_array_equal(got_h, host(h, dtype))
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])

@@ -1,8 +1,10 @@
-"""norm_in_gemm on the GPU: gemm_skinny_norm (gemm_skinny.cu: the o projection with add_rmsnorm's add and the norm
-weight as its epilogue) writes the residual add_rmsnorm would, bit for bit, x_out = T(h * w) and the tiles' sums of
-h^2; silu_mul_scaled (activation.cu) against NumPy with its roundings and against the CPU twin; split-K and repeat
-launches; the engine's tokens with it on against off (bf16 agreement), the same from graphs and eagerly, with and
-without PDL. Skipped without a GPU."""
+"""The post-attention RMSNorm in the o projection on the GPU: gemm_skinny_norm (gemm_skinny.cu: the o projection with
+add_rmsnorm's add and the norm weight as its epilogue) writes the residual add_rmsnorm would, bit for bit, x_out =
+T(h * w) and the tiles' sums of h^2; silu_mul_scaled (activation.cu) against NumPy with its roundings and against
+the CPU twin; split-K and repeat launches; the engine's tokens with the plan's skinny_norm o against a plan without
+it (bf16 agreement), the same from graphs and eagerly. Skipped without a GPU."""
+import dataclasses
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -115,29 +117,15 @@ def tiny_bf16():
 
 @pytest.mark.parametrize("batch", [5, 24])
 def test_engine_bf16_agreement(tiny_bf16, batch, monkeypatch):
-    """The engine with norm_in_gemm on and off: with it on, gemm_skinny_norm runs, graphs and eager steps give the
-    same tokens with and without PDL; against off (other roundings), report how often tokens agree."""
-    from tests.engine.test_gpu_engine import prompts, run_batch
+    """The engine's own plans (o "skinny_norm" in decode steps of 2-32 rows: gemm_skinny_norm runs) against the same
+    plans with o a plain gemm_skinny and gate_up's SwiGLU epilogue: graphs and eager steps give the same tokens
+    either way, and against each other (other roundings) the tokens agree for > 80% before the first divergence."""
+    from tests.engine.test_gpu_engine import plan_changes_no_token, prompts
 
-    from toolkit.engine.options import EngineOptions
+    reqs = prompts(np.random.default_rng(95 + batch), tiny_bf16.cfg.vocab_size, batch)
+    def edit(p):
+        if p.o == "skinny_norm":
+            return dataclasses.replace(p, o="skinny", swiglu="epilogue" if p.gate_up != "blas" else "silu_mul")
+        return None
 
-    eng = tiny_bf16
-    cls = type(eng.backend.kernels)
-    real, launches = cls.gemm_skinny_norm, []
-    monkeypatch.setattr(cls, "gemm_skinny_norm", lambda *a, **kw: (launches.append(1), real(*a, **kw)))
-    reqs = prompts(np.random.default_rng(95 + batch), eng.cfg.vocab_size, batch)
-    runs = {}
-    for on, graphs, pdl in ((False, True, True), (True, True, True), (True, False, False), (True, True, False)):
-        before = len(launches)
-        eng.runner.graphs.clear()
-        eng.set_options(EngineOptions(norm_in_gemm=on, cuda_graphs=graphs, pdl=pdl))
-        runs[on, graphs, pdl], steps = run_batch(eng, reqs, 16)
-        assert all(st.options.norm_in_gemm == on for st in steps)
-        assert (len(launches) > before) == on
-    eng.set_options(EngineOptions())
-    assert runs[True, True, True] == runs[True, False, False] == runs[True, True, False]
-    first_diff = [next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(a))
-                  for a, b in zip(runs[True, True, True], runs[False, True, True])]
-    agree = sum(first_diff) / sum(len(t) for t in runs[False, True, True])
-    print(f"norm_in_gemm bf16, batch {batch}, tiny: {agree:.1%} of tokens before the first divergence")
-    assert agree > 0.8
+    plan_changes_no_token(tiny_bf16, reqs, edit, "gemm_skinny_norm", monkeypatch, exact=False)

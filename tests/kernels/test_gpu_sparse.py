@@ -44,7 +44,7 @@ def up(cp, a):
 
 def test_combine_bit_identical(cuda):
     cp, be = cuda
-    from toolkit.ops import combine_topk_swa_indices
+    from toolkit.backends.cuda_sparse import combine_topk_swa_indices
 
     t = np.array([[1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 12]], I32)
     args = (np.array([0, 2, 3], I32), np.array([8, 10], I32), np.array([8, 10], I32))
@@ -53,14 +53,14 @@ def test_combine_bit_identical(cuda):
     assert c.get()[2, :8].tolist() == [73, 74, 75, 76, 86, 87, 88, 89] and n.get().tolist() == [7, 8, 8]
     rng = np.random.default_rng(0)
     for K, W, R in ((512, 128, 4), (0, 16, 1), (7, 8, 2), (3, 5, 5)):
-        for split in ("flat_warp", "flat_block", "persistent"):
+        for workers in (None, 128, 256):  # the engine's warp a row; the persistent layout bench sparse compares
             topk, qsl, seq_lens, gather, M, N = random_combine_case(rng, 4, K, W, R, base=17)
             want, want_lens = combine_twin(topk, qsl, seq_lens, gather, W, R, K, M, N)
             full_qsl = cp.asarray(np.concatenate([[0, 5, 17], qsl]).astype(I32))  # a slice that starts at 17
             out = cp.full(want.shape, 999, cp.int32)  # dirty buffer
             lens = cp.full(len(want_lens), 999, cp.int32)
             be._sparse.combine(cp.asarray(topk), full_qsl[3:], cp.asarray(seq_lens), cp.asarray(gather), W, R, K, M,
-                               N, out, lens, split=split, workers=128)
+                               N, out, lens, workers=workers)
             np.testing.assert_array_equal(out.get(), want)
             np.testing.assert_array_equal(lens.get(), want_lens)
 

@@ -8,6 +8,7 @@ divide 64, covered tiles (dense causal) next to approximate ones, and caches tha
 import numpy as np
 import pytest
 from tests.kernels.test_sparse_kernels import make_attention_case, pipeline
+from tests.tolerance import assert_within, attention_bound_for
 
 from kernels import sparse_attention_tc as tc
 from kernels import sparse_prefill as sp
@@ -69,7 +70,9 @@ def test_tiled_equals_per_query_twin(lens, qlens, K, W, R):
     tc.tiled_attention(q, kc, vc, tables, qsl, seq_lens, ublk, umask, ucount, tiles, W, R, K, bs, scale, got)
     rows = slice(qsl[0], qsl[-1])
     assert np.isfinite(got[rows]).all()
-    assert np.abs(got[rows] - want[rows]).max() <= 1e-5
+    # the per-query twin: float32 attention (one bound); the tiled twin: a float64 softmax rounded to float32
+    # (u |out|, far inside a second bound)
+    assert_within(got[rows], want[rows], attention_bound_for(q, kc, vc, seq_lens, scale, orders=2))
     assert (got[:qsl[0]] == 7.0).all() and (got[qsl[-1]:] == 7.0).all()
 
 

@@ -5,6 +5,7 @@ import math
 import numpy as np
 import pytest
 
+from tests.tolerance import U32
 from toolkit.model.config import ModelConfig, rope_inv_freq, rope_tables
 from toolkit.errors import ToolkitError
 
@@ -40,11 +41,13 @@ def test_errors_name_the_problem(tmp_path):
 def test_rope_default_frequencies_and_tables():
     cfg = ModelConfig.from_dict({**BASE, "rope_theta": 10000.0})
     inv = rope_inv_freq(cfg)
-    np.testing.assert_allclose(inv, [10000.0 ** (-2 * i / 4) for i in range(2)], rtol=1e-6)
+    # float32 exponents 0, 0.5 (exact), powf (1 ulp = 2u), the float32 division (u): 3u relative
+    np.testing.assert_allclose(inv, [10000.0 ** (-2 * i / 4) for i in range(2)], rtol=3 * U32, atol=0)
     cos, sin = rope_tables(cfg, 8)
     assert cos.shape == (8, 2) and cos.dtype == np.float32
-    np.testing.assert_allclose(cos[5, 1], math.cos(5 * inv[1]), rtol=1e-6)
-    np.testing.assert_allclose(sin[5, 0], math.sin(5.0), rtol=1e-6)
+    # the float32 angle pos * inv (u |angle|, times |sin| <= 1), then float32 cos / sin (2 ulp = 4u, NumPy's bound)
+    np.testing.assert_allclose(cos[5, 1], math.cos(5 * inv[1]), rtol=0, atol=U32 * (5 * inv[1] + 4))
+    np.testing.assert_allclose(sin[5, 0], math.sin(5.0), rtol=0, atol=4 * U32)  # angle 5 * 1.0: exact
 
 
 def test_llama3_scaling_matches_the_published_rule():
@@ -64,7 +67,10 @@ def test_llama3_scaling_matches_the_published_rule():
         else:
             smooth = (64 / wavelen - 1) / (4 - 1)
             expect = (1 - smooth) * f / 8 + smooth * f
-        assert g == pytest.approx(expect, rel=1e-5)
+        # float32 throughout: wavelen (2u), r = 64 / wavelen (3u: |dr| <= 12u at r <= 4 in the blend band), so
+        # smooth = (r - 1) / 3 within 6u; the blend's terms <= f / 8 and f round ~2.5u f; smooth's error moves it by
+        # (7/8) f * 6u: <= 8u f. The other bands are f or f / 8: exact.
+        assert abs(g - expect) <= 8 * U32 * f
     assert (got < base).any() and (got == base).any()  # some bands change, some don't
 
 

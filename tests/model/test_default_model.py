@@ -8,7 +8,6 @@ import pytest
 
 from toolkit.cli.common import default_model
 from toolkit.engine.build import build_engine
-from toolkit.perplexity import perplexity
 
 WEIGHTS = Path(__file__).resolve().parents[2] / "weights"
 PROMPTS = ("Once upon a time", "The king said unto", "It is a truth universally acknowledged")
@@ -36,6 +35,23 @@ def test_generated_words_come_from_the_corpus(engine):
     known = sum(w in vocab for w in words) / len(words)
     print(f"{len(words)} words, {known:.1%} in the corpus word list")
     assert len(words) > 60 and known >= 0.9
+
+
+def perplexity(engine, tokens: np.ndarray, window: int) -> tuple[float, float]:
+    """(mean NLL, perplexity) over every predicted token, the way weights/train.py measures it: the stream cut into
+    non-overlapping windows whose positions restart at 0, each window's first token context only; float64
+    log-softmax of the fp32 logits."""
+    nll, predicted = 0.0, 0
+    for lo in range(0, len(tokens) - 1, window):
+        ids = np.asarray(tokens[lo:lo + window], dtype=np.int32)
+        if len(ids) < 2:
+            break
+        logits = engine.logits(ids[:-1]).astype(np.float64)
+        logits -= logits.max(axis=1, keepdims=True)
+        logp = logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
+        nll -= logp[np.arange(len(ids) - 1), ids[1:]].sum()
+        predicted += len(ids) - 1
+    return nll / predicted, float(np.exp(nll / predicted))
 
 
 def test_perplexity_matches_training(engine):

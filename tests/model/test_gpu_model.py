@@ -3,13 +3,14 @@
 fp32 weights: max |dlogit| <= 1e-3 on every fixture. bf16 weights: the same
 greedy tokens as the fp32 CPU run for the 17 reference tokens.
 """
+import dataclasses
+
 import numpy as np
 import pytest
 from tests.conftest import FIXTURES
 from tests.reference_run import FIXTURE_NAMES, greedy_tokens, reference_logits
 
 from toolkit.engine.build import build_engine
-from toolkit.engine.options import EngineOptions
 
 pytestmark = pytest.mark.gpu
 
@@ -36,16 +37,21 @@ def test_cuda_bf16_same_greedy_tokens(name):
     assert greedy_tokens(engine, ref["input_ids"], 17) == ref["generated_ids"].tolist()
 
 
-@pytest.mark.parametrize("tensor_cores", [True, False])
-def test_bf16_model_close_to_fp32_cpu(tensor_cores):
-    """Head dim 64 (the tensor-core attention path) on a 300-token prompt, random weights."""
+@pytest.mark.parametrize("attention", ["tc", "cuda_cores"])
+def test_bf16_model_close_to_fp32_cpu(attention, monkeypatch):
+    """Head dim 64 on a 300-token prompt, random weights: the plan's tensor-core prefill attention, and the CUDA-core
+    kernel in a hand-built plan."""
     ids = np.random.default_rng(1).integers(0, 4096, 300)
     cpu = build_engine(shape="tiny", device="cpu", dtype="bfloat16", max_context=512, weights_seed=3)
     gpu = build_engine(shape="tiny", device="cuda", dtype="bfloat16", max_context=512, weights_seed=3,
-                       max_num_seqs=8, kv_cache_tokens=2048, options=EngineOptions(tensor_cores=tensor_cores))
+                       max_num_seqs=8, kv_cache_tokens=2048)
+    model = gpu.runner.model
+    own = type(model).plan.__get__(model)
+    monkeypatch.setattr(model, "plan", lambda step, options: dataclasses.replace(
+        own(step, options), prefill_attention=attention, decode_attention=attention))
     a, b = cpu.logits(ids, chunk=128), gpu.logits(ids, chunk=128)  # chunks: prefill over a cached prefix
     rel = np.linalg.norm(a - b) / np.linalg.norm(a)
-    print(f"tiny bf16 (tensor_cores={tensor_cores}) vs fp32 cpu: rel-L2 {rel:.2e}")
+    print(f"tiny bf16 (attention {attention}) vs fp32 cpu: rel-L2 {rel:.2e}")
     assert rel < 3e-2
     assert (a.argmax(-1) == b.argmax(-1)).mean() > 0.9
 

@@ -13,12 +13,19 @@ import pytest
 from tests.conftest import FIXTURES
 from tests.reference_run import FIXTURE_NAMES
 from tests.kernels.test_sparse_kernels import ref_combine, ref_sparse_attention, ref_topk
+from tests.tolerance import model_bound
 
 import toolkit.model.sparse as sparse
 from toolkit.engine.build import build_engine
 from toolkit.backends.cpu import CpuBackend
 from toolkit.engine import SamplingParams
 from toolkit.engine.options import EngineOptions
+
+
+def bound(engine, ids, logits):
+    """Two float32 runs of the model that round differently (another attention kernel, another chunking):
+    model_bound over len(ids) keys (tests/tolerance.py)."""
+    return model_bound(engine.cfg, len(ids), np.abs(logits).max())
 
 TIGHT = dict(sparse_topk=2, sparse_window=4, sparse_block=2, sparse_max_keep_pct=100)  # sparse wherever approximate
 
@@ -101,8 +108,8 @@ def test_default_sparse_equals_dense(name, force_sparse):
                           warmup=False)
     dense = engine.logits(ids)
     engine.set_options(EngineOptions())
-    assert np.abs(engine.logits(ids) - dense).max() <= 1e-4
-    assert np.abs(engine.logits(ids, chunk=7) - dense).max() <= 1e-4  # chunks over a cached prefix
+    assert np.abs(engine.logits(ids) - dense).max() <= bound(engine, ids, dense)
+    assert np.abs(engine.logits(ids, chunk=7) - dense).max() <= bound(engine, ids, dense)  # over a cached prefix
 
 
 @pytest.mark.parametrize("name", ["llama", "qwen3"])
@@ -111,18 +118,18 @@ def test_forced_sparse_matches_reference(name):
     ids = np.load(folder / "reference.npz")["input_ids"]
     fast, ref = engines(folder, EngineOptions(**TIGHT))
     got, want = fast.logits(ids), ref.logits(ids)
-    assert np.abs(got - want).max() <= 1e-4
+    assert np.abs(got - want).max() <= bound(fast, ids, want)  # float64 reference attention, the rest float32
     fast.set_options(EngineOptions(sparse_prefill=False))
-    assert np.abs(fast.logits(ids) - got).max() > 1e-2  # the tight setting really is approximate
+    assert np.abs(fast.logits(ids) - got).max() > bound(fast, ids, got)  # the tight setting really is approximate
     fast.set_options(EngineOptions(**TIGHT))
     # Chunked prefill: the same semantics where chunks end on a multiple of the query tile (W - R + 2 = 4 here) ...
-    assert np.abs(fast.logits(ids, chunk=8) - got).max() <= 1e-4
+    assert np.abs(fast.logits(ids, chunk=8) - got).max() <= bound(fast, ids, got)
     # ... and anywhere with a selection per query.
     fast.set_options(EngineOptions(**TIGHT, sparse_query_tile=1))
     per_query = fast.logits(ids)
-    assert np.abs(fast.logits(ids, chunk=5) - per_query).max() <= 1e-4
+    assert np.abs(fast.logits(ids, chunk=5) - per_query).max() <= bound(fast, ids, per_query)
     ref.set_options(EngineOptions(**TIGHT, sparse_query_tile=1))
-    assert np.abs(ref.logits(ids) - per_query).max() <= 1e-4
+    assert np.abs(ref.logits(ids) - per_query).max() <= bound(ref, ids, per_query)
 
 
 def test_stories_sparse(stories_dir, force_sparse):
@@ -130,13 +137,13 @@ def test_stories_sparse(stories_dir, force_sparse):
     fast, ref = engines(stories_dir, EngineOptions(sparse_prefill=False), max_context=512)
     dense = fast.logits(ids)
     fast.set_options(EngineOptions())
-    assert np.abs(fast.logits(ids) - dense).max() <= 1e-4
+    assert np.abs(fast.logits(ids) - dense).max() <= bound(fast, ids, dense)
     tight = EngineOptions(sparse_topk=8, sparse_window=16, sparse_block=4, sparse_max_keep_pct=100)
     fast.set_options(tight)
     ref.set_options(tight)
     got = fast.logits(ids[:120])
-    assert np.abs(got - ref.logits(ids[:120])).max() <= 1e-4
-    assert np.abs(got - dense[:120]).max() > 1e-3
+    assert np.abs(got - ref.logits(ids[:120])).max() <= bound(fast, ids[:120], got)
+    assert np.abs(got - dense[:120]).max() > bound(fast, ids[:120], got)
 
 
 def test_records_say_which_path_ran():
@@ -166,4 +173,4 @@ def test_skipped_sparse_is_dense():
     engine.set_options(EngineOptions(**dict(TIGHT, sparse_max_keep_pct=below)))
     assert np.array_equal(engine.logits(ids), dense)
     engine.set_options(EngineOptions(**dict(TIGHT, sparse_max_keep_pct=below + 2)))
-    assert np.abs(engine.logits(ids) - dense).max() > 1e-2
+    assert np.abs(engine.logits(ids) - dense).max() > bound(engine, ids, dense)

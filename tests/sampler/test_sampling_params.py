@@ -216,18 +216,19 @@ def test_no_fast_path_alias():
     assert speed_parser().parse_args(["--no-fast-path"]).sampler_fast_path == [False]
 
 
-def test_switch_flags_follow_their_defaults():
-    """A switch that is on by default gets --no-<switch>; one that is off (fused_gemv) gets --<switch>."""
+def test_every_toggle_has_a_no_flag():
+    """Every toggle is on by default and gets --no-<toggle>; a removed switch's flag is refused."""
     from toolkit.cli.common import engine_kwargs
     from toolkit.cli.generate import setup_arg_parser
+    from toolkit.engine.options import EngineOptions
 
     p = setup_arg_parser()
-    plain = engine_kwargs(p.parse_args(["x"]))["options"]
-    assert plain.fused_gemv is False and plain.cuda_graphs is True
-    both = engine_kwargs(p.parse_args(["--fused-gemv", "--no-cuda-graphs", "x"]))["options"]
-    assert both.fused_gemv is True and both.cuda_graphs is False
+    assert engine_kwargs(p.parse_args(["x"]))["options"] == EngineOptions()
+    for name in EngineOptions.names():
+        off = engine_kwargs(p.parse_args([f"--no-{name.replace('_', '-')}", "x"]))["options"]
+        assert off == EngineOptions().with_(**{name: False}), name
     with pytest.raises(SystemExit):
-        p.parse_args(["--no-fused-gemv", "x"])
+        p.parse_args(["--no-skinny-gemm", "x"])
 
 
 def test_unused_namespace_fields_are_ignored():

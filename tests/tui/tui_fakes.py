@@ -1,5 +1,9 @@
 """A scripted engine for the TUI tests: the real EngineWorker drives it, so cancel/options/close are the real
-thing, while the tokens and the StepTiming numbers are fixed (stable snapshots, no model, no JIT)."""
+thing, while the tokens and the StepTiming numbers are fixed (stable snapshots, no model, no JIT).
+
+Its step times follow a rule the tests can check: a decode step takes DECODE_MS + BATCH_MS per request, plus
+SLOW_MS when the sampler takes its slow path; the options, sampler path and context bucket a step records
+follow the engine's rules (toolkit/engine/runner.py, toolkit/sampler/batch.py)."""
 import threading
 import time
 from types import MappingProxyType, SimpleNamespace
@@ -15,6 +19,11 @@ from tui.session import ChatSession
 REPLY = ["Hello", "!", " This", " is", " **a", " scripted**", " reply", "."]
 PREFILL_SECTIONS = {"embedding": 0.5, "attention": 6.0, "mlp": 9.0, "lm_head": 3.0, "sample": 0.5}
 DECODE_SECTIONS = {"embedding": 0.1, "attention": 1.5, "mlp": 4.0, "lm_head": 2.0, "sample": 0.4}
+DECODE_MS, BATCH_MS, SLOW_MS = 8.0, 0.5, 0.5
+VOCAB = 256
+MIN_CONTEXT_BUCKET = 64
+
+Step = StepTiming
 
 
 class FakeTokenizer:
@@ -36,7 +45,9 @@ class FakeEngine:
         self.max_context = max_context
         self.tokenizer = FakeTokenizer()
         self.chat_template = FakeTemplate() if chat else None
-        self.backend = SimpleNamespace(name=backend, dtype="float32")
+        self.backend = SimpleNamespace(name=backend, dtype="float32" if backend == "cpu" else "bfloat16",
+                                       num_sms=132, graphs_supported=True, pdl_supported=True)
+        self.cfg = SimpleNamespace(vocab_size=VOCAB)
         self.weight_bytes = 50_000_000
         self.device_note = "fake device"
         self.options = EngineOptions()
@@ -88,16 +99,30 @@ class FakeEngine:
         outs, self._done_now = self._done_now, []
         if not self._active:
             return outs
-        opts = self.options.effective(self.backend.name, self.backend.dtype)
+        opts = self.options.effective(self.backend)
         prefill = [rid for rid, a in self._active.items() if not a[2]]
+        rows = len(self._active)
+        needs = [a[3] for a in self._active.values() if a[3].processing_reasons(VOCAB, not a[3].ignore_eos)]
+        fast = opts.sampler_fast_path and not needs
+        why = "" if fast else ("switched off" if not needs else needs[0].processing_reasons(VOCAB, True)[0])
+        sampler = dict(sampler_path="fast" if fast else "slow", sampler_why=why,
+                       sampler_bytes=0 if fast else rows * VOCAB * 4)
         if prefill:
             cached = sum(self._cached(self._active[r][0]) for r in prefill)
             n_tokens = sum(len(self._active[r][0]) for r in prefill) - cached
-            timing = StepTiming(self._index, "prefill", n_tokens, len(prefill), 20.0, 18.0,
-                                MappingProxyType(PREFILL_SECTIONS), False, opts, cached, 0.2)
+            timing = Step(self._index, "prefill", n_tokens, len(prefill), 20.0, 18.0,
+                          MappingProxyType(PREFILL_SECTIONS), False, opts.with_(pdl=False), cached, 0.2,
+                          context_bucket=MIN_CONTEXT_BUCKET, **sampler)
         else:
-            timing = StepTiming(self._index, "decode", len(self._active), len(self._active), 10.0, 8.5,
-                                MappingProxyType(DECODE_SECTIONS), False, opts, 0, 0.1)
+            longest = max(len(a[0]) + a[1] for a in self._active.values())
+            bucket = MIN_CONTEXT_BUCKET
+            while bucket < min(longest, self.max_context):
+                bucket *= 2
+            graph = self.backend.name == "cuda" and opts.cuda_graphs
+            gpu = DECODE_MS + BATCH_MS * rows + (0.0 if fast else SLOW_MS)
+            timing = Step(self._index, "decode", rows, rows, gpu + 1.5, gpu,
+                          MappingProxyType({} if graph else DECODE_SECTIONS), graph,
+                          opts if graph else opts.with_(pdl=False), 0, 0.1, context_bucket=bucket, **sampler)
         self._index += 1
         for rid in list(self._active):
             a = self._active[rid]

@@ -14,21 +14,40 @@ import time
 
 import numpy as np
 
-from kernels.activation import silu_mul, silu_mul_scaled
+from kernels import sampler as _smp
 from kernels import sparse_attention_tc as _satc
 from kernels import sparse_prefill as _sp
+from kernels.activation import silu_mul, silu_mul_scaled
 from kernels.combine import combine_topk_swa_indices
 from kernels.decode_attention import decode_attention
-from kernels.decode_mlp import decode_mlp
+from kernels.decode_attention_tc import decode_attention_tc
 from kernels.embedding import embedding
-from kernels.gemm_skinny import gemm_skinny_norm
-from kernels.gemv import MAX_ROWS as GEMV_MAX_ROWS, gemv_fused, gemv_swiglu
+from kernels.gemm_skinny import gemm_skinny, gemm_skinny_norm, gemm_skinny_rope, gemm_skinny_swiglu
+from kernels.gemv import gemv, gemv_swiglu
 from kernels.prefill_attention import prefill_attention
 from kernels.rmsnorm import add_rmsnorm, add_rmsnorm_partials
 from kernels.rope import rope_qkv
-from kernels import sampler as _smp
 
-from toolkit.engine.timings import CpuTimer
+
+class CpuTimer:
+    """Section laps on the host clock: NumPy/Numba work is synchronous, so wall time is device time."""
+
+    def __init__(self):
+        self._laps = []
+        self._t = 0.0
+
+    def start(self):
+        self._laps.clear()
+        self._t = time.perf_counter()
+
+    def lap(self, section: str):
+        now = time.perf_counter()
+        self._laps.append((section, now - self._t))
+        self._t = now
+
+    def laps_ms(self) -> list:
+        """(section, ms) of each lap, in order."""
+        return [(section, dt * 1e3) for section, dt in self._laps]
 
 
 class CpuClock:
@@ -45,6 +64,8 @@ class CpuClock:
 class CpuBackend:
     name = "cpu"
     dtype = "float32"
+    num_sms = 0  # (the plan's tensor-core decisions are for the GPU only)
+    graphs_supported = pdl_supported = False
 
     def __init__(self):
         from threadpoolctl import threadpool_limits
@@ -71,13 +92,12 @@ class CpuBackend:
     def upload(self, host, dev, n: int, offset: int = 0):
         pass
 
-    # -- ops --------------------------------------------------------------------
-    def linear(self, x, w, out, small_batch_gemv=False, skinny_gemm=False, stream_gemm=False):
-        # HF layout: w is [out, in]; BLAS reads w.T without a copy. (BLAS is the GEMV twin too: kernels/gemv.py.)
+    # -- ops --------------------------------------------------------------------------------------------
+    # Every op of the CUDA backend, as its CPU twin (kernels/<op>.py). The CPU's own plan uses BLAS and the plain
+    # kernels; the twins of our GPU-only kernels run where a test hands the model a plan that names them.
+    def linear(self, x, w, out):
+        # HF layout: w is [out, in]; BLAS reads w.T without a copy.
         np.matmul(x, w.T, out=out)
-
-    def down_slices(self, rows: int, n: int, k: int) -> int:
-        return 0  # (split_down is a GPU switch: here one BLAS call is the whole product)
 
     def linear_partials(self, x, w, parts):
         S = parts.shape[0]
@@ -85,63 +105,27 @@ class CpuBackend:
         for s in range(S):
             np.matmul(x[:, s * ks:(s + 1) * ks], w[:, s * ks:(s + 1) * ks].T, out=parts[s])
 
-    def add_rmsnorm_partials(self, parts, residual, weight, eps, out):
-        add_rmsnorm_partials(parts, residual, weight, eps, out)
+    # (the ops that are exactly their twin's function are set below the class, under the twin's own name)
 
-    def linear_swiglu(self, x, w, gate_up, act, small_batch_gemv=False, skinny_gemm=False, stream_gemm=False):
-        # (skinny_gemm, stream_gemm: the CUDA kernels' twins, kernels/gemm_skinny.py and gemm_stream.py, are this
-        # same matmul + silu_mul in fp32)
-        if small_batch_gemv and x.shape[0] <= GEMV_MAX_ROWS:  # the twin of CUDA's one-kernel path
-            gemv_swiglu(x, w, act)
-            return
-        self.linear(x, w, gate_up)
-        silu_mul(gate_up, act)
-
-    def linear_rope(self, x, w, qkv, bias, q_norm, k_norm, eps, cos, sin, positions, slot_mapping, n_heads,
-                    n_kv_heads, q_out, k_cache, v_cache, small_batch_gemv=False, skinny_gemm=False):
-        # (the CUDA kernel's twin, kernels/gemm_skinny.py's gemm_skinny_rope, is this same matmul + rope_qkv)
-        self.linear(x, w, qkv)
-        rope_qkv(qkv, bias, q_norm, k_norm, eps, cos, sin, positions, slot_mapping, n_heads, n_kv_heads, q_out,
-                 k_cache, v_cache)
-
-    def norm_in_gemm_ok(self, rows: int, cfg, small_batch_gemv: bool) -> bool:
-        # (norm_in_gemm is a GPU switch; where a test forces it, the twins run the branch at any row count)
-        return cfg.hidden_size % 16 == 0
-
-    def linear_norm(self, x, w, residual, norm_w, x_out, parts):
-        gemm_skinny_norm(x, w, residual, norm_w, x_out, parts)  # (its projection: this backend's matmul)
-
-    def launching(self, pdl: bool) -> "CpuBackend":
+    def with_pdl(self) -> "CpuBackend":
         return self  # no launches to overlap
 
-    def fused_gemv_ok(self, rows: int, cfg) -> bool:
-        return rows == 1  # as the CUDA backend decides (its GEMV path is for batch 1); the twins take any shape
-
-    def decode_mlp_ok(self, rows: int, cfg) -> bool:
-        return rows == 1  # as the CUDA backend decides for the shapes it fits
-
-    embedding = staticmethod(embedding)
-    decode_mlp = staticmethod(decode_mlp)
-    gemv_fused = staticmethod(gemv_fused)
-    add_rmsnorm = staticmethod(add_rmsnorm)
-    silu_mul = staticmethod(silu_mul)
-    silu_mul_scaled = staticmethod(silu_mul_scaled)
-    rope_qkv = staticmethod(rope_qkv)
-
-    def decode_attention(self, q, k_cache, v_cache, block_tables, seq_lens, block_size, scale, out,
-                         max_seq_len=None, rope=None, tensor_cores=False):
-        if rope is not None:  # the twin of the fused kernel: rope_qkv's twin into q, then the attention's
-            qkv, bias, q_norm, k_norm, eps, cos, sin, positions, slot_mapping = rope
-            rope_qkv(qkv, bias, q_norm, k_norm, eps, cos, sin, positions, slot_mapping, q.shape[1],
-                     k_cache.shape[1], q, k_cache, v_cache)
+    def decode_attention(self, q, k_cache, v_cache, block_tables, seq_lens, block_size, scale, out, max_seq_len):
         decode_attention(q, k_cache, v_cache, block_tables, seq_lens, block_size, scale, out)
 
-    def prefill_attention(self, q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, block_size,
-                          scale, out, max_query_len=None, tensor_cores=False):
+    def decode_attention_tc(self, q, k_cache, v_cache, block_tables, seq_lens, block_size, scale, out, max_seq_len):
+        # The tensor-core kernel's route, one split a sequence (the split count only moves the roundings).
+        decode_attention_tc(q, k_cache, v_cache, block_tables, seq_lens, block_size, scale, out, 1)
+
+    def prefill_attention(self, q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, block_size, scale,
+                          out, max_query_len):
         prefill_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, block_size, scale, out)
 
+    # The tensor-core prefill kernel computes the same function (kernels/prefill_attention.py is its twin too).
+    prefill_attention_tc = prefill_attention
+
     # -- sparse prefill ops (kernels/sparse_prefill.cu, kernels/sparse_prefill.py) ------------------------
-    # (and kernels/combine.cu, kernels/combine.py); the driver is toolkit/sparse.py.
+    # (and kernels/combine.cu, kernels/combine.py); the driver is toolkit/model/sparse.py.
     def sparse_compress_keys(self, k_cache, block_tables, seq_lens, block_size, R, kbar):
         _sp.compress_keys(k_cache, block_tables, seq_lens, block_size, R, kbar.shape[1], kbar)
 
@@ -165,9 +149,6 @@ class CpuBackend:
         _sp.sparse_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, combined, lens, M, N,
                              W, R, block_size, scale, out)
 
-    def sparse_tiled_ok(self, head_dim):
-        return False  # the CPU keeps the per-query reference; the tiled twins are for tests
-
     def sparse_tile_union(self, query_start_loc, seq_lens, combined, lens, M, N, W, R, K, Q, ublk, umask, ucount):
         B = seq_lens.shape[0]
         _satc.tile_union(query_start_loc, seq_lens, combined, lens, M, N, W, R, K, Q, ublk.shape[0] // max(B, 1),
@@ -179,15 +160,6 @@ class CpuBackend:
         _satc.tiled_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, ublk, umask, ucount,
                               ublk.shape[0] // max(B, 1), W, R, K, block_size, scale, out)
 
-    # -- sampler ops (kernels/sampler.cu, kernels/sampler.py) ---------------------------------------------------
-    gumbel_sample = staticmethod(_smp.gumbel_sample)
-    to_fp32 = staticmethod(_smp.to_fp32)
-    add_entries = staticmethod(_smp.add_entries)
-    apply_penalties = staticmethod(_smp.apply_penalties)
-    temperature_min_p = staticmethod(_smp.temperature_min_p)
-    top_k_top_p = staticmethod(_smp.top_k_top_p)
-    logprobs = staticmethod(_smp.logprobs)
-
     # -- timing -------------------------------------------------------------------
     def section_timer(self) -> CpuTimer:
         return CpuTimer()
@@ -198,8 +170,23 @@ class CpuBackend:
     def synchronize(self):
         pass
 
+    # A CPU "graph" is the step's function itself: nothing to record, replay runs it again.
+    def capture(self, fn):
+        fn()
+        return fn
+
+    def replay(self, graph):
+        graph()
+
     def bind_thread(self):
         pass
 
     def ids_to_host(self, dev, n: int) -> np.ndarray:
         return dev[:n].copy()
+
+
+# Backend ops that are exactly one CPU twin (kernels/<op>.py; the sampler's: kernels/sampler.py), as static methods.
+for _twin in (embedding, add_rmsnorm, add_rmsnorm_partials, rope_qkv, silu_mul, silu_mul_scaled, gemv, gemv_swiglu,
+              gemm_skinny, gemm_skinny_swiglu, gemm_skinny_rope, gemm_skinny_norm, _smp.gumbel_sample, _smp.to_fp32,
+              _smp.add_entries, _smp.apply_penalties, _smp.temperature_min_p, _smp.top_k_top_p, _smp.logprobs):
+    setattr(CpuBackend, _twin.__name__, staticmethod(_twin))

@@ -12,12 +12,15 @@ by the kernels themselves, so a captured graph replays with new values; the host
 [num_slots, Hkv, D] with num_slots = num_blocks * block_size (see the kernels' headers).
 Storage: bf16 arrays are cupy uint16 arrays (same bits), fp16 float16, fp32 float32; logits are fp32.
 
+One method per kernel (decode_attention and decode_attention_tc, gemm_skinny and gemm_skinny_swiglu, ...): the step
+plan (toolkit/model/plan.py) decides which one runs, and a method raises ValueError for a shape its kernel does
+not take rather than running another kernel.
+
 This module imports without CuPy (cupy is imported when a CudaKernels is made), so CPU-only installs and
 the compile-check test can import `kernel_names`.
 """
 import copy
 import math
-import os
 import re
 from pathlib import Path
 
@@ -28,33 +31,22 @@ import kernels as _kernels_pkg
 from .cuda_gemm import gemm_skinny as _gemm_skinny
 from .cuda_gemm import gemm_skinny_norm as _gemm_skinny_norm
 from .cuda_gemm import gemm_skinny_rope as _gemm_skinny_rope
-from .cuda_gemm import gemm_stream as _gemm_stream
 from .cuda_gemm import kernel_names as _skinny_names
-from .cuda_gemm import stream_kernel_names as _stream_names
-from .cuda_gemm import stream_plan as _stream_plan
 
 KERNEL_DIR = Path(_kernels_pkg.__file__).parent
 CTYPES = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16"}
 STORAGE = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}
 # No --use_fast_math: expf/exp2f/rsqrtf keep their IEEE-ish accuracy so the GPU agrees with the CPU twins.
 OPTIONS = ("-std=c++17",)
-# Extra NVRTC options from the environment, e.g. TOOLKIT_NVRTC_DEFINES="-DGS_BLOCKS=4" to run (and test) a
-# kernel's tuning knob (GS_* in kernels/sampler.cu, GEMV_PF in kernels/gemv.cu) without editing the source.
-EXTRA_OPTIONS = tuple(os.environ.get("TOOLKIT_NVRTC_DEFINES", "").split())
 DECODE_HEAD_DIMS = (8, 16, 32, 64, 128, 256)   # decode_attention<T, D> instantiations
 TC_HEAD_DIMS = (64, 128)            # prefill_attention_tc / decode_attention_tc<T, D> (16-bit T only)
 TC_DECODE_GROUP = 16                # decode_attention_tc: q heads a block (the mma's 16 A rows)
 TC_DECODE_KT = 64                   # decode_attention_tc: keys a tile
 TC_ONE_SPLIT_TILES = 4              # decode_attention_tc: a sequence of up to this many tiles is one split
-DECODE_ONE_SPLIT_TILES = 2          # decode_attention (CUDA cores): the same (its ONE_SPLIT_TILES)
-TC_PAYS_MIN_LEN = 512               # decode_tc_pays decides a shorter plan as one of this many keys
+DECODE_ONE_SPLIT_TILES = 2          # decode_attention (CUDA cores): the same
 GEMV_MAX_ROWS = 4                   # gemv<T, TO, M> instantiations: M = 1..4
 PARTS_MAX = 8                       # add_rmsnorm_partials: most slices (PART_MAX in rmsnorm.cu)
-# Most warps per GEMV output row (gemv.cu; 1, 2, 4 or 8). TOOLKIT_GEMV_MAX_WPR=1 gives the one-warp-a-row kernel
-# back, for A/B runs.
-GEMV_MAX_WPR = int(os.environ.get("TOOLKIT_GEMV_MAX_WPR", "8"))
-# gemv_fused<T, M, PRO, ADD> instantiations: prologue (gemv.cu's GF_NONE 0 / GF_NORM 1 / GF_SWIGLU 2), add into y
-GEMV_FUSED = {"norm": (1, "false"), "add": (0, "true"), "swiglu_add": (2, "true")}
+GEMV_MAX_WPR = 8                    # most warps per GEMV output row (gemv.cu; 1, 2, 4 or 8)
 SAMPLE_LOADS = (1, 4)                # gumbel_sample<T, NL> instantiations: 16-byte loads per thread
 MAX_SPLITS = 1024                   # cap on decode-attention splits (the last split merges them all)
 HEAD_SPLIT_KV_BYTES = 2 << 20       # decode_head_blocks: K/V a layer up to which a GQA group may span blocks
@@ -66,15 +58,15 @@ _MODULES = {}  # (op, ctype) -> cupy.RawModule, shared by every CudaKernels of t
 
 def kernel_names(op: str, ctype: str) -> list:
     """The name expressions (template instantiations) the wrapper uses from kernels/<op>.cu for one ctype."""
-    if op == "decode_attention":  # the plain kernel and the rope_in_attention variant
-        return [f"decode_attention<{ctype}, {d}, {r}>" for d in DECODE_HEAD_DIMS for r in ("false", "true")]
+    if op == "decode_attention":
+        return [f"decode_attention<{ctype}, {d}>" for d in DECODE_HEAD_DIMS]
     if op == "decode_attention_tc":  # GQA-packed tensor-core decode attention, 16-bit types only
         return [] if ctype == "float" else [f"decode_attention_tc<{ctype}, {d}>" for d in TC_HEAD_DIMS]
     if op == "prefill_attention":
         tc = [] if ctype == "float" else [f"prefill_attention_tc<{ctype}, {d}>" for d in TC_HEAD_DIMS]
         return [f"prefill_attention<{ctype}>"] + tc
     if op == "combine":
-        return []  # extern "C", int32 only (combine_flat_warp, combine_flat_block, combine_persistent, ...)
+        return []  # extern "C", int32 only (combine_flat_warp, combine_persistent, prefill_gather_lens)
     if op == "sparse_prefill":  # (sparse_scores and sparse_topk are extern "C": fp32 in)
         return [f"sparse_compress_keys<{ctype}>", f"sparse_query_means<{ctype}>"] + \
             [f"sparse_attention<{ctype}, {d}, {g}>" for d in (8, 16, 32, 64, 128) for g in (8, 16)]
@@ -86,19 +78,15 @@ def kernel_names(op: str, ctype: str) -> list:
         return sample + [f"{k}<{ctype}>" for k in ["to_fp32", "logprobs"] + (f32 if ctype == "float" else [])]
     if op == "gemm_skinny":
         return _skinny_names(ctype)
-    if op == "gemm_stream":
-        return _stream_names(ctype)
     if op == "gemv":
         outs = [ctype] if ctype == "float" else [ctype, "float"]
         rows = range(1, GEMV_MAX_ROWS + 1)
-        return [f"gemv<{ctype}, {o}, {m}>" for o in outs for m in rows] + \
-            [f"gemv_fused<{ctype}, {m}, {pro}, {add}>" for m in rows for pro, add in GEMV_FUSED.values()] + \
-            [f"gemv_swiglu<{ctype}, {m}>" for m in rows]
+        return [f"gemv<{ctype}, {o}, {m}>" for o in outs for m in rows] + [f"gemv_swiglu<{ctype}, {m}>" for m in rows]
     if op == "rmsnorm":  # the plain kernel, and the one that adds a split GEMM's partials first
         return [f"add_rmsnorm<{ctype}>", f"add_rmsnorm_partials<{ctype}>"]
-    if op == "activation":  # silu_mul, and the form that applies a deferred RMSNorm scale (norm_in_gemm)
+    if op == "activation":  # silu_mul, and the form that applies a deferred RMSNorm scale (gemm_skinny_norm's)
         return [f"silu_mul<{ctype}>", f"silu_mul_scaled<{ctype}>"]
-    return [{"embedding": "embedding", "rope": "rope_qkv", "decode_mlp": "decode_mlp"}[op] + f"<{ctype}>"]
+    return [{"embedding": "embedding", "rope": "rope_qkv"}[op] + f"<{ctype}>"]
 
 
 def gemv_warps_per_row(kc: int) -> int:
@@ -132,7 +120,7 @@ def _module(op: str, ctype: str):
         import cupy
 
         src = kernel_source(op)
-        mod = cupy.RawModule(code=src, options=OPTIONS + EXTRA_OPTIONS,
+        mod = cupy.RawModule(code=src, options=OPTIONS,
                              name_expressions=kernel_names(op, ctype) or None)
         _MODULES[key] = mod
     return mod
@@ -161,20 +149,6 @@ def plan_kv_bytes(batch: int, n_kv_heads: int, D: int, itemsize: int, max_seq_le
     return 2 * batch * max(1, max_seq_len) * n_kv_heads * D * itemsize
 
 
-def decode_tc_pays(batch: int, n_kv_heads: int, group: int, D: int, itemsize: int, n_sm: int,
-                   max_seq_len: int) -> bool:
-    """Whether a plan goes to the tensor-core decode kernel (one block a GQA group) under tensor_cores: wherever
-    the CUDA-core kernel gives a group one block too (decode_head_blocks), i.e. a big batch or a long plan. There
-    the tensor-core kernel measured 93 against 157 us a step at batch 32 and context 1, 128 against 254 at 100, 301
-    against 410 at 512 (Qwen2.5-0.5B; benchmarks/results/decode_tc_ab_on.log / _off.log). Where the CUDA-core
-    kernel spreads a group over several blocks (a small batch at a short plan), one block a group measured as fast
-    up to 200 keys and slower at 512 (batch 1: 204 against 154 us), so that stays. Those were plans of 512 keys or
-    more (the smallest context bucket until 2026-12-02): a shorter plan decides as a 512-key one would, so the
-    256-key bucket changes a plan's split count, not its kernel."""
-    kv_bytes = plan_kv_bytes(batch, n_kv_heads, D, itemsize, max(max_seq_len, TC_PAYS_MIN_LEN))
-    return decode_head_blocks(batch, n_kv_heads, group, n_sm, kv_bytes) == math.ceil(group / 8)
-
-
 def decode_splits(batch: int, n_kv_heads: int, head_blocks: int, D: int, itemsize: int, n_sm: int,
                   max_seq_len: int, kt: int = None, one_split_tiles: int = DECODE_ONE_SPLIT_TILES) -> int:
     """Number of sequence splits for decode attention, fixed per (batch, max_seq_len) plan so a captured graph
@@ -186,7 +160,8 @@ def decode_splits(batch: int, n_kv_heads: int, head_blocks: int, D: int, itemsiz
     launch (mostly empty ones at short lengths) and combine work. A plan of at most one_split_tiles tiles (the
     kernel's own one-split limit: split_chunk in decode_split.cuh) gets 1: every sequence it takes is one split,
     and the blocks of any other split would only start and return. (Five splits of the 512-key plan at batch 32,
-    4 of them empty at 2-256 keys, against one of a 256-key plan: README, "Decode attention without empty splits".)"""
+    4 of them empty at 2-256 keys, against one of a 256-key plan: experiments/NOTEBOOK.md, "Does the smallest context
+    bucket launch empty splits?")"""
     if kt is None:  # the CUDA-core kernel's tile (kt: the tensor-core kernel's)
         lpk = min(D // (16 // itemsize), 32)
         kt = 4 * (32 // lpk) * 4
@@ -203,22 +178,19 @@ I32, F32 = np.dtype(np.int32), np.dtype(np.float32)
 _SCALARS = {}  # (type, value) -> numpy scalar: making np.int32(v) costs ~0.3 us, a dict hit ~0.05 us
 
 
-def _i32(v):
-    r = _SCALARS.get((0, v))
-    if r is None:
-        if len(_SCALARS) > 4096:
-            _SCALARS.clear()
-        r = _SCALARS[(0, v)] = np.int32(v)
-    return r
+def _scalars(make):
+    """make(v) for a numpy scalar type, from _SCALARS once made."""
+    def get(v):
+        r = _SCALARS.get((make, v))
+        if r is None:
+            if len(_SCALARS) > 4096:
+                _SCALARS.clear()
+            r = _SCALARS[(make, v)] = make(v)
+        return r
+    return get
 
 
-def _f32(v):
-    r = _SCALARS.get((1, v))
-    if r is None:
-        if len(_SCALARS) > 4096:
-            _SCALARS.clear()
-        r = _SCALARS[(1, v)] = np.float32(v)
-    return r
+_i32, _f32 = _scalars(np.int32), _scalars(np.float32)
 
 
 def _bad(op: str, dtype, arrays):
@@ -228,9 +200,6 @@ def _bad(op: str, dtype, arrays):
             return ValueError(f"{op}: argument {i} must be a C-contiguous {np.dtype(dtype).name} array, got "
                               f"{a.dtype} {'contiguous' if a.flags.c_contiguous else 'strided'} shape {a.shape}")
     return None
-
-
-_NO_ROPE = (None,) * 4 + (np.float32(0),) + (None,) * 4 + (np.int32(0),) * 2  # decode_attention's rope arguments
 
 
 class CudaKernels:
@@ -252,13 +221,9 @@ class CudaKernels:
         self.itemsize = self.storage.itemsize
         self.vec = 16 // self.itemsize  # elements per 16-byte chunk
         self._fns = {}          # name -> cupy Function
-        self._decode_plans = {} # (B, Hq, Hkv, D, max_seq_len) -> kernels, grid, splits, workspace
+        self._decode_plans = {} # (B, Hq, Hkv, D, max_seq_len, tc) -> kernel, grid, splits, workspace
         self._gemm_plans = {}   # (M, N, K, swiglu, out type, split) -> gemm_skinny's launch (cuda_gemm.py)
-        dev = cupy.cuda.Device()
-        self.cc = int(dev.compute_capability)
-        self.num_sms = dev.attributes["MultiProcessorCount"]
-        self.smem_optin = dev.attributes["MaxSharedMemoryPerBlockOptin"]  # static + dynamic, one block
-        self._mlp_bar = None    # decode_mlp's grid barrier, allocated at its first launch
+        self.num_sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
         self._smem_optin = {}   # name -> dynamic shared memory opted in
         self._names = {op: kernel_names(op, ct) for op in ("embedding", "rmsnorm", "rope", "activation")}
         self.pdl = False  # see with_pdl
@@ -266,10 +231,9 @@ class CudaKernels:
 
     # -- plumbing ---------------------------------------------------------------------------------------
     def _fn(self, op: str, name: str, smem: int = 0):
-        f = self._fns.get(name)
-        if f is None:
-            f = _module(op, self.ctype).get_function(name)
-            self._fns[name] = f
+        if name not in self._fns:
+            self._fns[name] = _module(op, self.ctype).get_function(name)
+        f = self._fns[name]
         if smem > _SMEM_DEFAULT and self._smem_optin.get(name, 0) < smem:
             f.max_dynamic_shared_size_bytes = smem  # opt in once (cudaFuncSetAttribute)
             self._smem_optin[name] = smem
@@ -303,8 +267,8 @@ class CudaKernels:
 
     def _check_rope(self, op, rows, n_heads, n_kv_heads, D, qkv, bias, q_norm, k_norm, cos, sin, positions,
                     slot_mapping):
-        """RoPE's inputs for `rows` tokens (rope_qkv, decode attention or gemm_skinny_rope doing its work): dtypes,
-        then shapes. qkv None: the projection is computed in the same kernel (gemm_skinny_rope)."""
+        """RoPE's inputs for `rows` tokens (rope_qkv, or gemm_skinny_rope doing its work): dtypes, then shapes.
+        qkv None: the projection is computed in the same kernel (gemm_skinny_rope)."""
         self._check(op, self.storage, qkv, bias, q_norm, k_norm)
         self._check(op, F32, cos, sin)
         self._check(op, I32, positions, slot_mapping)
@@ -430,25 +394,19 @@ class CudaKernels:
         wpr = gemv_warps_per_row(K // self.vec)
         return (-(-rows // (8 // wpr)),), _i32(wpr)
 
-    def gemm_skinny(self, x, w, out, swiglu: bool = False, split=None):
-        """out[M, N] = x[M, K] @ w[N, K].T on tensor cores for 1 <= M <= 32 rows (bf16/fp16, K % 32 == 0); with
-        swiglu, w = gate_up [2I, K] and out[M, I] = silu(gate) * up. gemm_skinny.cu, launched by cuda_gemm.py."""
-        _gemm_skinny(self, x, w, out, swiglu, split)
+    def gemm_skinny(self, x, w, out, *, split=None):
+        """out[M, N] = x[M, K] @ w[N, K].T on tensor cores for 1 <= M <= 32 rows (bf16/fp16, K % 32 == 0); out is
+        the storage dtype or fp32. gemm_skinny.cu, launched by cuda_gemm.py; split: (MT, WK, S) instead of its plan's
+        (benchmarks and tests)."""
+        _gemm_skinny(self, x, w, out, False, split)
 
-    def gemm_stream(self, x, w, out, swiglu: bool = False, split: int = None):
-        """out[M, N] = x[M, K] @ w[N, K].T for 1 <= M <= 32 rows with the weights streamed through shared memory
-        by the TMA unit (bf16/fp16, Hopper+; N % 16 == 0); with swiglu, w = gate_up [2I, K] and out[M, I] =
-        silu(gate) * up. gemm_stream.cu, launched by cuda_gemm.py; stream_ok says which shapes it takes."""
-        _gemm_stream(self, x, w, out, swiglu, split)
-
-    def stream_ok(self, M: int, N: int, K: int, swiglu: bool = False) -> bool:
-        """Whether gemm_stream takes out[M, N] = x[M, K] @ w.T (N output columns; swiglu: from 2N weight rows): 16-bit,
-        Hopper+, a plan that fits (none past 32 rows). Which row counts the engine sends it: CudaBackend._stream_ok."""
-        return (self.itemsize == 2 and self.cc >= 90 and M >= 1
-                and _stream_plan(M, N, K, self.num_sms, self.smem_optin, self.itemsize, swiglu) is not None)
+    def gemm_skinny_swiglu(self, x, w, out, *, split=None):
+        """out[M, I] = silu(x @ w[:I].T) * (x @ w[I:].T), w = gate_up [2I, K]: gemm_skinny with SwiGLU as its epilogue
+        (the bits of gemm_skinny then silu_mul), 1 <= M <= 32 rows, bf16/fp16."""
+        _gemm_skinny(self, x, w, out, True, split)
 
     def gemm_skinny_rope(self, x, w, bias, cos, sin, positions, slot_mapping, n_heads, n_kv_heads, q_out, k_cache,
-                         v_cache, split=None):
+                         v_cache, *, split=None):
         """qkv = x @ w.T and then rope_qkv's work in one kernel (no q/k norms): bias, RoPE, q -> q_out, K/V ->
         the caches at slot_mapping, with rope_qkv's skips and roundings; the qkv projection of a decode step at
         1 <= M <= 32 rows (bf16/fp16). gemm_skinny.cu's gemm_skinny_rope, launched by cuda_gemm.py."""
@@ -463,7 +421,7 @@ class CudaKernels:
         _gemm_skinny_rope(self, x, w, bias, cos, sin, positions, slot_mapping, n_heads, n_kv_heads, q_out, k_cache,
                           v_cache, split)
 
-    def gemm_skinny_norm(self, x, w, residual, norm_w, x_out, parts, split=None):
+    def gemm_skinny_norm(self, x, w, residual, norm_w, x_out, parts, *, split=None):
         """The o projection of a decode step at 1 <= M <= 32 rows with the post-attention add_rmsnorm folded in:
         residual += x @ w.T (add_rmsnorm's add and roundings), x_out = residual * norm_w, parts[N / 16, M] = sums
         of residual^2 a 16-column tile; silu_mul_scaled applies the norm's scale after the gate_up GEMM.
@@ -484,53 +442,6 @@ class CudaKernels:
         grid, wpr = self._gemv_grid(I, K)
         self._go(self._fn("gemv", f"gemv_swiglu<{self.ctype}, {M}>"), grid, (256,), (x, w, out, _i32(I), _i32(K), wpr))
 
-    def decode_mlp_ok(self, H: int, I: int) -> bool:
-        """Whether decode_mlp.cu runs an MLP block of hidden size H and intermediate size I on this GPU: Hopper+
-        (TMA bulk copies), one pass over the row (H * itemsize <= 8 KB), and a block's down rows in shared memory."""
-        if self.cc < 90 or H % self.vec or I % self.vec or H * self.itemsize > 8192:
-            return False
-        rows = -(-H // self.num_sms)
-        return rows * I * self.itemsize + 8192 + 1024 <= self.smem_optin
-
-    def decode_mlp(self, attn, h, norm_w, eps, w_gate_up, w_down, act):
-        """The MLP block of a batch-1 decode step in one persistent kernel (decode_mlp.cu): h += attn, then
-        h += W_down SwiGLU(W_gate_up RMSNorm(h)); act is scratch. Bit for bit add_rmsnorm, gemv_swiglu, gemv and
-        the next add_rmsnorm's add."""
-        self._check("decode_mlp", self.storage, attn, h, norm_w, w_gate_up, w_down, act)
-        H, I = h.shape[-1], w_down.shape[1]
-        if (h.shape != (1, H) or attn.shape != (1, H) or norm_w.shape != (H,) or w_gate_up.shape != (2 * I, H)
-                or w_down.shape != (H, I) or act.shape != (1, I) or not self.decode_mlp_ok(H, I)):
-            raise ValueError(f"decode_mlp: h {h.shape}, attn {attn.shape}, norm_w {norm_w.shape}, w_gate_up "
-                             f"{w_gate_up.shape}, w_down {w_down.shape}, act {act.shape} (one row; decode_mlp_ok)")
-        if self._mlp_bar is None:  # grid barrier count and generation; the kernel leaves the count at zero
-            self._mlp_bar = self.cp.zeros(2, self.cp.uint32)
-        smem = -(-H // self.num_sms) * I * self.itemsize
-        self._go(self._fn("decode_mlp", f"decode_mlp<{self.ctype}>", smem), (self.num_sms,), (512,),
-                 (h, attn, norm_w, _f32(eps), w_gate_up, w_down, act, self._mlp_bar, _i32(H), _i32(I),
-                  _i32(gemv_warps_per_row(H // self.vec)), _i32(gemv_warps_per_row(I // self.vec))), smem)
-
-    def gemv_fused(self, x, w, y, kind: str, norm_weight=None, eps: float = 0.0):
-        """gemv with the work around it folded in (gemv.cu), for 1 <= M <= GEMV_MAX_ROWS rows, w [N, K]:
-        kind "norm": y = RMSNorm(x) * norm_weight @ w.T (x = the residual h [M, K]); "add": y += x @ w.T
-        (y = h [M, N]); "swiglu_add": y += (silu(gate) * up) @ w.T (x = gate_up [M, 2K])."""
-        if kind not in GEMV_FUSED:
-            raise ValueError(f"gemv_fused: kind {kind!r} is not one of {sorted(GEMV_FUSED)}")
-        self._check("gemv_fused", self.storage, x, w, y, norm_weight)
-        M, N, K = x.shape[0], w.shape[0], w.shape[1]
-        xk = 2 * K if kind == "swiglu_add" else K
-        has_norm = norm_weight is not None
-        if (not 1 <= M <= GEMV_MAX_ROWS or x.shape != (M, xk) or y.shape != (M, N) or K % self.vec
-                or (kind == "norm") != has_norm or (has_norm and norm_weight.shape != (K,))):
-            raise ValueError(f"gemv_fused({kind}): x {x.shape}, w {w.shape}, y {y.shape}, norm_weight "
-                             f"{None if norm_weight is None else norm_weight.shape} (1 <= M <= {GEMV_MAX_ROWS}, "
-                             f"K % {self.vec} == 0)")
-        pro, add = GEMV_FUSED[kind]
-        smem = 0 if kind == "add" else M * K * x.itemsize  # the prologue's output, [M][K]
-        f = self._fn("gemv", f"gemv_fused<{self.ctype}, {M}, {pro}, {add}>", smem)
-        grid, wpr = self._gemv_grid(N, K)
-        self._go(f, grid, (256,), (x, x if norm_weight is None else norm_weight, _f32(eps), w, y, _i32(N), _i32(K),
-                                   wpr), smem)
-
     def _paged(self, op, q, k_cache, v_cache, block_tables, seq_lens, block_size, out):
         """Shared checks of the attention ops; returns (Hq, D, Hkv, M, num_blocks)."""
         self._check(op, self.storage, q, k_cache, v_cache, out)
@@ -546,23 +457,36 @@ class CudaKernels:
         return Hq, D, Hkv, block_tables.shape[1], num_slots // block_size
 
     def prefill_attention(self, q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, block_size, scale,
-                          out, max_query_len, tensor_cores=True):
-        """Varlen causal attention over the paged caches: sequence b's queries are the rows
-        query_start_loc[b]..query_start_loc[b+1]-1 of q [N, Hq, D], at positions ending at seq_lens[b]-1.
-        max_query_len bounds every sequence's query count (it sizes the grid); rows outside
-        [query_start_loc[0], query_start_loc[B]) are not touched. tensor_cores: the mma.sync FlashAttention-2
-        kernel when the dtype is 16-bit and D is 64 or 128; False forces the generic fp32-math kernel."""
-        Hq, D, Hkv, M, n_blocks = self._paged("prefill_attention", q, k_cache, v_cache, block_tables, seq_lens,
-                                               block_size, out)
-        self._check("prefill_attention", I32, query_start_loc)
+                          out, max_query_len):
+        """Varlen causal attention over the paged caches on CUDA cores (fp32 math, any dtype and D <= 256):
+        sequence b's queries are the rows query_start_loc[b]..query_start_loc[b+1]-1 of q [N, Hq, D], at positions
+        ending at seq_lens[b]-1. max_query_len bounds every sequence's query count (it sizes the grid); rows
+        outside [query_start_loc[0], query_start_loc[B]) are not touched."""
+        self._prefill(False, q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, block_size, scale, out,
+                      max_query_len)
+
+    def prefill_attention_tc(self, q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, block_size, scale,
+                             out, max_query_len):
+        """prefill_attention on tensor cores: the mma.sync FlashAttention-2 kernel, for 16-bit dtypes and D 64 or
+        128 (ValueError otherwise)."""
+        self._prefill(True, q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, block_size, scale, out,
+                      max_query_len)
+
+    def _prefill(self, tc, q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, block_size, scale, out,
+                 max_query_len):
+        op = "prefill_attention_tc" if tc else "prefill_attention"
+        Hq, D, Hkv, M, n_blocks = self._paged(op, q, k_cache, v_cache, block_tables, seq_lens, block_size, out)
+        self._check(op, I32, query_start_loc)
         B = seq_lens.shape[0]
         if query_start_loc.shape != (B + 1,):
-            raise ValueError(f"prefill_attention: query_start_loc {query_start_loc.shape} != ({B + 1},)")
+            raise ValueError(f"{op}: query_start_loc {query_start_loc.shape} != ({B + 1},)")
+        if tc and (self.dtype == "float32" or D not in TC_HEAD_DIMS):
+            raise ValueError(f"{op}: {self.dtype}, head dim {D} (16-bit dtypes, head dim in {TC_HEAD_DIMS})")
         if not B or max_query_len < 1 or not q.shape[0]:
             return
         args = (q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, _i32(block_size), _i32(M),
                 _i32(n_blocks), _f32(scale), _i32(Hq), _i32(Hkv))
-        if tensor_cores and self.dtype != "float32" and D in TC_HEAD_DIMS:
+        if tc:
             smem = 5 * 64 * (D + 8) * self.itemsize  # Q + double-buffered K and V, rows padded by 8
             f = self._fn("prefill_attention", f"prefill_attention_tc<{self.ctype}, {D}>", smem)
             f((Hq, B, -(-int(max_query_len) // 64)), (128,), args + (out,), shared_mem=smem)
@@ -571,48 +495,39 @@ class CudaKernels:
             f = self._fn("prefill_attention", f"prefill_attention<{self.ctype}>", smem)
             f((Hq, B, -(-int(max_query_len) // 16)), (128,), args + (_i32(D), out), shared_mem=smem)
 
-    def decode_attention(self, q, k_cache, v_cache, block_tables, seq_lens, block_size, scale, out, max_seq_len,
-                         rope=None, tensor_cores=False):
+    def decode_attention(self, q, k_cache, v_cache, block_tables, seq_lens, block_size, scale, out, max_seq_len):
         """One query per sequence and head, q[B, Hq, D], over keys 0..seq_lens[b]-1 of the paged caches ->
-        out[B, Hq, D] (zeros where seq_lens[b] == 0). max_seq_len (>= every seq_lens entry) and B fix the
-        split count and workspace: one plan, reused by every call and graph replay of that shape.
-        rope = (qkv, bias, q_norm, k_norm, eps, cos, sin, positions, slot_mapping): do rope_qkv's work for these
-        B tokens inside the kernel (q from qkv, the new K/V written to the caches); q is then not read.
-        tensor_cores: without rope, a 16-bit dtype, D 64 or 128 and GQA groups of up to 16 heads, the tensor-core
-        kernel (kernels/decode_attention_tc.cu); otherwise the CUDA-core one."""
-        Hq, D, Hkv, M, n_blocks = self._paged("decode_attention", q, k_cache, v_cache, block_tables, seq_lens,
-                                               block_size, out)
+        out[B, Hq, D] (zeros where seq_lens[b] == 0), on CUDA cores (kernels/decode_attention.cu). max_seq_len
+        (>= every seq_lens entry) and B fix the split count and workspace: one plan, reused by every call and
+        graph replay of that shape."""
+        self._decode(False, q, k_cache, v_cache, block_tables, seq_lens, block_size, scale, out, max_seq_len)
+
+    def decode_attention_tc(self, q, k_cache, v_cache, block_tables, seq_lens, block_size, scale, out, max_seq_len):
+        """decode_attention on tensor cores (kernels/decode_attention_tc.cu: a GQA group's heads as the rows of one
+        mma tile), for 16-bit dtypes, D 64 or 128 and groups of up to TC_DECODE_GROUP heads (ValueError otherwise)."""
+        self._decode(True, q, k_cache, v_cache, block_tables, seq_lens, block_size, scale, out, max_seq_len)
+
+    def _decode(self, tc, q, k_cache, v_cache, block_tables, seq_lens, block_size, scale, out, max_seq_len):
+        op = "decode_attention_tc" if tc else "decode_attention"
+        Hq, D, Hkv, M, n_blocks = self._paged(op, q, k_cache, v_cache, block_tables, seq_lens, block_size, out)
         B = q.shape[0]
         if seq_lens.shape != (B,):
-            raise ValueError(f"decode_attention: seq_lens {seq_lens.shape} != ({B},)")
+            raise ValueError(f"{op}: seq_lens {seq_lens.shape} != ({B},)")
+        if tc and (self.dtype == "float32" or D not in TC_HEAD_DIMS or Hq // Hkv > TC_DECODE_GROUP):
+            raise ValueError(f"{op}: {self.dtype}, head dim {D}, {Hq // Hkv} q heads a kv head (16-bit dtypes, "
+                             f"head dim in {TC_HEAD_DIMS}, at most {TC_DECODE_GROUP} q heads a kv head)")
         if not B:
             return
-        tc = (tensor_cores and rope is None and self.dtype != "float32" and D in TC_HEAD_DIMS
-              and Hq // Hkv <= TC_DECODE_GROUP)
         key = (B, Hq, Hkv, D, max_seq_len, tc)
-        plan = self._decode_plans.get(key)
-        if plan is None:
-            plan = self._decode_plans[key] = self._decode_plan(*key)
-        fns, grid, n, ws_ml, ws_acc, counters, smem = plan
-        if tc:
-            self._go(fns[0], grid, (128,), (q, k_cache, v_cache, block_tables, seq_lens, _i32(block_size), _i32(M),
-                                            _i32(n_blocks), _f32(scale * LOG2E), _i32(Hq), _i32(Hkv), n, ws_ml,
-                                            ws_acc, counters, out), smem)
-            return
-        if rope is None:
-            extra = _NO_ROPE
-        else:
-            qkv, bias, q_norm, k_norm, eps, cos, sin, positions, slot_mapping = rope
-            self._check_rope("decode_attention(rope)", B, Hq, Hkv, D, qkv, bias, q_norm, k_norm, cos, sin,
-                             positions, slot_mapping)
-            extra = (qkv, bias, q_norm, k_norm, _f32(eps), cos, sin, positions, slot_mapping, _i32(cos.shape[0]),
-                     _i32(k_cache.shape[0]))
-        self._go(fns[rope is not None], grid, (128,),
-                 (q, k_cache, v_cache, block_tables, seq_lens, _i32(block_size), _i32(M), _i32(n_blocks),
-                  _f32(scale * LOG2E), _i32(Hq), _i32(Hkv), n, ws_ml, ws_acc, counters, out) + extra)
+        if key not in self._decode_plans:
+            self._decode_plans[key] = self._decode_plan(*key)
+        fn, grid, n, ws_ml, ws_acc, counters, smem = self._decode_plans[key]
+        self._go(fn, grid, (128,), (q, k_cache, v_cache, block_tables, seq_lens, _i32(block_size), _i32(M),
+                                    _i32(n_blocks), _f32(scale * LOG2E), _i32(Hq), _i32(Hkv), n, ws_ml, ws_acc,
+                                    counters, out), smem)
 
     def _decode_plan(self, B, Hq, Hkv, D, max_seq_len, tc):
-        """Kernels, grid, split count and workspace for one plan: made once, so decode steps allocate nothing."""
+        """Kernel, grid, split count and workspace for one plan: made once, so decode steps allocate nothing."""
         if D not in DECODE_HEAD_DIMS:
             raise ValueError(f"decode_attention: head dim {D} not in {DECODE_HEAD_DIMS}")
         group = Hq // Hkv
@@ -629,8 +544,7 @@ class CudaKernels:
         counters = self.cp.zeros((B, grid[0]), self.cp.uint32)  # the kernel leaves them zeroed
         if tc:  # Q (16 rows) and double-buffered K and V tiles, rows padded by 8
             smem = (TC_DECODE_GROUP + 4 * TC_DECODE_KT) * (D + 8) * self.itemsize
-            fns = (self._fn("decode_attention_tc", f"decode_attention_tc<{self.ctype}, {D}>", smem),)
-            return fns, grid, _i32(n), ws_ml, ws_acc, counters, smem
-        fns = tuple(self._fn("decode_attention", f"decode_attention<{self.ctype}, {D}, {r}>")
-                    for r in ("false", "true"))  # plain, rope_in_attention
-        return fns, grid, _i32(n), ws_ml, ws_acc, counters, 0
+            fn = self._fn("decode_attention_tc", f"decode_attention_tc<{self.ctype}, {D}>", smem)
+        else:
+            smem, fn = 0, self._fn("decode_attention", f"decode_attention<{self.ctype}, {D}>")
+        return fn, grid, _i32(n), ws_ml, ws_acc, counters, smem

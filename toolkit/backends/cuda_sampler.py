@@ -11,6 +11,8 @@ counters, row maxima) start zeroed and the kernels leave them zeroed; they are a
 by the first eager launch with more rows than reserved: do one eager launch, or call reserve, before capturing).
 One workspace per CudaSamplerKernels: use one stream per object.
 """
+import functools
+
 import numpy as np
 
 from .cuda_kernels import _module, _i32, CTYPES, SAMPLE_LOADS
@@ -36,20 +38,16 @@ class CudaSamplerKernels:
         self._fns = {}
         self._rows = 0
         self._ws = self._counters = self._rowmax = None
-        self._n_sm = None
 
     def _fn(self, name: str, ctype: str = "float", *more):
         key = (name, ctype) + more
-        f = self._fns.get(key)
-        if f is None:
-            f = _module("sampler", ctype).get_function(f"{name}<{', '.join((ctype,) + tuple(map(str, more)))}>")
-            self._fns[key] = f
-        return f
+        if key not in self._fns:
+            self._fns[key] = _module("sampler", ctype).get_function(f"{name}<{', '.join(map(str, key[1:]))}>")
+        return self._fns[key]
 
+    @functools.cached_property
     def _sms(self) -> int:
-        if self._n_sm is None:
-            self._n_sm = self.cp.cuda.Device().attributes["MultiProcessorCount"]
-        return self._n_sm
+        return self.cp.cuda.Device().attributes["MultiProcessorCount"]
 
     def reserve(self, rows: int):
         """Allocate the zeroed per-row workspaces for up to `rows` rows (once; outside any graph capture)."""
@@ -94,7 +92,7 @@ class CudaSamplerKernels:
         # grid fills the GPU (4 blocks of 256 threads per SM), else 1 for more, shorter blocks at small batch.
         # At B = 128, V = 151,936 (bf16): 19 blocks a row, 2,432 in all; at B = 1: 75 blocks.
         per_load = 16 // logits.dtype.itemsize
-        nl = SAMPLE_LOADS[-1] if R * -(-V // (SAMPLE_THREADS * SAMPLE_LOADS[-1] * per_load)) >= 4 * self._sms() \
+        nl = SAMPLE_LOADS[-1] if R * -(-V // (SAMPLE_THREADS * SAMPLE_LOADS[-1] * per_load)) >= 4 * self._sms \
             else SAMPLE_LOADS[0]
         bpr = -(-V // (SAMPLE_THREADS * nl * per_load))
         self._fn("gumbel_sample", ct, nl)((bpr * R,), (SAMPLE_THREADS,), (
@@ -111,10 +109,8 @@ class CudaSamplerKernels:
     def _csr(self, op, R, offsets, tokens, *entry_arrays):
         self._arr(op, "offsets", offsets, I32, (R + 1,))
         self._arr(op, "tokens", tokens, I32, tokens.shape)
-        for name, a, dt in entry_arrays:
-            if not isinstance(a, self.cp.ndarray) or a.dtype != dt or not a.flags.c_contiguous or a.shape != tokens.shape:
-                raise ValueError(f"{op}: {name} must be a C-contiguous {np.dtype(dt).name} array shaped like tokens "
-                                 f"{tokens.shape}, got {a.dtype} {a.shape}")
+        for name, a, dt in entry_arrays:  # shaped like tokens
+            self._arr(op, name, a, dt, tokens.shape)
 
     def add_entries(self, x, offsets, tokens, values):
         R, V = self._x32("add_entries", x)

@@ -3,7 +3,7 @@
 Every launch is a few host checks plus one kernel on the current stream: no host synchronisation and no
 allocation (toolkit/sparse.py owns the workspaces and passes them in), so a step using them can be captured.
 The host ints that shape a launch (rows, N, M, max_query_len) come from the step's host-side lengths.
-`combine` is also the CuPy side of toolkit.ops.combine_topk_swa_indices, where it allocates its outputs.
+`combine_topk_swa_indices` below is combine with outputs allocated (tests, outside the engine).
 """
 import numpy as np
 
@@ -13,7 +13,6 @@ from .cuda_kernels import TC_HEAD_DIMS, _f32, _i32
 
 SA_HEAD_DIMS = (8, 16, 32, 64, 128)
 SA_MAXG, SA_KCAP = 16, 512
-COMBINE_SPLITS = ("flat_warp", "flat_block", "persistent")
 
 
 def _smem_attention(D: int, GM: int) -> int:
@@ -68,8 +67,10 @@ class CudaSparse:
         if B:
             self._f("combine", "prefill_gather_lens")((-(-B // 128),), (128,), (qsl, seq_lens, _i32(B), _i32(W), out))
 
-    def combine(self, topk, qsl, seq_lens, gather_lens, W, R, K, M, N, out, lens, split="flat_warp",
-                workers=256):
+    def combine(self, topk, qsl, seq_lens, gather_lens, W, R, K, M, N, out, lens, workers=None):
+        """combine_topk_swa_indices into out [T, Kc] and lens [T]: a warp a row (combine_flat_warp, what the engine
+        runs), or with `workers` vLLM's persistent layout, `workers` blocks a request (combine_persistent; bench
+        sparse compares 128 and 256)."""
         T, Kc = out.shape
         B = seq_lens.shape[0]
         if topk.ndim != 2 or topk.shape[0] < T or topk.strides[1] != 4 or Kc % 128 or Kc < K + W:
@@ -78,10 +79,8 @@ class CudaSparse:
             return
         args = (topk, _i32(topk.strides[0] // 4), _i32(topk.shape[1]), qsl, _i32(B), seq_lens, gather_lens, _i32(T),
                 _i32(W), _i32(R), _i32(K), _i32(M), _i32(N), _i32(Kc), out, lens)
-        if split == "flat_warp":
+        if workers is None:
             self._f("combine", "combine_flat_warp")((-(-T // 4),), (128,), args)
-        elif split == "flat_block":
-            self._f("combine", "combine_flat_block")((T,), (128,), args)
         else:
             self._f("combine", "combine_persistent")((workers, B), (128,), args)
 
@@ -104,9 +103,6 @@ class CudaSparse:
                              _i32(Hkv), out), shared_mem=smem)
 
     # -- the tensor-core route (kernels/sparse_attention_tc.cu): tile unions, then attention per tile ----------
-    def tiled_ok(self, head_dim: int) -> bool:
-        return self.k.dtype != "float32" and head_dim in TC_HEAD_DIMS
-
     def tile_union(self, qsl, seq_lens, combined, lens, M, N, W, R, K, Q, ublk, umask, ucount):
         B = seq_lens.shape[0]
         tiles, cap = ublk.shape[0] // max(B, 1), ublk.shape[1]
@@ -122,7 +118,7 @@ class CudaSparse:
         B = seq_lens.shape[0]
         Hq, D = q.shape[1:]
         Hkv = k_cache.shape[1]
-        if not self.tiled_ok(D) or Hq % Hkv:
+        if self.k.dtype == "float32" or D not in TC_HEAD_DIMS or Hq % Hkv:
             raise ValueError(f"sparse_attention_tiled: {self.k.dtype}, head dim {D} (16-bit types, head dim in "
                              f"{TC_HEAD_DIMS}), {Hq} q heads / {Hkv} kv heads")
         tiles, cap = ublk.shape[0] // max(B, 1), ublk.shape[1]
@@ -139,8 +135,10 @@ class CudaSparse:
 _DEFAULT = {}
 
 
-def combine(topk_indices, query_start_loc, seq_lens, gather_lens, window_size, compress_ratio, topk, M, N):
-    """toolkit.ops on CuPy arrays: allocates the outputs (the engine passes its own buffers instead)."""
+def combine_topk_swa_indices(topk_indices, query_start_loc, seq_lens, gather_lens, window_size, compress_ratio,
+                             topk, M, N):
+    """kernels/combine.py's combine_topk_swa_indices on CuPy arrays: allocates the outputs (the engine passes its
+    own buffers to CudaSparse.combine instead) and returns (combined, lens), bit-identical to the twin's."""
     import cupy as cp
 
     from .cuda_kernels import CudaKernels

@@ -26,11 +26,9 @@ Deliberate differences, neutral or in the peer's favour: RoPE is rotate_half ove
 form, at the same cost; prefill attends its own K/V with `is_causal=True` (flash) instead of the
 whole cache through a mask, and computes the lm_head for the last token only.
 
-    python -m toolkit.bench.peer --shape qwen2.5-0.5b --batch 1,32 --prefill 4096
+    python -m toolkit bench --shape qwen2.5-0.5b --batch 1,32 --prefill 4096 --peer torch
 """
-import argparse
 import statistics
-import sys
 import time
 
 try:
@@ -225,41 +223,3 @@ class _WallEvent:
 
     def elapsed_time(self, other):
         return (other.t - self.t) * 1e3
-
-
-def main():
-    from toolkit.model.shapes import NAMES, shape_config
-
-    p = argparse.ArgumentParser(description="Time the gpt-fast-style PyTorch peer on a named shape.")
-    p.add_argument("--shape", default="qwen2.5-0.5b", choices=NAMES)
-    p.add_argument("--batch", default="1,32")
-    p.add_argument("--depth", default="0")
-    p.add_argument("--decode", type=int, default=64, help="decode steps per repeat")
-    p.add_argument("--prefill", default="4096")
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--dtype", default="bfloat16")
-    p.add_argument("--device", default="cuda" if torch_available("cuda") else "cpu")
-    p.add_argument("--no-compile", action="store_true")
-    args = p.parse_args()
-    if not torch_available(args.device):
-        sys.exit(f"torch_peer: torch is not installed or sees no {args.device}")
-    ints = lambda s: [int(x) for x in s.split(",") if x]  # noqa: E731
-    batches, depths, prefills = ints(args.batch), ints(args.depth), ints(args.prefill)
-    max_seq = max([max(d, 1) + args.decode for d in depths] + prefills)
-    peer = TorchPeer(shape_config(args.shape), args.dtype, args.device, max(batches), max_seq,
-                     compile=not args.no_compile)
-    where = (f"{torch.cuda.get_device_name()}, CUDA {torch.version.cuda}" if peer.device.type == "cuda"
-             else "cpu")
-    print(f"{peer.label} | {where} | shape {args.shape} {args.dtype}\n")
-    print("| test | ms | tok/s |\n|---|---|---|")
-    for n in prefills:
-        ms = statistics.median(peer.prefill_ms(n, args.repeats))
-        print(f"| pp{n} | {ms:.2f} | {n * 1e3 / ms:,.0f} |")
-    for d in depths:
-        for b in batches:
-            ms = statistics.median(peer.decode_ms_per_step(b, d, args.decode, args.repeats))
-            print(f"| tg{args.decode}@b{b} d{d} | {ms:.3f} | {b * 1e3 / ms:,.0f} |")
-
-
-if __name__ == "__main__":
-    main()

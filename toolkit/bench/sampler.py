@@ -58,6 +58,17 @@ def _timed(be, fn, steps: int) -> float:
     return cp.cuda.get_elapsed_time(a, b) * 1e3 / steps
 
 
+def torch_us(torch, fn, steps: int) -> float:
+    """Device µs per call of fn over `steps` calls between two torch CUDA events (on torch's current stream)."""
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(steps):
+        fn()
+    b.record()
+    b.synchronize()
+    return a.elapsed_time(b) * 1e3 / steps
+
+
 def bench_case(be, V: int, B: int, params: dict, fast_on: bool, shape: str, steps: int, repeats: int,
                seed: int = 0) -> dict:
     rng = np.random.default_rng(seed)
@@ -101,16 +112,7 @@ def torch_reference(B: int, V: int, repeats: int, steps: int = 20) -> dict:
     out = {}
     for name, fn in ops.items():
         fn()
-        times = []
-        for _ in range(repeats):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            for _ in range(steps):
-                fn()
-            b.record()
-            b.synchronize()
-            times.append(a.elapsed_time(b) * 1e3 / steps)
-        out[name] = statistics.median(times)
+        out[name] = statistics.median(torch_us(torch, fn, steps) for _ in range(repeats))
     return out
 
 

@@ -1,9 +1,9 @@
 """`python -m toolkit bench sparse`: the sparse prefill's kernels and quality, as markdown tables.
 
     combine    combine_topk_swa_indices at DeepSeek-V4-Flash shapes (K 512, W 128, R 4, one fresh request of T
-               tokens, N = T/4, M = N + T), every work split: GPU time per launch from CUDA events around a CUDA
-               graph of REPLAYS launches (launch overhead excluded), and the launch-inclusive time of eager
-               back-to-back launches from Python.
+               tokens, N = T/4, M = N + T), the engine's warp a row against vLLM's persistent layout at 128 and
+               256 workers: GPU time per launch from CUDA events around a CUDA graph of REPLAYS launches (launch
+               overhead excluded), and the launch-inclusive time of eager back-to-back launches from Python.
     layer      one layer's attention at Qwen2.5-0.5B's shape (14 q heads, 2 kv heads, D 64, bf16, random values,
                one fresh prompt of T tokens in the paged cache): our dense tensor-core kernel, the sparse path
                phase by phase (indexer, top-k, gather lens + combine + tile union, sparse attention) from events
@@ -18,17 +18,15 @@
 import argparse
 import sys
 import time
+from types import SimpleNamespace
 
 import numpy as np
 
 from toolkit.engine.timings import NullTimer
 from .env import environment
+from .sampler import torch_us
 
 REPLAYS = 100
-
-
-def _events(cp):
-    return cp.cuda.Event(), cp.cuda.Event()
 
 
 def _graph_us(cp, stream, fn, replays=REPLAYS):
@@ -39,14 +37,7 @@ def _graph_us(cp, stream, fn, replays=REPLAYS):
     for _ in range(replays):
         fn()
     graph = stream.end_capture()
-    graph.launch(stream)
-    stream.synchronize()
-    a, b = _events(cp)
-    a.record(stream)
-    graph.launch(stream)
-    b.record(stream)
-    b.synchronize()
-    return cp.cuda.get_elapsed_time(a, b) * 1e3 / replays
+    return _timed_ms(cp, stream, lambda: graph.launch(stream), reps=1) * 1e3 / replays  # one replay, warmed up
 
 
 def _eager_us(cp, stream, fn, n=REPLAYS):
@@ -61,9 +52,10 @@ def _eager_us(cp, stream, fn, n=REPLAYS):
 
 
 def _timed_ms(cp, stream, fn, reps=5):
+    """GPU ms per call of fn() over `reps` calls after a warm-up one, from events on `stream`."""
     fn()
     stream.synchronize()
-    a, b = _events(cp)
+    a, b = cp.cuda.Event(), cp.cuda.Event()
     a.record(stream)
     for _ in range(reps):
         fn()
@@ -87,14 +79,12 @@ def bench_combine(be, tokens):
         Kc = -(-(K + W) // 128) * 128
         out, lens = cp.empty((T, Kc), cp.int32), cp.empty(T, cp.int32)
         moved = T * (min(K, N) * 4 + Kc * 4 + 4)  # top-k read + combined row and length written
-        for split, workers in (("persistent", 128), ("persistent", 256), ("persistent", 1024), ("flat_block", 0),
-                               ("flat_warp", 0)):
+        for workers in (128, 256, None):
             def fn():
-                be._sparse.combine(topk, qsl, seq_lens, gather, W, R, K, M, N, out, lens, split=split,
-                                   workers=workers)
+                be._sparse.combine(topk, qsl, seq_lens, gather, W, R, K, M, N, out, lens, workers=workers)
             g = _graph_us(cp, be.stream, fn)
             e = _eager_us(cp, be.stream, fn)
-            name = f"persistent {workers} workers" if split == "persistent" else split
+            name = "flat_warp" if workers is None else f"persistent {workers} workers"
             rows.append(f"| {T} | {name} | {g:.2f} | {e:.2f} | {moved / g / 1e3:.0f} |")
     return rows
 
@@ -112,9 +102,7 @@ def bench_layer(be, tokens, K=512, W=128, R=4, query_tiles=(64, 1), with_torch=T
     for T in tokens:
         rng = np.random.default_rng(T)
         with be.stream:
-            q = (cp.asarray(rng.standard_normal((T, Hq, D), np.float32)).astype(cp.float32))
-            kf = cp.asarray(rng.standard_normal((T, Hkv, D), np.float32))
-            vf = cp.asarray(rng.standard_normal((T, Hkv, D), np.float32))
+            q, kf, vf = (cp.asarray(rng.standard_normal((T, h, D), np.float32)) for h in (Hq, Hkv, Hkv))
             bits = lambda a: (a.view(cp.uint32) >> 16).astype(cp.uint16)  # fp32 -> bf16 (truncate; random data)
             qb, kb, vb = bits(q), bits(kf), bits(vf)
             nb = -(-T // bs)
@@ -127,25 +115,11 @@ def bench_layer(be, tokens, K=512, W=128, R=4, query_tiles=(64, 1), with_torch=T
             seq_lens = cp.asarray(np.array([T], np.int32))
             out = cp.empty_like(qb)
         be.bind_thread()  # leaving `with stream` need not leave our stream current: kernels launch on the current one
-        dense = _timed_ms(cp, be.stream, lambda: be.prefill_attention(qb, kc, vc, table, qsl, seq_lens, bs, scale,
-                                                                      out, T, True))
+        dense = _timed_ms(cp, be.stream, lambda: be.prefill_attention_tc(qb, kc, vc, table, qsl, seq_lens, bs, scale,
+                                                                         out, T))
         sparse = SparsePrefill(be)
-
-        class Timer:
-            def __init__(self):
-                self.ev = []
-
-            def lap(self, name):
-                e = cp.cuda.Event()
-                e.record(be.stream)
-                self.ev.append((name, e))
-
-        class Step:
-            pass
-
-        step = Step()
-        step.prefill_lens, step.query_start_loc, step.seq_lens, step.block_tables = ((T, T),), qsl, seq_lens, table
-        step.max_query_len = T
+        step = SimpleNamespace(prefill_lens=((T, T),), query_start_loc=qsl, seq_lens=seq_lens, block_tables=table,
+                               max_query_len=T)
         from toolkit.engine.options import EngineOptions
 
         sdpa = _sdpa_ms(q, kf, vf, Hq, Hkv) if with_torch else None
@@ -154,24 +128,19 @@ def bench_layer(be, tokens, K=512, W=128, R=4, query_tiles=(64, 1), with_torch=T
         def run_laps(opts, tensor_cores, reps=3):
             """Per-section event times over `reps` runs after a warm-up (compile, workspaces), and the wall time of
             the same runs with the whole device synchronised: it also sees work that strayed off our stream."""
-            laps = {}
-            tm = Timer()
-            sparse.run(step, kc, vc, bs, qb, out, 0, opts, tm, scale, tensor_cores)
+            laps, tm = {}, be.section_timer()  # events on the backend's stream
+            sparse.run(step, kc, vc, bs, qb, out, 0, opts, NullTimer(), scale, tensor_cores)
             be.bind_thread()
             cp.cuda.Device().synchronize()
             t0 = time.perf_counter()
             for _ in range(reps):
-                tm = Timer()
-                start = cp.cuda.Event()
-                start.record(be.stream)
-                tm.ev.append(("start", start))
+                tm.start()
                 sparse.run(step, kc, vc, bs, qb, out, 0, opts, tm, scale, tensor_cores)
                 if cp.cuda.get_current_stream().ptr != be.stream.ptr:
                     raise RuntimeError("bench sparse: the sparse path left another stream current")
-                tm.ev[-1][1].synchronize()
-                for (_, a), (name, b) in zip(tm.ev, tm.ev[1:]):
+                for name, ms in tm.laps_ms():
                     if name != "attention":
-                        laps[name] = laps.get(name, 0.0) + cp.cuda.get_elapsed_time(a, b) / reps
+                        laps[name] = laps.get(name, 0.0) + ms / reps
             cp.cuda.Device().synchronize()
             return laps, (time.perf_counter() - t0) * 1e3 / reps
 
@@ -233,25 +202,16 @@ def _sdpa_ms(q, k, v, Hq, Hkv, backend="FLASH_ATTENTION"):
         from torch.nn.attention import SDPBackend, sdpa_kernel
     except ImportError:
         return None
-    tq = torch.as_tensor(q, device="cuda").to(torch.bfloat16).transpose(0, 1)[None]
-    tk = torch.as_tensor(k, device="cuda").to(torch.bfloat16).transpose(0, 1)[None]
-    tv = torch.as_tensor(v, device="cuda").to(torch.bfloat16).transpose(0, 1)[None]
-    tk = tk.repeat_interleave(Hq // Hkv, dim=1).contiguous()
-    tv = tv.repeat_interleave(Hq // Hkv, dim=1).contiguous()
+    tq, tk, tv = (torch.as_tensor(a, device="cuda").to(torch.bfloat16).transpose(0, 1)[None] for a in (q, k, v))
+    tk, tv = (t.repeat_interleave(Hq // Hkv, dim=1).contiguous() for t in (tk, tv))
     try:
         with sdpa_kernel(getattr(SDPBackend, backend)):
             fn = lambda: F.scaled_dot_product_attention(tq, tk, tv, is_causal=True)
             fn()
             torch.cuda.synchronize()
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            for _ in range(5):
-                fn()
-            b.record()
-            b.synchronize()
+            return torch_us(torch, fn, 5) / 1e3
     except RuntimeError:  # no kernel of that backend for these inputs
         return None
-    return a.elapsed_time(b) / 5
 
 
 def bench_quality(device, stories, n_tokens=480, K=16, W=32, R=4, query_tiles=(64, 1)):

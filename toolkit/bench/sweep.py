@@ -8,8 +8,9 @@ Repeats are summarised as mean ± sample stddev, as llama-bench does.
 """
 import argparse
 import itertools
-import math
 import statistics
+
+import numpy as np
 
 from toolkit.engine.options import EngineOptions
 
@@ -47,19 +48,19 @@ def add_switch_args(parser: argparse.ArgumentParser):
     defaults = EngineOptions()
     for name in EngineOptions.names():
         parser.add_argument("--" + name.replace("_", "-"), dest=name, type=switch_list, default=None,
-                            metavar="on,off", help=f"sweep this engine switch (default: "
+                            metavar="on,off", help=f"sweep this toggle (default: "
                                                    f"{'on' if getattr(defaults, name) else 'off'})")
     # generate's spelling, so one command line works for both: the same as --sampler-fast-path off
     parser.add_argument("--no-fast-path", dest="sampler_fast_path", action="store_const", const=[False],
                         help="the sampler's fast path off (= --sampler-fast-path off)")
 
 
-def option_grid(args, backend_name: str, dtype: str) -> tuple[list[EngineOptions], list[str]]:
-    """Every combination of the swept switches, less those the backend runs identically.
+def option_grid(args, backend) -> tuple[list[EngineOptions], list[str]]:
+    """Every combination of the swept toggles, less those the backend runs identically.
 
-    A switch the backend cannot honour (graphs on the CPU) reads as off in
+    A toggle the backend cannot run (graphs on the CPU) reads as off in
     `effective()`; running both settings would time the same thing twice, so
-    the duplicate is dropped and a note says which switch did not apply.
+    the duplicate is dropped and a note says which toggle did not apply.
     """
     defaults = EngineOptions()
     names = EngineOptions.names()
@@ -67,9 +68,9 @@ def option_grid(args, backend_name: str, dtype: str) -> tuple[list[EngineOptions
     grid, seen, notes = [], set(), []
     for combo in itertools.product(*values):
         opts = EngineOptions(**dict(zip(names, combo)))
-        eff = opts.effective(backend_name, dtype)
+        eff = opts.effective(backend)
         for n in names:
-            note = f"{n}=on runs as off on {backend_name} {dtype}"
+            note = f"{n}=on runs as off on {backend.name} {backend.dtype}"
             swept = getattr(args, n) is not None  # a default the backend ignores needs no note
             if swept and getattr(opts, n) != getattr(eff, n) and note not in notes:
                 notes.append(note)
@@ -90,12 +91,8 @@ def mean_std(values) -> tuple[float, float]:
 
 def percentile(values, q: float) -> float | None:
     """Linear-interpolated percentile (NumPy's default); None for no values."""
-    values = sorted(values)
-    if not values:
-        return None
-    k = (len(values) - 1) * q / 100
-    lo, hi = math.floor(k), math.ceil(k)
-    return values[lo] + (values[hi] - values[lo]) * (k - lo)
+    values = list(values)
+    return float(np.percentile(values, q)) if values else None
 
 
 def fmt(mean: float, std: float | None = None, digits: int = 2) -> str:

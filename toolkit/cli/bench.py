@@ -13,7 +13,6 @@ are small on the CPU, so a bare `bench` finishes in seconds there.
 import argparse
 import gc
 import sys
-from pathlib import Path
 
 from ..bench.env import environment, peak_gbps
 from ..bench.report import as_json, markdown
@@ -64,7 +63,8 @@ def speed_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=non_negative_int, default=1, help="untimed runs per test (default: 1)")
     p.add_argument("--peak-gbps", type=non_negative_float, default=None,
                    help="HBM peak for the roofline column (default: from the GPU's memory clock and bus)")
-    p.add_argument("--peer", choices=("torch",), help="also time the torch.compile peer (toolkit/bench/peer.py) in this process")
+    p.add_argument("--peer", choices=("torch",),
+                   help="also time the torch.compile peer (toolkit/bench/peer.py) in this process")
     return p
 
 
@@ -171,7 +171,7 @@ def _speed(args) -> int:
     kv_tokens = args.kv_cache_tokens or max(
         [t.batch * (-(-t.context(step_tokens) // BLOCK) + 1) * BLOCK for t in fits] or [max_context + BLOCK])  # whole blocks
     engine = _build(args, backend_name, max_context, kv_tokens, max_seqs, step_tokens, EngineOptions())
-    grid, notes = option_grid(args, engine.backend.name, engine.backend.dtype)
+    grid, notes = option_grid(args, engine.backend)
     grid = _with_sparse(args, grid)
     peak, peak_src = peak_gbps(engine.backend.name, args.peak_gbps)
     env = _environment(engine, args, backend_name)
@@ -204,7 +204,7 @@ def _throughput(args) -> int:
             env, note = _environment(engine, args, backend_name), engine.device_note
             env["workload"] = (f"{args.num_requests} requests, prompt and output lengths uniform in "
                                f"[{args.min_len}, {args.max_len}], seed {args.seed}, ignore_eos")
-        grid, grid_notes = option_grid(args, engine.backend.name, engine.backend.dtype)
+        grid, grid_notes = option_grid(args, engine.backend)
         grid = _with_sparse(args, grid)
         notes += [n for n in grid_notes if n not in notes]
         for opts in grid:

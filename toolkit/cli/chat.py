@@ -11,7 +11,7 @@ new turn is prefilled (the summary line says how many tokens were reused).
 When the history no longer fits, the oldest turns are dropped. `/reset` starts over, `/quit`
 (or end of input) leaves. Reads stdin, so it also works piped.
 
-Each input line is read in binary and checked like a `generate` prompt (toolkit/requests.py): a
+Each input line is read in binary and checked like a `generate` prompt (toolkit/cli/requests.py): a
 line that is not UTF-8, or longer than 64 bytes per context token, is one `error:` line and the
 chat goes on.
 """
@@ -168,7 +168,6 @@ def _chat(args, stdin, stdout) -> int:
                              **getattr(engine, "generation_defaults", {})})
     given = {k: getattr(args, k) for k in ("max_tokens", "temperature") if getattr(args, k) is not None}
     base = dataclasses.replace(base, **given)
-    max_tokens = base.max_tokens
     say(f"{engine.device_note}\n/reset starts over, /quit leaves.")
     system = [{"role": "system", "content": args.system}] if args.system else []
     messages = list(system)
@@ -185,7 +184,7 @@ def _chat(args, stdin, stdout) -> int:
         messages.append({"role": "user", "content": line})
         reply, stats = [], None
         try:
-            ids = _fit(engine, messages, reserve=min(max_tokens, engine.max_context // 2))
+            ids = _fit(engine, messages, reserve=min(base.max_tokens, engine.max_context // 2))
             params = dataclasses.replace(base, seed=seed)
             stats = _reply(engine, ids, params, out, reply)
         except ToolkitError as e:  # e.g. one message longer than the context: say so, keep chatting
@@ -217,11 +216,8 @@ def _tui(args) -> int:
         check_max_tokens(args.max_tokens, args.max_context or 2 ** 31)
         session = ChatSession.open(args.model, system=args.system or "", **engine_kwargs(args))
         check_max_tokens(args.max_tokens, session.engine.max_context)
-        params, changes = default_params(args.model), {}
-        for name in ("max_tokens", "temperature", "seed"):
-            if getattr(args, name) is not None:
-                changes[name] = getattr(args, name)
-        session.configure(params=dataclasses.replace(params, **changes))
+        changes = {n: getattr(args, n) for n in ("max_tokens", "temperature", "seed") if getattr(args, n) is not None}
+        session.configure(params=dataclasses.replace(default_params(args.model), **changes))
         return session
 
     app = ChatApp(load)

@@ -10,26 +10,20 @@ Exit codes (README, "Exit codes and bad input"):
 """
 import argparse
 import contextlib
+import functools
 import math
 import os
 import signal
 import sys
 import threading
 import traceback
-from pathlib import Path
 
 from ..errors import ToolkitError
+from toolkit.engine.build import default_model  # the CLI's default --model
 from toolkit.engine.options import EngineOptions
-
-# The embedded default model (weights/README.md says how it was made).
-DEFAULT_MODEL_DIR = Path(__file__).resolve().parents[2] / "weights" / "tiny-pd"
 
 EXIT_OK, EXIT_SOME_FAILED, EXIT_USAGE, EXIT_INTERNAL, EXIT_BROKEN_PIPE = 0, 1, 2, 3, 141
 MAX_SIZE = 2 ** 31 - 1  # sizes (tokens, sequences) beyond this are typos, and overflow int32 buffers
-
-
-def default_model() -> str | None:
-    return str(DEFAULT_MODEL_DIR) if (DEFAULT_MODEL_DIR / "config.json").is_file() else None
 
 
 # -- flag values: every bad value is an argparse error (exit 2, usage line) ----------------------------------
@@ -45,16 +39,9 @@ def _int(text: str, lo: int, hi: int) -> int:
     return v
 
 
-def positive_int(text: str) -> int:
-    return _int(text, 1, MAX_SIZE)
-
-
-def non_negative_int(text: str) -> int:
-    return _int(text, 0, MAX_SIZE)
-
-
-def seed_int(text: str) -> int:
-    return _int(text, 0, 2 ** 64 - 1)
+positive_int = functools.partial(_int, lo=1, hi=MAX_SIZE)
+non_negative_int = functools.partial(_int, lo=0, hi=MAX_SIZE)
+seed_int = functools.partial(_int, lo=0, hi=2 ** 64 - 1)
 
 
 def non_negative_float(text: str) -> float:
@@ -80,12 +67,12 @@ def add_model_args(parser: argparse.ArgumentParser, model_required: bool = True)
     parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
 
 
-# Shorter spellings of some --no-<switch> flags (the issue and the README use these).
+# Shorter spellings of some --no-<toggle> flags (the README uses these).
 ALIASES = {"sampler_fast_path": ["--no-fast-path"]}
 
 
 def add_engine_args(parser: argparse.ArgumentParser):
-    """Batching, KV-cache and fast-path switches shared by generate, chat and bench."""
+    """Batching, KV-cache and the toggles, shared by generate, chat and bench."""
     g = parser.add_argument_group("engine")
     g.add_argument("--max-num-seqs", type=positive_int, default=None,
                    help="requests running at once (default: 256 on the GPU, 16 on the CPU)")
@@ -93,14 +80,11 @@ def add_engine_args(parser: argparse.ArgumentParser):
                    help="tokens fed per step; longer prompts are prefilled in chunks (default: 8192 GPU, 2048 CPU)")
     g.add_argument("--kv-cache-tokens", type=positive_int, default=None,
                    help="KV-cache size in tokens (default: half the free GPU memory; 16384 on the CPU)")
-    # One flag per EngineOptions switch, --no-<switch> (or --<switch> for one that is off by default): a switch
-    # added there appears here by itself.
-    d = EngineOptions()
+    # One flag per toggle, --no-<toggle> (every toggle is on by default): a toggle added to EngineOptions
+    # appears here by itself.
     for name in EngineOptions.names():
-        on = getattr(d, name)
-        flags = [f"--{'no-' if on else ''}{name.replace('_', '-')}"] + (ALIASES.get(name, []) if on else [])
-        g.add_argument(*flags, dest=name, action="store_false" if on else "store_true", default=on,
-                       help=f"turn {'off' if on else 'on'}: {_escaped_help(name)}")
+        g.add_argument(f"--no-{name.replace('_', '-')}", *ALIASES.get(name, []), dest=name, action="store_false",
+                       default=True, help=f"turn off: {_escaped_help(name)}")
     add_sparse_args(g)
 
 
@@ -236,20 +220,17 @@ def run(main, argv, debug: bool) -> int:
         signum = e.signum if isinstance(e, Interrupted) else signal.SIGINT
         say(f"interrupted ({signal.Signals(signum).name})")
         return 128 + signum
-    except ToolkitError as e:
+    except Exception as e:
         if debug:
             traceback.print_exc()
-        say(f"error: {e}")
-        return EXIT_USAGE
-    except MemoryError as e:  # sizes too large for this machine (CuPy's OutOfMemoryError is one too)
-        if debug:
-            traceback.print_exc()
-        detail = f": {e}" if str(e) else ""
-        say(f"error: out of memory{detail} (lower --max-context, --kv-cache-tokens or --max-num-seqs)")
-        return EXIT_USAGE
-    except Exception as e:  # a bug: one line, the traceback only on request
-        if debug:
-            traceback.print_exc()
+        if isinstance(e, ToolkitError):
+            say(f"error: {e}")
+            return EXIT_USAGE
+        if isinstance(e, MemoryError):  # sizes too large for this machine (CuPy's OutOfMemoryError is one too)
+            detail = f": {e}" if str(e) else ""
+            say(f"error: out of memory{detail} (lower --max-context, --kv-cache-tokens or --max-num-seqs)")
+            return EXIT_USAGE
+        # A bug: one line, the traceback only on request.
         detail = " ".join(str(e).split())  # one line, whatever the message
         say(f"internal error: {type(e).__name__}{': ' + detail if detail else ''} "
             "(rerun with --debug for the traceback)")

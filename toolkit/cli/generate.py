@@ -9,7 +9,7 @@ cannot hold) becomes an error record; the rest of the batch still runs (records.
 
 The order matters for a user's time: flags are checked by argparse, then the input and output
 files are opened (a wrong path is exit 2 in a fraction of a second, not after the model loads),
-then the model loads, then every request is admitted (toolkit/requests.py, which needs the
+then the model loads, then every request is admitted (toolkit/cli/requests.py, which needs the
 context to bound prompts) and run.
 """
 import argparse

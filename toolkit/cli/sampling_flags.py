@@ -10,12 +10,12 @@ by SamplingParams itself as it is parsed, so a bad flag is an argparse error (ex
 with the same words as the error record a bad JSONL field gets.
 """
 import argparse
+import dataclasses
 
 from ..errors import ToolkitError
-from ..sampler.params import MAX_LOGPROBS, SamplingParams
+from ..sampler.params import DEFAULT_MAX_TOKENS, MAX_LOGPROBS, SamplingParams  # noqa: F401
 from .common import non_negative_int
 
-DEFAULT_MAX_TOKENS = 256
 _ROOM = 2 ** 62  # max_tokens while one flag is checked alone (min_tokens is bounded by the real one later)
 
 
@@ -60,20 +60,16 @@ def add_sampling_args(p: argparse.ArgumentParser):
     g.add_argument("--max-tokens", type=non_negative_int, default=None,
                    help=f"tokens to generate per request, at most the context (default: {DEFAULT_MAX_TOKENS}, "
                         "or less when the context ends first)")
-    g.add_argument("--temperature", type=_checked("temperature", float), default=None,
-                   help="0 is greedy, and so is anything below 1e-5")
-    g.add_argument("--top-k", type=_checked("top_k", int), default=None,
-                   help="keep the k most likely tokens (0 or -1: off)")
-    g.add_argument("--top-p", type=_checked("top_p", float), default=None,
-                   help="keep the smallest set of tokens whose probability reaches p, in (0, 1] (1: off)")
-    g.add_argument("--min-p", type=_checked("min_p", float), default=None,
-                   help="drop tokens below min_p x the top token's probability, in [0, 1] (0: off)")
-    g.add_argument("--repetition-penalty", type=_checked("repetition_penalty", float), default=None,
-                   help="> 0; divides positive logits of prompt and output tokens, multiplies negative ones (1: off)")
-    g.add_argument("--frequency-penalty", type=_checked("frequency_penalty", float), default=None,
-                   help="in [-2, 2]; subtracted once per occurrence in the output (0: off)")
-    g.add_argument("--presence-penalty", type=_checked("presence_penalty", float), default=None,
-                   help="in [-2, 2]; subtracted once if the token occurs in the output (0: off)")
+    for name, parse, text in (
+            ("temperature", float, "0 is greedy, and so is anything below 1e-5"),
+            ("top_k", int, "keep the k most likely tokens (0 or -1: off)"),
+            ("top_p", float, "keep the smallest set of tokens whose probability reaches p, in (0, 1] (1: off)"),
+            ("min_p", float, "drop tokens below min_p x the top token's probability, in [0, 1] (0: off)"),
+            ("repetition_penalty", float, "> 0; divides positive logits of prompt and output tokens, multiplies "
+                                          "negative ones (1: off)"),
+            ("frequency_penalty", float, "in [-2, 2]; subtracted once per occurrence in the output (0: off)"),
+            ("presence_penalty", float, "in [-2, 2]; subtracted once if the token occurs in the output (0: off)")):
+        g.add_argument("--" + name.replace("_", "-"), type=_checked(name, parse), default=None, help=text)
     g.add_argument("--logit-bias", type=_bias, action="append", default=None, metavar="TOKEN=BIAS",
                    help="add BIAS (in [-100, 100]) to TOKEN's logit; repeatable")
     g.add_argument("--bad-words", type=_word("--bad-words"), action="append", default=None, metavar="WORD",
@@ -89,13 +85,10 @@ def add_sampling_args(p: argparse.ArgumentParser):
                    help=f"record the sampled token's logprob and the top N (0 to {MAX_LOGPROBS}) in JSONL records")
 
 
-_FLAGS = ("max_tokens", "temperature", "top_k", "top_p", "min_p", "repetition_penalty", "frequency_penalty",
-          "presence_penalty", "logit_bias", "bad_words", "stop", "ignore_eos", "min_tokens", "seed", "logprobs")
-
-
 def flag_params(args) -> dict:
-    """The SamplingParams fields the command line sets (a flag not given is left out)."""
-    return {name: getattr(args, name) for name in _FLAGS if getattr(args, name, None) is not None}
+    """The SamplingParams fields the command line sets (a flag not given, or a field with no flag, is left out)."""
+    return {f.name: getattr(args, f.name) for f in dataclasses.fields(SamplingParams)
+            if getattr(args, f.name, None) is not None}
 
 
 def check_sampling_args(parser: argparse.ArgumentParser, args):

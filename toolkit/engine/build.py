@@ -32,10 +32,16 @@ from toolkit.engine.options import EngineOptions
 from toolkit.sampler.params import load_generation_config
 from toolkit.model.weights import load_weights, random_checkpoint
 
+# The embedded default model (weights/README.md says how it was made): `--model`'s and `LLM()`'s default.
+DEFAULT_MODEL_DIR = Path(__file__).resolve().parents[2] / "weights" / "tiny-pd"
 BLOCK_SIZE = 16
 DEFAULT_MAX_CONTEXT = 4096
 CPU_KV_TOKENS = 16384
 GPU_KV_FRACTION = 0.5
+
+
+def default_model() -> str | None:
+    return str(DEFAULT_MODEL_DIR) if (DEFAULT_MODEL_DIR / "config.json").is_file() else None
 
 
 def _context(cfg: ModelConfig, max_context: int | None) -> int:

@@ -61,7 +61,7 @@ class LLMEngine:
         self.runner = ModelRunner(cfg, weights, backend, max_context, max_num_seqs, max_num_batched_tokens,
                                   num_blocks, block_size)
         options.validate()
-        self._options = self._pending = options
+        self._pending = options
         self._seqs: dict = {}  # request id -> Sequence, until its final output is emitted
         self._done_now: list = []  # outputs due at the next step() that no forward pass produces
         self._step_index = 0
@@ -79,12 +79,8 @@ class LLMEngine:
         self._pending = options
 
     def effective_options(self) -> EngineOptions:
-        opts = self._pending  # what this backend cannot do first, so effective() derives pdl from the final graphs
-        if not getattr(self.backend, "graphs_supported", False):
-            opts = opts.with_(cuda_graphs=False)
-        if not getattr(self.backend, "pdl_supported", False):
-            opts = opts.with_(pdl=False)
-        return opts.effective(self.backend.name, self.backend.dtype)
+        """The options as they run on this backend (a toggle it cannot run reads as off)."""
+        return self._pending.effective(self.backend)
 
     # -- requests -------------------------------------------------------------------------------------
     def _check_thread(self):
@@ -152,7 +148,7 @@ class LLMEngine:
         self._check_thread()
         t0 = time.perf_counter()
         outputs, self._done_now = self._done_now, []
-        options = self._options = self.effective_options()
+        options = self.effective_options()
         self.block_manager.prefix_caching = options.prefix_caching
         sched = self.scheduler.schedule()
         if sched is None:
@@ -187,7 +183,7 @@ class LLMEngine:
         timing = StepTiming(self._step_index, batch.kind, batch.num_tokens, batch.num_seqs, wall, res.gpu_ms,
                             res.sections, res.graph, res.options, sched.cached_tokens, t_detok * 1e3,
                             res.sampler_path, res.sampler_why, res.sampler_bytes,
-                            prefill_path=path)
+                            prefill_path=path, plan=res.plan, context_bucket=batch.context_bucket)
         self._step_index += 1
         now = time.perf_counter()
         for seq, is_decode in zip(seqs, decoding):

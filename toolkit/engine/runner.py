@@ -34,11 +34,9 @@ GRAPH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 # longest decode row, at least MIN_CONTEXT_BUCKET, and the top bucket is max_context itself, so no plan is sized
 # past what a request can reach. MIN_CONTEXT_BUCKET is 256, not 512: the tensor-core decode kernel takes a sequence
 # of up to 256 keys as one split, so a 256-key plan has one split, where at batch 32 the 512-key plan's other 4
-# splits launched a block each that only returned (README, "Decode attention without empty splits").
+# splits launched a block each that only returned (experiments/NOTEBOOK.md, "Does the smallest context bucket
+# launch empty splits?").
 MIN_CONTEXT_BUCKET = 256
-# The switches that do not change a captured decode step (ModelRunner._graph_key holds every other one): graphs on
-# or off, the prefix cache and sparse prefill (prompt steps only), the sampler's fast path (keyed as `fast`).
-GRAPH_NEUTRAL = ("cuda_graphs", "prefix_caching", "sparse_prefill", "sampler_fast_path")
 NO_TOKEN, NAN_LOGITS = -1, -2  # run()'s token for a row that picks nothing this step / whose logits hold a NaN
 
 
@@ -62,6 +60,7 @@ class StepResult:
     sampler_bytes: int  # FP32 bytes the sampler materialised
     logprobs: list  # per row: None or {"token", "logprob", "rank", "top": [[id, logprob], ...]}
     options: object  # the EngineOptions the step ran with (pdl off unless replayed from a graph)
+    plan: object  # the StepPlan: which kernel ran each op (toolkit/model/plan.py)
 
 
 class ModelRunner:
@@ -140,15 +139,17 @@ class ModelRunner:
         # The step's clock: events around the launch (graph replay, or the eager forward and sampling). Staging
         # (the host packs the step's ints, then one copy each for the step and the sampler) comes before it, as
         # the torch peer's input updates come outside its timed region; while the host packs, the GPU idles, and
-        # a clock started before staging counted that idle time (README, "The step clock").
+        # a clock started before staging counted that idle time (experiments/NOTEBOOK.md, "Does the step clock
+        # measure the GPU's work?").
         clock = self._clock
+        plan = self.model.plan(step, options)
         if use_graph:
-            graph = self._graph(bucket, step, sb, options)
+            graph = self._graph(bucket, step, sb, plan)
             clock.start()
             be.replay(graph)
         else:
             clock.start()
-            self.model.forward(step, self.kv, self.logits, options, timer)
+            self.model.forward(step, self.kv, self.logits, plan, timer)
             sampler.sample(self.logits, sb, timer)
         lp = sampler.logprobs(self.logits, sb, timer) if sb.logprobs >= 0 else None
         clock.stop()
@@ -157,10 +158,10 @@ class ModelRunner:
         tokens[~due] = NO_TOKEN  # rows that fed only part of a prompt pick nothing
         sections = {}
         if not use_graph:
-            sections = in_order([*self._timer.sections_ms().items(), ("gate", gate_ms)])  # gate: host time
+            sections = in_order([*self._timer.laps_ms(), ("gate", gate_ms)])  # gate: host time
         return StepResult(tokens, clock.elapsed_ms(), MappingProxyType(sections), use_graph,
                           "fast" if sb.fast else "slow", sb.why_slow, sampler.materialised_bytes(sb),
-                          self._logprobs_to_host(lp, states, tokens) if lp is not None else [None] * B, options)
+                          self._logprobs_to_host(lp, states, tokens) if lp is not None else [None] * B, options, plan)
 
     def _logprobs_to_host(self, lp, states, tokens) -> list:
         ids, vals, slp, rank = lp
@@ -183,44 +184,34 @@ class ModelRunner:
         """Eager forward writing the logits of every fed token into logits_out[:N] (tests, perplexity)."""
         self.be.bind_thread()
         step = self.stager.stage(batch)
-        self.model.forward(step, self.kv, logits_out, options.with_(pdl=False), NullTimer(), all_rows=True)
+        self.model.forward(step, self.kv, logits_out, self.model.plan(step, options.with_(pdl=False)), NullTimer(),
+                           all_rows=True)
 
     # -- graphs ------------------------------------------------------------------------------------------
-    @staticmethod
-    def _graph_key(bucket: int, context_bucket: int, options, fast: bool) -> tuple:
+    def _graph(self, bucket: int, step, sb, plan):
         # A graph bakes in its kernels: one per batch bucket, per context bucket (decode attention's grid and
-        # workspace) and per option that changes a decode step's kernels or their launches (our GEMV, our skinny
-        # or streaming GEMMs or cuBLAS, fused or not, SwiGLU in the GEMV or not, the MLP kernel or not, PDL or not,
-        # RoPE in the attention, in the qkv GEMM or on its own, the down projection in slices or not, the
-        # post-attention RMSNorm in the o projection or not, decode attention on tensor cores or not; the sampler's
-        # fast path or its slow path with every processing stage). GRAPH_NEUTRAL lists the switches left out.
-        # Bounded: at most 9 batch buckets x (1 + ceil(log2(max_context / 256))) context buckets x 2 sampler
-        # paths per option set (90 at 4,096 tokens of context, 144 at 32,768), and only those that steps reach
-        # are made. Every graph reads the same static step, scratch and logits buffers; what a context bucket
-        # adds is its graphs' nodes, per batch bucket its own decode-attention workspace (cuda_kernels.py's
-        # plan: B x Hq x splits x (D + 2) fp32 words, under 4 MB at batch 256 for Qwen2.5-0.5B on the H200),
-        # and, the first time a step reaches it, one eager step plus the capture.
-        return (bucket, context_bucket, options.small_batch_gemv, options.skinny_gemm, options.fused_gemv,
-                options.gemv_swiglu, options.mlp_kernel, options.pdl, options.rope_in_attention,
-                options.rope_in_gemm, options.stream_gemm, options.split_down, options.norm_in_gemm,
-                options.tensor_cores, fast)
-
-    def _graph(self, bucket: int, step, sb, options):
-        key = self._graph_key(bucket, step.context_bucket, options, sb.fast)
+        # workspace), per step plan (which kernels, launched with PDL or not) and per sampler path (the fast
+        # path, or the slow one with every processing stage). Bounded: at most 9 batch buckets x (1 +
+        # ceil(log2(max_context / 256))) context buckets x 2 sampler paths per option set (90 at 4,096 tokens of
+        # context), and only those that steps reach are made. Every graph reads the same static step, scratch and
+        # logits buffers; what a context bucket adds is its graphs' nodes, per batch bucket its own
+        # decode-attention workspace (B x Hq x splits x (D + 2) fp32 words, under 4 MB at batch 256 for
+        # Qwen2.5-0.5B on the H200), and, the first time a step reaches it, one eager step plus the capture.
+        key = (bucket, step.context_bucket, plan, sb.fast)
         g = self.graphs.get(key)
         if g is None:
-            body = self.graph_body(step, sb, options)
+            body = self.graph_body(step, sb, plan)
             # One eager run first: kernels get compiled and loaded, per-shape workspaces allocated and
             # cuBLAS picks its algorithms outside the capture (none of that may happen inside it).
             body()
             g = self.graphs[key] = self.be.capture(body)
         return g
 
-    def graph_body(self, step, sb, options):
+    def graph_body(self, step, sb, plan):
         """What a decode graph holds: the forward, then the sampling with every stage (eagerly the sampler runs
         only the stages the batch needs; a graph is replayed for later batches too)."""
         def body():
-            self.model.forward(step, self.kv, self.logits, options, NullTimer())
+            self.model.forward(step, self.kv, self.logits, plan, NullTimer())
             self.sampler.sample(self.logits, sb, NullTimer(), stages=ALL_STAGES)
         return body
 
@@ -231,8 +222,6 @@ class ModelRunner:
         ctx = self.context_buckets[0]
         for b in self.buckets:
             for fast in (True, False):
-                if self._graph_key(b, ctx, options, fast) in self.graphs:
-                    continue
                 z = np.zeros(b, np.int32)
                 batch = StepBatch(z, z, np.full(b, -1, np.int32), np.arange(b + 1, dtype=np.int32), z,
                                   np.zeros((b, 1), np.int32), b, ctx)
@@ -240,5 +229,5 @@ class ModelRunner:
                 sb = self.sampler.prepare([None] * b, z, np.ones(b, bool), b, fast)
                 step = self.stager.stage(batch)
                 self.sampler.stage(sb)
-                self._graph(b, step, sb, options)
+                self._graph(b, step, sb, self.model.plan(step, options))
         self.be.synchronize()

@@ -7,8 +7,9 @@
                      i*block_size .. (i+1)*block_size - 1)
 
 A step that feeds a request's last unfed token produces logits, from which the sampler picks
-its next token; a step that feeds only part of a long prompt (chunked prefill) produces none. Preemption frees the blocks and resets num_computed to
-0: the request later recomputes everything (the prefix cache may hand most of it back).
+its next token; a step that feeds only part of a long prompt (chunked prefill) produces none.
+Preemption frees the blocks and resets num_computed to 0: the request later recomputes
+everything (the prefix cache may hand most of it back).
 """
 import enum
 import itertools
@@ -16,7 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..sampler.params import GREEDY_BELOW, SamplingParams  # noqa: F401  (re-exported: existing imports)
+from ..sampler.params import SamplingParams  # noqa: F401  (re-exported: existing imports)
 from toolkit.engine.timings import StatsAccumulator
 
 

@@ -53,7 +53,7 @@ class StepBatch:
 
     @property
     def prefill_lens(self) -> tuple:
-        """Host (q_len, seq_len) of each prefill request (toolkit/sparse.py sizes and chooses its path from it)."""
+        """Host (q_len, seq_len) of each prefill request (toolkit/model/sparse.py sizes and picks its path by it)."""
         nd = self.num_decodes
         return tuple(zip(np.diff(self.query_start_loc[nd:]).tolist(), self.seq_lens[nd:].tolist()))
 
@@ -79,7 +79,7 @@ class DeviceStep:
     num_decodes: int
     max_query_len: int
     context_bucket: int  # decode attention's max_seq_len: fixes its plan, so it is part of a graph's key
-    prefill_lens: tuple = ()  # host (q_len, seq_len) of each prefill request (toolkit/sparse.py sizes from it)
+    prefill_lens: tuple = ()  # host (q_len, seq_len) of each prefill request (toolkit/model/sparse.py sizes from it)
 
 
 class StepStager:

@@ -23,12 +23,9 @@ def stop_strings(seq: Sequence, new: str, final: bool) -> tuple:
         out, seq.held = held[:cut], ""
         seq.text += out
         return out, True
-    keep = 0
-    if not final:  # the longest tail of `held` that is a proper prefix of some stop string
-        for k in range(min(len(held), longest - 1), 0, -1):
-            if any(s.startswith(held[-k:]) for s in stops):
-                keep = k
-                break
+    # Unless final: the longest tail of `held` that is a proper prefix of some stop string.
+    keep = 0 if final else next((k for k in range(min(len(held), longest - 1), 0, -1)
+                                 if any(s.startswith(held[-k:]) for s in stops)), 0)
     out = held[:len(held) - keep]
     seq.held = held[len(held) - keep:]
     seq.text += out

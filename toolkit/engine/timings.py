@@ -16,7 +16,7 @@ is one launch, and its `sections_ms` is empty (`graph=True` says why).
 each output, so an earlier output's numbers never change under its reader.
 """
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 
 # Model sections, the sparse-prefill split of prefill attention, then the sampler's phases.
@@ -42,11 +42,13 @@ class StepTiming:
     sampler_path: str = ""  # "fast": sampled from the model's logits as they are; "slow": from an FP32 copy
     sampler_why: str = ""  # why the slow path ran: the first request's parameter that needs it, or "switched off"
     sampler_bytes: int = 0  # FP32 logits bytes the sampler materialised this step (0 on the fast path)
-    # Prefill attention of the step (toolkit/sparse.py): "dense", "sparse-exact" (every query saw every complete
+    # Prefill attention of the step (toolkit/model/sparse.py): "dense", "sparse-exact" (every query saw every complete
     # block: the result is dense attention), "sparse-approx" (some query kept only its top-k), "sparse-skipped"
     # (some query had more blocks than it keeps, but the selection kept so many keys that the dense kernel ran:
     # exact; EngineOptions.sparse_max_keep_pct), "" (pure decode).
     prefill_path: str = ""
+    plan: object = None  # the StepPlan: the kernel that ran each op (toolkit/model/plan.py)
+    context_bucket: int = 0  # the context length decode attention's plan (and graph) was sized for
 
     @property
     def sampler_ms(self) -> float | None:
@@ -104,26 +106,6 @@ def in_order(laps) -> dict:
     return {k: total[k] for k in SECTIONS if k in total}
 
 
-class CpuTimer:
-    """Section laps on the host clock: NumPy/Numba work is synchronous, so wall time is device time."""
-
-    def __init__(self):
-        self._laps = []
-        self._t = 0.0
-
-    def start(self):
-        self._laps.clear()
-        self._t = time.perf_counter()
-
-    def lap(self, section: str):
-        now = time.perf_counter()
-        self._laps.append((section, now - self._t))
-        self._t = now
-
-    def sections_ms(self) -> dict:
-        return in_order((section, dt * 1e3) for section, dt in self._laps)
-
-
 class NullTimer:
     """Stands in for a timer where no per-section laps are wanted (graph capture, quiet steps)."""
 
@@ -149,6 +131,4 @@ class StatsAccumulator:
     prefill_path: str = ""
 
     def snapshot(self) -> RequestStats:
-        return RequestStats(self.prompt_tokens, self.cached_tokens, self.generated_tokens, self.ttft_ms,
-                            self.prefill_ms, self.decode_ms_total, self.decode_steps, self.preemptions,
-                            self.prefill_path)
+        return RequestStats(**{f.name: getattr(self, f.name) for f in fields(RequestStats)})

@@ -19,13 +19,15 @@ has n = (pos+1)//R complete blocks; when n <= K it takes all of them and, W >= R
 result is exactly dense causal attention. When every row of the step is that short the indexer is skipped and
 (DENSE_WHEN_EXACT) the dense prefill kernel runs instead of the sparse one: same math, and the dense kernel
 shares each K/V tile among 64 queries where the sparse one gathers per query. The step is then reported as
-"sparse-exact" (README, "Sparse prefill"). Decode rows never come here: decode stays dense.
+"sparse-exact" (experiments/NOTEBOOK.md, "Where does the sparse path pay over the dense kernel?"). Decode rows
+never come here: decode stays dense.
 
 Sparse attention pays only where the selection leaves out most keys. A row keeps at most K*R + W of its pos + 1
 causal keys, so in a 4,096-token prompt (K*R + W = 2,176) the selection still holds 78% of the causal keys, and the
 sparse path (indexer, top-k, unions, masked tiles) was slower than the dense kernel there. kept_keys counts both
 over the step's rows; above sparse_max_keep_pct of the causal keys the dense kernel runs (exact, and faster: the
-crossover was measured, README "Where sparse pays") and the step is reported as "sparse-skipped".
+crossover was measured: experiments/NOTEBOOK.md, "Where does the sparse path pay over the dense kernel?") and
+the step is reported as "sparse-skipped".
 
 N = max over the requests of seq_len // R and M = N + max gather_len, the reference document's workspace
 pitch; these and the chunking are host ints from the step's host-side lengths (DeviceStep.prefill_lens), so
@@ -131,7 +133,8 @@ class SparsePrefill:
 
     The host work of a layer (lengths, tile counts, slicing the step's arrays and the workspaces) is the same for
     all layers of a step, so it is done once, into a _Plan, and the other layers only launch kernels: an eager
-    4,096-token prefill is bound by the host's launches (README, "Sparse prefill")."""
+    4,096-token prefill is bound by the host's launches (experiments/NOTEBOOK.md, "How fast is a whole sparse
+    prefill, and where does its host time go?")."""
 
     def __init__(self, backend):
         self.be = backend
@@ -182,7 +185,7 @@ class SparsePrefill:
         p.gather = self._buf("gather", (len(lens),), np.int32)
         Kc = -(-(K + W) // 128) * 128
         p.combined, p.clens = self._buf("combined", (T, Kc), np.int32), self._buf("clens", (T,), np.int32)
-        if tensor_cores and self.be.sparse_tiled_ok(D):
+        if tensor_cores:  # the plan's prefill attention is on tensor cores: 16-bit, D 64 or 128
             from kernels.sparse_attention_tc import n_tiles, union_cap
 
             tc_tiles, cap = n_tiles(max(n for n, _ in lens)), union_cap(N, K)
@@ -200,8 +203,8 @@ class SparsePrefill:
         qsl, seq_lens, tables = p.qsl, p.seq_lens, p.tables
         timer.lap("attention")  # qkv, RoPE and the decode rows so far
         if p.dense:
-            be.prefill_attention(q, k_cache, v_cache, tables, qsl, seq_lens, bs, scale, out, step.max_query_len,
-                                 tensor_cores)
+            dense = be.prefill_attention_tc if tensor_cores else be.prefill_attention
+            dense(q, k_cache, v_cache, tables, qsl, seq_lens, bs, scale, out, step.max_query_len)
             timer.lap("sparse_attention")
             return
         N, M, Q = p.N, p.M, p.Q

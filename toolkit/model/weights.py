@@ -42,15 +42,8 @@ class Weights:
 
     def nbytes(self) -> int:
         """Bytes one decode step reads: every matrix once (embedding: one row, ignored)."""
-        seen, total = set(), 0
-        arrays = [self.final_norm, self.lm_head]
-        for L in self.layers:
-            arrays += [v for v in vars(L).values() if v is not None]
-        for a in arrays:
-            if id(a) not in seen:
-                seen.add(id(a))
-                total += a.nbytes
-        return total
+        arrays = [self.final_norm, self.lm_head] + [v for L in self.layers for v in vars(L).values() if v is not None]
+        return sum({id(a): a.nbytes for a in arrays}.values())  # an array held twice (tied lm_head) counts once
 
 
 def expected_tensors(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -105,21 +98,22 @@ def load_weights(ckpt: Checkpoint, cfg: ModelConfig, to_backend: Callable[[np.nd
     def get(name):
         return ckpt.get(name, shapes[name])
 
+    def fused(p, *names):  # one matrix of the named tensors, stacked in order
+        return np.concatenate([get(p + n) for n in names])
+
     embed = to_backend(get("model.embed_tokens.weight"))
     layers = []
     for i in range(cfg.num_layers):
         p = f"model.layers.{i}."
-        qkv = np.concatenate([get(p + "self_attn.q_proj.weight"), get(p + "self_attn.k_proj.weight"),
-                              get(p + "self_attn.v_proj.weight")])
+        qkv = fused(p, "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight")
         bias = None
         if cfg.qkv_bias:
-            bias = to_backend(np.concatenate([get(p + "self_attn.q_proj.bias"), get(p + "self_attn.k_proj.bias"),
-                                              get(p + "self_attn.v_proj.bias")]))
+            bias = to_backend(fused(p, "self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"))
         q_norm = k_norm = None
         if cfg.qk_norm:
             q_norm = to_backend(get(p + "self_attn.q_norm.weight"))
             k_norm = to_backend(get(p + "self_attn.k_norm.weight"))
-        gate_up = np.concatenate([get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")])
+        gate_up = fused(p, "mlp.gate_proj.weight", "mlp.up_proj.weight")
         layers.append(LayerWeights(
             input_norm=to_backend(get(p + "input_layernorm.weight")),
             qkv=to_backend(qkv),

@@ -30,6 +30,7 @@ GREEDY_BELOW = 1e-5
 # (a unit mix-up, a denormal), not a request for greedy decoding, so it is refused rather than rounded.
 TEMPERATURE_MIN = 1.0 / float(np.finfo(np.float32).max)
 MAX_LOGPROBS = 20
+DEFAULT_MAX_TOKENS = 256  # a request's max_tokens when neither it nor generation_config.json gives one
 MAX_LOGIT_BIAS, MAX_BAD_WORDS, MAX_STOP, MAX_STOP_IDS = 1024, 128, 128, 128
 MAX_BIAS = 100.0  # OpenAI's range for logit bias values
 MAX_PENALTY = 2.0  # frequency / presence penalty range [-2, 2] (OpenAI, vLLM)

@@ -10,28 +10,24 @@ Gumbel-max sampling). This module runs the very same processing ops on a [B, V] 
 Gumbel-max sampling draws exactly from these probabilities, so a χ² test of the sampler's tokens
 against them checks the sampler end to end.
 """
+import functools
+
 import numpy as np
 
 from toolkit.sampler.batch import SamplingStager
 from toolkit.sampler.sampler import ALL_STAGES, process
 from toolkit.sampler.state import RequestSampling
 
-_BACKENDS = {}
+@functools.cache
+def _backend(name: str, dtype: str | None):
+    from toolkit.backends import make_backend
+    return make_backend(name, dtype)
 
 
 def _backend_for(logits):
     if isinstance(logits, np.ndarray):
-        key = ("cpu", None)
-        if key not in _BACKENDS:
-            from toolkit.backends.cpu import CpuBackend
-            _BACKENDS[key] = CpuBackend()
-        return _BACKENDS[key]
-    dtype = {"float32": "float32", "float16": "float16", "uint16": "bfloat16"}[str(logits.dtype)]
-    key = ("cuda", dtype)
-    if key not in _BACKENDS:
-        from toolkit.backends.cuda import CudaBackend
-        _BACKENDS[key] = CudaBackend(dtype)
-    return _BACKENDS[key]
+        return _backend("cpu", None)
+    return _backend("cuda", {"float32": "float32", "float16": "float16", "uint16": "bfloat16"}[str(logits.dtype)])
 
 
 def filtered_probs(logits, params, histories=None) -> np.ndarray:

@@ -12,6 +12,7 @@ Two families matter in practice:
 """
 from __future__ import annotations
 
+import functools
 import json
 import re
 from pathlib import Path
@@ -49,30 +50,24 @@ def token_content(entry) -> str | None:
     return entry if isinstance(entry, str) else None
 
 
-def read_special_tokens(model_dir: Path) -> dict[str, str]:
-    """Named special tokens as strings, the way transformers' `special_tokens_map` shows them.
+def named_tokens(config: dict) -> dict[str, str]:
+    """The named special tokens a config sets, as strings. Unset tokens are left out rather than mapped to None,
+    so a chat template sees them as undefined (renders "") exactly as under transformers."""
+    values = {name: token_content(config.get(name)) for name in SPECIAL_TOKEN_NAMES}
+    return {name: v for name, v in values.items() if v is not None}
 
-    tokenizer_config.json wins over the older special_tokens_map.json. Unset tokens are left out rather
-    than mapped to None, so a chat template sees them as undefined (renders "") exactly as under transformers.
-    """
-    merged = {**read_json(model_dir / "special_tokens_map.json"), **read_json(model_dir / "tokenizer_config.json")}
-    out = {}
-    for name in SPECIAL_TOKEN_NAMES:
-        value = token_content(merged.get(name))
-        if value is not None:
-            out[name] = value
-    return out
+
+def read_special_tokens(model_dir: Path) -> dict[str, str]:
+    """Named special tokens as strings, the way transformers' `special_tokens_map` shows them:
+    tokenizer_config.json wins over the older special_tokens_map.json."""
+    return named_tokens({**read_json(model_dir / "special_tokens_map.json"),
+                         **read_json(model_dir / "tokenizer_config.json")})
 
 
 def _id_list(value) -> list[int]:
     """generation_config/config eos_token_id may be an int, a list of ints, or null."""
-    if isinstance(value, bool):
-        return []
-    if isinstance(value, int):
-        return [value]
-    if isinstance(value, list):
-        return [v for v in value if isinstance(v, int) and not isinstance(v, bool)]
-    return []
+    values = value if isinstance(value, list) else [value]
+    return [v for v in values if isinstance(v, int) and not isinstance(v, bool)]
 
 
 class Tokenizer:
@@ -85,10 +80,8 @@ class Tokenizer:
         tc = tokenizer_config or {}
         gc = generation_config or {}
         mc = model_config or {}
-        self.special_tokens: dict[str, str] = dict(special_tokens or {})
-        for name in SPECIAL_TOKEN_NAMES:  # a bare __init__ (tests, no folder) still gets tokenizer_config's
-            if name not in self.special_tokens and token_content(tc.get(name)) is not None:
-                self.special_tokens[name] = token_content(tc[name])
+        # A bare __init__ (tests, no folder) still gets tokenizer_config's named tokens where none are given.
+        self.special_tokens: dict[str, str] = {**named_tokens(tc), **(special_tokens or {})}
 
         def named_id(name: str, key: str) -> int | None:
             # tokenizer_config decides when it names the token at all (Qwen says bos_token: null, and HF's
@@ -127,7 +120,6 @@ class Tokenizer:
         self._flag_eos = bool(tc.get("add_eos_token")) and self.eos_id is not None and not self._post_eos
         self.add_bos: bool = self._post_bos or self._flag_bos
         self.add_eos: bool = self._post_eos or self._flag_eos
-        self._byte_ids: frozenset[int] | None = None
 
     @classmethod
     def from_dir(cls, model_dir: str | Path) -> "Tokenizer":
@@ -185,21 +177,17 @@ class Tokenizer:
     def id_to_token(self, token_id: int) -> str | None:
         return self._tok.id_to_token(int(token_id))
 
-    @property
+    @functools.cached_property
     def byte_fallback_ids(self) -> frozenset[int]:
         """Ids of <0xNN> byte tokens when the model uses SentencePiece byte fallback, else empty.
 
         The streaming detokenizer needs them: the ByteFallback decoder turns a whole run of byte tokens into
         U+FFFD if the run is not valid UTF-8, so text is only final once such a run has ended.
         """
-        if self._byte_ids is None:
-            ids = set()
-            if getattr(self._tok.model, "byte_fallback", False):  # BPE and Unigram models carry the flag
-                for token, i in self._tok.get_vocab(with_added_tokens=False).items():
-                    if len(token) == 6 and _BYTE_TOKEN.fullmatch(token):
-                        ids.add(i)
-            self._byte_ids = frozenset(ids)
-        return self._byte_ids
+        if not getattr(self._tok.model, "byte_fallback", False):  # BPE and Unigram models carry the flag
+            return frozenset()
+        return frozenset(i for token, i in self._tok.get_vocab(with_added_tokens=False).items()
+                         if len(token) == 6 and _BYTE_TOKEN.fullmatch(token))
 
     @property
     def special_ids(self) -> frozenset[int]:

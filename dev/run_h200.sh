@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# Everything that needs the GPU, in one go (a lent H200 is paid by the minute). Run from the repo root on the GPU
+# machine: `bash dev/run_h200.sh MODE`; logs go to $OUT. MODE:
+#   tests          the whole GPU suite (python3 -m pytest -q -m gpu tests/)
+#   speed          kernel microbenchmarks, then bench with CUDA graphs and our fused kernels on and off
+#   peer           bench against the torch.compile peer, throughput, the 1.5B shape and the default model
+#   sampler        bench sampler, and the decode step with the sampler's fast path on and off
+#   sparse         bench sparse (combine and one layer against SDPA) and the whole sparse prefill
+#   sampler_check  the sampler's GPU tests, then its kernel profile (dev/profile_sampler.py)
+#   sampler_ncu    the sampling kernel under Nsight Compute
+#   profile        Nsight Compute: the sampling kernel and one decode step's kernels at batch 1 and 32
+#   dev            a quick round while developing: kernel, sampler and engine GPU tests, then the peer
+#   close          a session's closing run: every GPU test, the peer, throughput, the sampler, the attribution
+#   all            tests, speed, sampler, sparse and peer
+# The GPU image lacks nvmath-python (the capturable cuBLAS binding): its wheel travels in .whl/ (git-ignored) and is
+# installed here; stories260K lives in ../shared, which does not travel: a copy in .gpu_shared/ (git-ignored) does.
+set -uo pipefail
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+what=${1:-all}
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  export PYTHONPATH=/tmp/site:.
+else
+  export PYTHONPATH=.
+fi
+if [ -d .gpu_shared/stories260K ] && [ ! -d ../shared/models/stories260K ]; then
+  mkdir -p ../shared/models && cp -r .gpu_shared/stories260K ../shared/models/
+fi
+export NUMBA_CACHE_DIR=/tmp/numba_cache OMP_WAIT_POLICY=passive PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/env.txt"
+B="python3 -m toolkit bench --device cuda"
+GPU_SUITE="python3 -m pytest -q -m gpu tests/"
+PEER="$B --shape qwen2.5-0.5b --batch 1,32 --depth 0 --prefill 4096 --peer torch -r 5"
+run() { [[ " $* " == *" $what "* ]]; }  # run MODE...: is this run one of these modes?
+
+if run tests all close; then
+  $GPU_SUITE 2>&1 | tee "$OUT/gpu_tests.log" | tail -20
+fi
+if run dev; then
+  python3 -m pytest -q -m gpu tests/kernels tests/sampler tests/engine -x 2>&1 | tail -4
+fi
+if run speed all; then
+  python3 dev/bench_kernels.py 2>&1 | tee "$OUT/bench_kernels.log" | tail -30
+  python3 dev/bench_gemm_skinny.py --rows 2,8,32 2>&1 | tee "$OUT/bench_gemm_skinny.log" | grep -v torch
+  $B --shape qwen2.5-0.5b --batch 1,8,32,128 --depth 0,4096 --prefill 512,4096 --cuda-graphs on,off 2>&1 \
+    | tee "$OUT/bench_graphs.log"
+  $B --shape qwen2.5-0.5b --batch 1,8,32 --depth 0 --prefill 512 --fused-kernels on,off --pdl on,off 2>&1 \
+    | tee "$OUT/bench_fused_kernels.log" | grep "^| tg"
+fi
+if run peer all dev close; then
+  $PEER 2>&1 | tee "$OUT/bench_peer.log" | grep "^| "
+fi
+if run peer all close; then
+  python3 -m toolkit bench throughput --device cuda --shape qwen2.5-0.5b 2>&1 | tee "$OUT/throughput.log" | tail -3
+fi
+if run peer all; then
+  { $B --shape qwen2.5-1.5b --batch 1,32 --depth 0 --prefill 4096 --peer torch -r 3
+    $B --batch 1,32 --depth 0 --prefill 512 --cuda-graphs on,off; } 2>&1 | tee "$OUT/bench_other.log" | grep "^|"
+fi
+if run sampler all close; then
+  python3 -m toolkit bench sampler --device cuda 2>&1 | tee "$OUT/bench_sampler.log" | grep "^| 128"
+  # End to end: the decode step with the sampler's fast path on and off (greedy requests: a no-op batch).
+  $B --shape qwen2.5-0.5b --batch 1,32,128 --depth 0 --prefill 512 --sampler-fast-path on,off -r 3 2>&1 \
+    | tee -a "$OUT/bench_sampler.log" | grep "^| tg"
+fi
+if run sparse all; then
+  python3 -m toolkit bench sparse --device cuda --tests combine,layer 2>&1 | tee "$OUT/bench_sparse.log"
+  python3 experiments/sparse_sections.py 2>&1 | tee "$OUT/sparse_sections.log"
+fi
+if run close; then
+  python3 dev/decode_attribution.py 1,32 all 1,65 2>&1 | tee "$OUT/decode_attribution.log"
+fi
+if run sampler_check; then
+  python3 -m pytest -q -m gpu tests/kernels/test_gpu_sampler.py tests/sampler/test_gpu_sampler_engine.py 2>&1 | tail -2
+  python3 dev/profile_sampler.py 2>&1 | tee "$OUT/profile_sampler.log"
+fi
+if run sampler_ncu profile; then
+  python3 dev/profile_sampler.py 2>&1 | tee "$OUT/profile_sampler.log"
+  ncu --clock-control none -k regex:gumbel --set full python3 dev/profile_sampler.py --once > "$OUT/ncu_sampler.txt" 2>&1
+  grep -E "Duration|Issue Slots|Registers Per|Achieved Occupancy|Warp Cycles Per Issued|No Eligible|Active Warps Per|Eligible Warps|Executed Ipc|Stall" \
+    "$OUT/ncu_sampler.txt" | cut -c1-400 | head -60
+fi
+if run profile; then  # one eager decode step's kernels, serialised (Nsight Compute's counters)
+  for b in 1 32; do
+    ncu --clock-control none --profile-from-start off --metrics gpu__time_duration.sum --csv \
+      python3 dev/profile_decode.py --batch $b > "$OUT/ncu_decode_b$b.csv" 2>&1
+    python3 dev/profile_decode.py --summarise "$OUT/ncu_decode_b$b.csv" | tee "$OUT/decode_kernels_b$b.txt" | head -30
+  done
+fi

@@ -1,0 +1,92 @@
+"""The step plan (toolkit/model/plan.py): which kernel runs each op, decided in one place from (backend, dtype,
+rows, decode rows, context bucket, options). Checked on the CPU with stand-in backends at the Qwen2.5-0.5B shape,
+where the thresholds were measured; the GPU tests run the plans."""
+from types import SimpleNamespace
+
+import pytest
+
+from toolkit.engine.options import EngineOptions
+from toolkit.model.plan import StepPlan, make_plan
+from toolkit.model.shapes import shape_config
+
+GPU = SimpleNamespace(name="cuda", dtype="bfloat16", num_sms=132, graphs_supported=True, pdl_supported=True)
+CPU = SimpleNamespace(name="cpu", dtype="float32", num_sms=0, graphs_supported=False, pdl_supported=False)
+QWEN = shape_config("qwen2.5-0.5b")  # H 896, I 4864, 14 q heads / 2 kv heads of 64, no q/k norms
+QWEN3 = shape_config("qwen3-0.6b")  # q/k norms
+
+
+def plan(rows, decodes=None, backend=GPU, cfg=QWEN, ctx=256, **toggles):
+    opts = EngineOptions(**toggles).effective(backend)
+    return make_plan(backend, cfg, rows, rows if decodes is None else decodes, ctx, opts)
+
+
+def test_batch_1_decode_is_our_gemv_path():
+    p = plan(1)
+    assert (p.qkv, p.o, p.gate_up, p.swiglu, p.down) == ("gemv", "gemv", "gemv", "epilogue", "gemv")
+    assert p.lm_head == "blas"  # 151,936 rows: cuBLAS measured faster than our GEMV
+    assert p.decode_attention == "cuda_cores"  # a small batch at a short context spreads a group over blocks
+    assert p.pdl and p.sparse is None
+
+
+@pytest.mark.parametrize("rows", [2, 8, 32])
+def test_2_to_32_rows_are_the_skinny_path(rows):
+    p = plan(rows)
+    assert p.qkv == "skinny_rope" and p.o == "skinny_norm" and p.swiglu == "scaled"
+    assert p.gate_up == "blas"  # 8.7M weights: past gemm_skinny's limit
+    assert p.down == "slices" and p.down_slices == 8
+    assert plan(rows, cfg=QWEN3).qkv == "skinny"  # q/k norms need the whole head: RoPE stays its own kernel
+
+
+def test_past_32_rows_cublas_and_4_slices():
+    p = plan(64)
+    assert (p.qkv, p.o, p.gate_up, p.swiglu) == ("blas", "blas", "blas", "silu_mul")
+    assert (p.down, p.down_slices) == ("slices", 4)
+    assert plan(256).down == "blas"
+
+
+def test_prompt_steps_stay_on_cublas():
+    """A prompt's projections do not depend on how much of it a prefix-cache hit left to compute."""
+    p = plan(8, decodes=4)
+    assert (p.qkv, p.o, p.gate_up, p.down) == ("blas",) * 4 and p.down_slices == 0
+    assert p.prefill_attention == "tc" and p.sparse is not None
+
+
+def test_fused_kernels_off_is_cublas_and_plain_kernels():
+    for rows in (1, 8, 32):
+        p = plan(rows, fused_kernels=False)
+        assert (p.qkv, p.o, p.gate_up, p.swiglu, p.down, p.lm_head) == ("blas", "blas", "blas", "silu_mul", "blas",
+                                                                        "blas")
+
+
+def test_tensor_core_decode_where_it_pays():
+    assert plan(32).decode_attention == "tc"  # one block a GQA group either way: tensor cores measured faster
+    assert plan(1, ctx=8192).decode_attention == "tc"  # a long plan
+    assert plan(1).decode_attention == "cuda_cores"
+
+
+def test_cpu_and_fp32_plans_are_blas_and_cuda_cores():
+    for backend in (CPU, SimpleNamespace(**{**vars(GPU), "dtype": "float32"})):
+        for rows in (1, 8, 64):
+            p = plan(rows, backend=backend)
+            assert p == StepPlan(pdl=p.pdl)
+    assert plan(1, backend=CPU).pdl is False
+
+
+def test_graph_key_holds_what_changes_a_graph():
+    """The runner keys a decode graph on (batch bucket, context bucket, plan, sampler path): flipping a toggle
+    that changes a decode step's kernels changes its plan; the others leave it alone (they act elsewhere)."""
+    base = plan(32)
+    changes = {n: plan(32, **{n: False}) != base for n in EngineOptions.names()}
+    assert changes == {"sampler_fast_path": False, "sparse_prefill": False, "prefix_caching": False,
+                       "cuda_graphs": True,  # (PDL needs graphs: an eager step's plan has no PDL)
+                       "fused_kernels": True, "pdl": True}
+
+
+def test_hand_built_plans_are_checked():
+    with pytest.raises(ValueError):
+        StepPlan(o="skinny_norm")  # needs swiglu "scaled"
+    with pytest.raises(ValueError):
+        StepPlan(down="slices")  # needs a slice count
+    with pytest.raises(ValueError):
+        StepPlan(swiglu="epilogue")  # cuBLAS has no SwiGLU epilogue
+    assert "8 slices" in plan(8).describe()

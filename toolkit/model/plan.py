@@ -1,0 +1,136 @@
+"""The step plan: which kernel runs each op of a step, decided in this one place.
+
+A plan is made once per (backend, dtype, rows, decode rows, context bucket, options) and cached
+by the model; `Model.forward` walks the layers through it and makes no choice of its own, and a
+CUDA graph is keyed on it (a graph bakes in its kernels). A developer's A/B run builds a plan by
+hand: `dataclasses.replace(model.plan(step, options), o="skinny")`.
+
+    qkv      blas | gemv | skinny | skinny_rope   (skinny_rope: RoPE and the K/V write in the epilogue)
+    o        blas | gemv | skinny | skinny_norm   (skinny_norm: the post-attention add + RMSNorm weight in
+                                                   the epilogue; the norm's per-row scale after gate_up)
+    gate_up  blas | gemv | skinny
+    swiglu   silu_mul | epilogue | scaled         (epilogue: inside gate_up's GEMV or skinny GEMM;
+                                                   scaled: silu_mul_scaled, after an o of skinny_norm)
+    down     blas | gemv | skinny | slices        (slices: down_slices fp32 partial products over K,
+                                                   summed by the next add_rmsnorm: no split-K reduce)
+    lm_head  blas | gemv | skinny
+    decode_attention   cuda_cores | tc            (tc: a GQA group's heads as the rows of one mma tile)
+    prefill_attention  cuda_cores | tc            (tc: FlashAttention-2 on mma.sync)
+    sparse   None | the options with the sparse prefill's parameters (sparse.py; prompt rows only)
+    pdl      whether decode kernels launch with programmatic dependent launch (graph-replayed steps)
+
+"blas" is cuBLAS on the GPU and NumPy's BLAS on the CPU. Our kernels (gemv, skinny, their epilogues,
+the slices) run only with the `fused_kernels` toggle, on the GPU, in 16-bit. The thresholds below
+were measured on the H200 at the Qwen2.5-0.5B shape (experiments/NOTEBOOK.md has the runs).
+"""
+import math
+from dataclasses import dataclass
+
+from toolkit.backends.cuda_kernels import decode_head_blocks, plan_kv_bytes
+
+# Our GEMV takes a 1-row projection of up to GEMV_MAX_N outputs: 2.4-5.9 us against cuBLAS's 9-17 (the batch-1
+# step 1.049 -> 0.990 ms); at 2 and 4 rows and for the 151,936-row lm_head cuBLAS is faster.
+GEMV_ROWS, GEMV_MAX_N = 1, 32768
+# gemm_skinny (tensor cores) takes 2-32 rows of the small projections: weights of up to SKINNY_MAX_WEIGHTS
+# elements, or SKINNY_SMALL_WEIGHTS at up to SKINNY_SMALL_ROWS rows (qkv and o: 2.7-3.8 us against cuBLAS's
+# 3.9-4.2; gate_up, down and the lm_head at 32 rows are faster on cuBLAS).
+SKINNY_ROWS = (2, 32)
+SKINNY_SMALL_ROWS, SKINNY_SMALL_WEIGHTS, SKINNY_MAX_WEIGHTS = 8, 6 << 20, 4 << 20
+# The down projection in slices of K (one strided-batched cuBLAS GEMM, the next add_rmsnorm adds the partials):
+# 8 slices at 2-32 rows (7.0-8.1 us against 8.9-9.4 for cuBLAS + add_rmsnorm), 4 at 33-128.
+DOWN_SLICES = ((32, 8), (128, 4))  # (up to rows, slices)
+# Decode attention on tensor cores takes D 64 or 128 and GQA groups of up to 16 heads (the mma's A rows).
+TC_HEAD_DIMS, TC_DECODE_GROUP = (64, 128), 16
+TC_PAYS_MIN_LEN = 512  # decode_tc_pays decides a shorter plan as one of this many keys
+
+PROJECTIONS = ("blas", "gemv", "skinny")
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    qkv: str = "blas"
+    o: str = "blas"
+    gate_up: str = "blas"
+    swiglu: str = "silu_mul"
+    down: str = "blas"
+    down_slices: int = 0
+    lm_head: str = "blas"
+    decode_attention: str = "cuda_cores"
+    prefill_attention: str = "cuda_cores"
+    sparse: object = None  # the EngineOptions whose sparse_* parameters the prompt rows run with; None: dense
+    pdl: bool = False
+
+    def __post_init__(self):
+        ok = (self.qkv in PROJECTIONS + ("skinny_rope",) and self.o in PROJECTIONS + ("skinny_norm",)
+              and self.gate_up in PROJECTIONS and self.down in PROJECTIONS + ("slices",)
+              and self.lm_head in PROJECTIONS and (self.down == "slices") == (self.down_slices > 1)
+              and self.swiglu in ("silu_mul", "epilogue", "scaled")
+              and (self.swiglu == "scaled") == (self.o == "skinny_norm")
+              and (self.swiglu != "epilogue" or self.gate_up != "blas")
+              and self.decode_attention in ("cuda_cores", "tc") and self.prefill_attention in ("cuda_cores", "tc"))
+        if not ok:
+            raise ValueError(f"inconsistent step plan: {self}")
+
+    def describe(self) -> str:
+        """One line for the UI and bench: the kernel of each op."""
+        down = f"{self.down_slices} slices" if self.down == "slices" else self.down
+        swiglu = {"silu_mul": "+silu_mul", "epilogue": " swiglu", "scaled": "+scaled silu"}[self.swiglu]
+        return (f"qkv {self.qkv} · o {self.o} · gate_up {self.gate_up}{swiglu} · down {down} · lm_head "
+                f"{self.lm_head} · attention {self.decode_attention}/{self.prefill_attention}"
+                f"{' · sparse' if self.sparse is not None else ''}{' · pdl' if self.pdl else ''}")
+
+
+def decode_tc_pays(batch: int, n_kv_heads: int, group: int, D: int, itemsize: int, n_sm: int,
+                   max_seq_len: int) -> bool:
+    """Whether a decode plan goes to the tensor-core kernel (one block a GQA group): wherever the CUDA-core kernel
+    gives a group one block too (decode_head_blocks), i.e. a big batch or a long plan. There it measured 93 against
+    157 us a step at batch 32 and context 1, 301 against 410 at 512. Where the CUDA-core kernel spreads a group over
+    several blocks (a small batch at a short plan) it stays: batch 1 at 512 keys took 204 us on tensor cores against
+    154. Those were plans of 512 keys or more; a shorter plan decides as a 512-key one would, so the 256-key context
+    bucket changes a plan's split count, not its kernel."""
+    kv_bytes = plan_kv_bytes(batch, n_kv_heads, D, itemsize, max(max_seq_len, TC_PAYS_MIN_LEN))
+    return decode_head_blocks(batch, n_kv_heads, group, n_sm, kv_bytes) == math.ceil(group / 8)
+
+
+def make_plan(backend, cfg, rows: int, decodes: int, context_bucket: int, options) -> StepPlan:
+    """The plan of a step of `rows` tokens whose first `decodes` rows are decodes (one token each), its decode
+    attention sized for `context_bucket`, under `options` as effective on `backend`."""
+    itemsize = 4 if backend.dtype == "float32" else 2
+    vec = 16 // itemsize  # elements a 16-byte load
+    on_gpu, wide = backend.name == "cuda", itemsize == 2
+    H, I, D = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
+    Q, group = cfg.num_heads * D, cfg.num_heads // cfg.num_kv_heads
+    ours = options.fused_kernels and on_gpu and wide
+    # Our skinny GEMMs (and the slices) only in a pure decode step: a prompt's projections stay on cuBLAS at any
+    # row count, so its logits do not depend on how much of it a prefix-cache hit left to compute.
+    pure_decode = decodes == rows
+
+    def gemv(n, k):
+        return ours and rows <= GEMV_ROWS and n <= GEMV_MAX_N and k % vec == 0
+
+    def skinny(n, k):
+        lo, hi = SKINNY_ROWS
+        most = SKINNY_SMALL_WEIGHTS if rows <= SKINNY_SMALL_ROWS else SKINNY_MAX_WEIGHTS
+        return ours and pure_decode and lo <= rows <= hi and n * k <= most and k % 32 == 0
+
+    def project(n, k):
+        return "gemv" if gemv(n, k) else "skinny" if skinny(n, k) else "blas"
+
+    qkv = project(cfg.qkv_size, H)
+    if qkv == "skinny" and not cfg.qk_norm and D % 16 == 0:  # q/k norms need the whole head; a tile holds 8 pairs
+        qkv = "skinny_rope"
+    o = project(H, Q)
+    if o == "skinny" and H % 16 == 0 and I % vec == 0:
+        o = "skinny_norm"  # RMSNorm(h) * w = inv * (h * w): inv, one number a row, commutes with gate_up's GEMM
+    gate_up = project(2 * I, H)
+    swiglu = "scaled" if o == "skinny_norm" else "epilogue" if gate_up != "blas" else "silu_mul"
+    slices = next((s for top, s in DOWN_SLICES if 2 <= rows <= top), 0) if ours and pure_decode else 0
+    slices = next((s for s in range(slices, 1, -1) if I % (8 * s) == 0), 0)  # each slice 16-byte aligned
+    down = "slices" if slices else project(H, I)
+    tc = on_gpu and wide and D in TC_HEAD_DIMS
+    decode_tc = (tc and decodes > 0 and group <= TC_DECODE_GROUP
+                 and decode_tc_pays(decodes, cfg.num_kv_heads, group, D, itemsize, backend.num_sms, context_bucket))
+    return StepPlan(qkv=qkv, o=o, gate_up=gate_up, swiglu=swiglu, down=down, down_slices=slices,
+                    lm_head=project(cfg.vocab_size, H), decode_attention="tc" if decode_tc else "cuda_cores",
+                    prefill_attention="tc" if tc else "cuda_cores",
+                    sparse=options if options.sparse_prefill and decodes < rows else None, pdl=options.pdl and on_gpu)
