@@ -170,7 +170,7 @@ def test_peer_rows_and_ratio(fake, capsys, monkeypatch):
 
 
 def test_peer_without_torch_is_one_line(capsys, monkeypatch):
-    # A stand-in for benchmarks/torch_peer.py on a machine without torch (importing the real one costs seconds).
+    # A stand-in for toolkit/bench/peer.py on a machine without torch (importing the real one costs seconds).
     fake_peer = SimpleNamespace(TorchPeer=None, torch_available=lambda device=None: False)
     monkeypatch.setitem(sys.modules, "toolkit.bench.peer", fake_peer)
     assert main(["bench", "--device", "cpu", "--shape", "tiny", "--peer", "torch"]) == 2
