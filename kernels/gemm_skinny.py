@@ -4,9 +4,8 @@ its SwiGLU form (the gate_up projection with silu(gate) * up as the epilogue), i
 projection with add_rmsnorm's add and the norm weight as the epilogue, the norm's scale left to silu_mul_scaled).
 
 On the CPU BLAS streams the weights at memory speed for any number of rows, so the twin is the matmul the CPU
-backend's `linear` uses; it exists so the GPU kernel has a reference under its own name. `fragment_order`
-replays the kernel's k permutation (which physical k each mma step treats as which logical k), so a test can
-check in NumPy that it covers every k once.
+backend's `linear` uses; it exists so the GPU kernel has a reference under its own name. (The kernel's fragment
+layout is replayed in NumPy by tests/kernels/test_gemm_skinny_layout.py.)
 """
 import numpy as np
 
@@ -14,7 +13,6 @@ from .gemv import projection, swiglu_projection
 from .rope import rope_qkv
 
 MAX_ROWS = 32  # gemm_skinny.cu is instantiated for NT = 1, 2, 4 n-tiles of 8 rows
-K_CHUNK = 32   # GS_K: k per chunk
 
 
 def gemm_skinny(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
@@ -56,30 +54,3 @@ def gemm_skinny_norm(x: np.ndarray, w: np.ndarray, residual: np.ndarray, weight:
     for k in range(1, 16):
         acc += sq[:, :, k]
     parts[:N // 16, :M] = acc.T
-
-
-def rope_tile_rows(tile: int, h: int, g: int, D: int) -> int:
-    """gemm_skinny_rope's weight row for lane row g (0..7) of half h (the mma tile's rows g, g + 8) of a tile:
-    tile t of head t // (D/16) holds pairs i = 8 (t % (D/16)) + g, its half 0 being dim i and half 1 dim i + D/2
-    (gemm_skinny.cu's weight_row<GS_ROPE>)."""
-    tph = D // 16
-    return (tile // tph) * D + h * (D // 2) + 8 * (tile % tph) + g
-
-
-def rope_pair_entries(NT: int) -> list:
-    """(entry, partner) of gemm_skinny.cu's Pairs<GS_ROPE, 1, NT>: entry e = f * 32 + lane, f = 4 j + r, holds
-    register r of n-tile j in a lane; the epilogue pairs r < 2 (row g: half 0) with r + 2 (row g + 8: half 1)."""
-    return [((o >> 6) * 128 + (o & 63), (o >> 6) * 128 + (o & 63) + 64) for o in range(NT * 64)]
-
-
-def fragment_order() -> np.ndarray:
-    """order[s, c, q] = the physical k (0..31) of a chunk that lane c of a row gives mma step s as its q-th
-    logical k (q = 0..3: logical 2c, 2c + 1, 2c + 8, 2c + 9): lane c loads elements [8c, 8c + 8), and step s
-    takes words 2s (elements 8c + 4s, + 1) and 2s + 1 (elements 8c + 4s + 2, + 3)."""
-    s, c, q = np.meshgrid(np.arange(2), np.arange(4), np.arange(4), indexing="ij")
-    return 8 * c + 4 * s + q
-
-
-def logical_k(s: int, c: int, q: int) -> int:
-    """mma.m16n8k16's logical k for lane c's q-th A/B element (mma.cuh: k = 2c, 2c + 1, 2c + 8, 2c + 9)."""
-    return 2 * c + (q & 1) + 8 * (q >> 1)

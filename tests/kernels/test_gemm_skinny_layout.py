@@ -7,8 +7,35 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from tests.tolerance import U64, sum_bound
 
-from kernels.gemm_skinny import K_CHUNK, fragment_order, logical_k, rope_pair_entries, rope_tile_rows
-from toolkit.backends.cuda_gemm import MAX_ROWS, N_TILES, skinny_plan
+from toolkit.backends.cuda_gemm import K_CHUNK, MAX_ROWS, N_TILES, skinny_plan
+
+
+# -- gemm_skinny.cu's layout, replayed in NumPy ------------------------------------------------------------
+def rope_tile_rows(tile: int, h: int, g: int, D: int) -> int:
+    """gemm_skinny_rope's weight row for lane row g (0..7) of half h (the mma tile's rows g, g + 8) of a tile:
+    tile t of head t // (D/16) holds pairs i = 8 (t % (D/16)) + g, its half 0 being dim i and half 1 dim i + D/2
+    (gemm_skinny.cu's weight_row<GS_ROPE>)."""
+    tph = D // 16
+    return (tile // tph) * D + h * (D // 2) + 8 * (tile % tph) + g
+
+
+def rope_pair_entries(NT: int) -> list:
+    """(entry, partner) of gemm_skinny.cu's Pairs<GS_ROPE, 1, NT>: entry e = f * 32 + lane, f = 4 j + r, holds
+    register r of n-tile j in a lane; the epilogue pairs r < 2 (row g: half 0) with r + 2 (row g + 8: half 1)."""
+    return [((o >> 6) * 128 + (o & 63), (o >> 6) * 128 + (o & 63) + 64) for o in range(NT * 64)]
+
+
+def fragment_order() -> np.ndarray:
+    """order[s, c, q] = the physical k (0..31) of a chunk that lane c of a row gives mma step s as its q-th
+    logical k (q = 0..3: logical 2c, 2c + 1, 2c + 8, 2c + 9): lane c loads elements [8c, 8c + 8), and step s
+    takes words 2s (elements 8c + 4s, + 1) and 2s + 1 (elements 8c + 4s + 2, + 3)."""
+    s, c, q = np.meshgrid(np.arange(2), np.arange(4), np.arange(4), indexing="ij")
+    return 8 * c + 4 * s + q
+
+
+def logical_k(s: int, c: int, q: int) -> int:
+    """mma.m16n8k16's logical k for lane c's q-th A/B element (mma.cuh: k = 2c, 2c + 1, 2c + 8, 2c + 9)."""
+    return 2 * c + (q & 1) + 8 * (q >> 1)
 
 
 def test_every_k_of_a_chunk_once():
