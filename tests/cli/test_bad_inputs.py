@@ -97,6 +97,8 @@ REQUEST_CASES = [
      "request long: the prompt has"),
     ("line over the cap", b'{"prompt": "' + b"y" * 200_000 + b'"}', "line 2: longer than 102,400 bytes"),
     ("bom not on line 1", b'\xef\xbb\xbf{"prompt": "x"}', "line 2: not valid JSON"),
+    ("duplicate id", b'{"id": "good-a", "prompt": "x"}',
+     'line 2: duplicate id "good-a" (an earlier request has it; ids must be unique)'),
 ]
 
 
@@ -191,6 +193,7 @@ FLAG_CASES = [
     (["--max-num-seqs", "64", "--max-num-batched-tokens", "8"], "must be at least --max-num-seqs"),
     (["--prompts-file", "/no/such/file.jsonl"], "error: --prompts-file /no/such/file.jsonl: No such file or directory"),
     (["--prompts-file", "/"], "error: --prompts-file /: Is a directory"),
+    (["--logprobs", "2", "--format", "text"], "error: --logprobs needs --format jsonl"),
 ]
 
 
@@ -253,15 +256,12 @@ def test_full_disk_is_one_line(capsys):
 @pytest.mark.parametrize("debug", [False, True])
 def test_internal_error(debug, monkeypatch, capsys):
     """A bug after the first record: that record stays, every other request gets an aborted one."""
-    from toolkit.cli.records import Batch
-    real_finish = Batch.finish
+    from toolkit.cli import records
 
-    def finish_then_fail(self, *args):
-        if any(r is not None for r in self.records):
-            raise RuntimeError("boom\nsecond line")
-        real_finish(self, *args)
+    def fail(*args):  # the timing summary, written just after the first record
+        raise RuntimeError("boom\nsecond line")
 
-    monkeypatch.setattr(Batch, "finish", finish_then_fail)
+    monkeypatch.setattr(records, "summary", fail)
     rc, out, err = _cli(capsys, BASE + ["--max-tokens", "3", "a", "short", "x y z"] + (["--debug"] if debug else []))
     reasons = sorted(r["finish_reason"] for r in _records(out).values())
     assert rc == 3 and reasons[:2] == ["aborted", "aborted"] and reasons[2] in ("stop", "length")
@@ -289,11 +289,14 @@ def test_interrupted_batch_leaves_valid_jsonl_and_aborted_records(sig, code, tmp
     out, err = p.communicate(timeout=30)
     recs = [json.loads(line) for line in [first, *out.splitlines()]]  # every line is valid JSON
     assert p.returncode == code and b"Traceback" not in err
-    assert sorted(r["id"] for r in recs) == sorted(["first"] + [f"r{i}" for i in range(30)])  # each exactly once
+    # Each request read gets exactly one record; the input is read only a few requests ahead of the engine
+    ids = [r["id"] for r in recs]
+    assert sorted(ids) == sorted(["first"] + [f"r{i}" for i in range(len(ids) - 1)]) and len(ids) < 10
     aborted = [r for r in recs if r["finish_reason"] == "aborted"]
     assert aborted and recs[0]["finish_reason"] == "length"
     assert all(r["finish_reason"] in ("stop", "length") for r in recs if r not in aborted)
     assert f"interrupted ({signal.Signals(sig).name})".encode() in err
+    assert f"the input after request r{len(ids) - 2} was not run".encode() in err
 
 
 def test_reader_that_leaves_ends_the_run_quietly(tmp_path):

@@ -13,7 +13,7 @@ LIMITS = Limits(max_context=256)  # prompts up to 16,384 bytes, lines up to 6x t
 
 def _parse(*lines: str | bytes) -> list[Request]:
     data = b"\n".join(x if isinstance(x, bytes) else x.encode("utf-8", "surrogatepass") for x in lines)
-    return from_jsonl(io.BytesIO(data), LIMITS)
+    return list(from_jsonl(io.BytesIO(data), LIMITS))
 
 
 def test_lines_and_errors():
@@ -47,8 +47,18 @@ def test_encoding_bom_and_line_numbers():
     assert reqs[3].error.startswith("line 4: not valid JSON")  # a BOM anywhere else is an error
     assert "lone surrogate U+D800" in reqs[4].error and reqs[4].id == "line 5"
     assert reqs[5].prompt == "ok"
-    utf16 = from_jsonl(io.BytesIO('{"prompt": "x"}\n'.encode("utf-16")), LIMITS)
-    assert "looks like UTF-16" in utf16[0].error
+    utf16 = next(from_jsonl(io.BytesIO('{"prompt": "x"}\n'.encode("utf-16")), LIMITS))
+    assert "looks like UTF-16" in utf16.error
+
+
+def test_duplicate_ids_become_error_records_named_by_their_line():
+    lines = b'{"id": "a", "prompt": "x"}\n{"id": 7, "prompt": "y"}\n{"id": "a", "prompt": "z"}\n' \
+            b'{"id": "0", "prompt": "w"}'
+    reqs = list(from_jsonl(io.BytesIO(lines), LIMITS, taken_ids=["0"]))  # "0": a command-line prompt's
+    assert [r.id for r in reqs] == ["a", "7", "line 3", "line 4"] and reqs[0].error is reqs[1].error is None
+    assert reqs[2].error == 'line 3: duplicate id "a" (an earlier request has it; ids must be unique)'
+    assert reqs[3].error.startswith('line 4: duplicate id "0"')
+
 
 
 def test_numbers_are_checked_for_type_range_and_finiteness():

@@ -1,16 +1,19 @@
-"""`python -m toolkit generate`: batch generation from prompts or a JSONL file.
+"""`python -m toolkit generate`: batch generation from prompts or a JSONL file (or stream).
 
-Every request goes through the scheduler at once (continuous batching). JSONL mode writes each
-record as its request finishes (flushed, with its `id`), so a long batch can be followed with
-`tail -f`; text mode prints completions in input order, and with a single prompt streams it token
-by token. A timing summary per request goes to stderr, and a progress bar too when stderr is a
-terminal. A bad request (an unusable line, a prompt longer than the context, one the KV cache
-cannot hold) becomes an error record; the rest of the batch still runs (records.py).
+Requests are read as they arrive, on a thread of their own (feed.py), and run together as the
+scheduler admits them (continuous batching), at most --max-num-seqs outstanding: a producer piping
+lines in gets each result while it is still writing, and an endless one is read no faster than it
+is served. JSONL mode writes each record as its request finishes (flushed, with its `id`), so a long
+batch can be followed with `tail -f`; text mode prints completions in input order, each under a
+`[id] prompt` header, and a single command-line prompt streams bare, token by token. A timing
+summary per request goes to stderr, and a progress bar too when stderr is a terminal. A bad request
+(an unusable line, a duplicate id, a prompt longer than the context, one the KV cache cannot hold)
+becomes an error record; the rest of the batch still runs (records.py).
 
 The order matters for a user's time: flags are checked by argparse, then the input and output
 files are opened (a wrong path is exit 2 in a fraction of a second, not after the model loads),
-then the model loads, then every request is admitted (toolkit/cli/requests.py, which needs the
-context to bound prompts) and run.
+then the model loads, then requests are parsed (toolkit/cli/requests.py, which needs the context to
+bound prompts) and run.
 """
 import argparse
 import os
@@ -20,6 +23,7 @@ from toolkit.engine.build import build_engine
 from ..errors import ToolkitError
 from toolkit.cli.requests import Limits, from_jsonl, from_prompts
 from .common import add_engine_args, add_model_args, check_max_tokens, engine_kwargs, run, say, signals
+from .feed import Feed
 from .records import Batch, Sink
 from .sampling_flags import add_sampling_args, check_sampling_args
 
@@ -68,27 +72,33 @@ def _open_output(args) -> Sink:
         raise ToolkitError(f"--output {args.output}: {e.strerror or e}") from None
 
 
-def _read_requests(args, source, limits: Limits) -> list:
-    requests = from_prompts(args.prompts, limits)
+def _requests(args, source, limits: Limits):
+    """The command-line prompts, then the file's requests as its lines are read (on the feed's thread)."""
+    yield from from_prompts(args.prompts, limits)
     if source is not None:
         try:
-            requests += from_jsonl(source, limits)
+            yield from from_jsonl(source, limits, taken_ids=[str(i) for i in range(len(args.prompts))])
         except OSError as e:
             raise ToolkitError(f"--prompts-file {args.prompts_file}: {e.strerror or e}") from None
-    return requests
 
 
 def _generate(args) -> int:
     source = _open_prompts(args)
-    sink = None
+    sink = feed = None
     try:
         sink = _open_output(args)
         engine = build_engine(args.model, **engine_kwargs(args))
         say(engine.device_note)
         check_max_tokens(args.max_tokens, engine.max_context)
-        requests = _read_requests(args, source, Limits(engine.max_context))
-        return Batch(engine, requests, args, sink).run(signals)
+        feed = Feed(_requests(args, source, Limits(engine.max_context)), ahead=engine.max_num_seqs)
+        batch = Batch(engine, feed, args, sink, headers=bool(args.prompts_file) or len(args.prompts) > 1)
+        rc = batch.run(signals)
+        if not batch.admitted:
+            say(f"--prompts-file {args.prompts_file} holds no requests: nothing to do")
+        return rc
     finally:
+        if feed is not None:
+            feed.close()  # before the file closes under its reader
         if source is not None and args.prompts_file != "-":
             source.close()
         if sink is not None:
@@ -101,4 +111,6 @@ def main(argv=None) -> int:
     if not args.prompts and not args.prompts_file:
         parser.error("give at least one prompt or --prompts-file")
     check_sampling_args(parser, args)
+    if args.logprobs is not None and args.format == "text":
+        parser.error("--logprobs needs --format jsonl (text mode prints only the text)")
     return run(lambda _: _generate(args), argv, args.debug)

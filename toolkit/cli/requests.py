@@ -1,5 +1,5 @@
 """The admission boundary of `generate`: every request is parsed and validated here, once, before
-anything runs.
+it runs; a JSONL stream is parsed line by line as it is read (feed.py runs this on its own thread).
 
 Requests come from command-line prompts or a JSONL file, one JSON object a line:
 {"prompt": "..."} or {"messages": [{"role": ..., "content": ...}]}, optionally with "id" and any
@@ -9,11 +9,11 @@ SamplingParams field (toolkit/sampler/params.py), and nothing else:
     "logit_bias": {"123": -5.0}          token id (as JSON object keys are: a string) -> bias
     "bad_words": ["word", [12, 34]]      strings, or token-id sequences
     "stop": ["\n\n"] (or one string), "stop_token_ids": [2], "ignore_eos": true
-A line that cannot be used becomes a `Request` with `error` set (naming its line number and the
-field), so the batch reports it and goes on; nothing in this module raises for bad input. The fields
-a line gives are validated here, together (SamplingParams), and kept in `Request.params`; the
-command-line flags and generation_config.json fill in the rest later (cli/records.py), when the
-combination is checked once more.
+A line that cannot be used (or whose "id" an earlier request has) becomes a `Request` with `error`
+set (naming its line number and the field), so the batch reports it and goes on; nothing in this
+module raises for bad input. The fields a line gives are validated here, together (SamplingParams),
+and kept in `Request.params`; the command-line flags and generation_config.json fill in the rest
+later (cli/records.py), when the combination is checked once more.
 
 Input is read in binary, line by line, so one line that is not UTF-8 (or a binary file) costs only
 its own lines. Sizes are bounded before tokenizing, in proportion to the context:
@@ -286,16 +286,22 @@ def read_lines(stream, cap: int):
             yield lineno, raw
 
 
-def from_jsonl(stream, limits: Limits) -> list[Request]:
-    """Every non-blank line of a binary stream becomes a Request (or an error record)."""
-    out = []
+def from_jsonl(stream, limits: Limits, taken_ids=()):
+    """Each non-blank line of a binary stream as a Request (or an error record), as it is read. Ids
+    stay unique: a line whose id an earlier request (or one of `taken_ids`) has becomes an error
+    record, with its line as its id."""
+    seen = set(taken_ids)
     for lineno, raw in read_lines(stream, limits.line_bytes):
         if raw is None:
-            out.append(Request(id=f"line {lineno}", error=f"line {lineno}: longer than {limits.line_bytes:,} bytes "
-                               f"(a prompt may have {limits.prompt_bytes:,} for a context of {limits.max_context})"))
+            req = Request(id=f"line {lineno}", error=f"line {lineno}: longer than {limits.line_bytes:,} bytes "
+                          f"(a prompt may have {limits.prompt_bytes:,} for a context of {limits.max_context})")
         else:
-            out.append(parse_line(raw, lineno, limits))
-    return out
+            req = parse_line(raw, lineno, limits)
+        if req.id in seen:
+            req = Request(id=f"line {lineno}", error=f"line {lineno}: duplicate id {show(req.id)} (an earlier "
+                          "request has it; ids must be unique)")
+        seen.add(req.id)
+        yield req
 
 
 def from_prompts(prompts: list[str], limits: Limits) -> list[Request]:

@@ -1,0 +1,73 @@
+"""Requests read on their own thread, a bounded number ahead of the engine.
+
+    feed = Feed(requests, ahead=engine.max_num_seqs)   # `requests`: any iterator (a JSONL reader)
+    req = feed.get(wait=True)    # the next Request; None when none is ready yet, or once feed.done
+    feed.close()                 # stops the reader; returns the requests it had queued
+
+The engine belongs to the main thread (LLMEngine checks), so only reading and parsing happen here:
+the main loop takes requests between engine steps, and a producer that writes a line every few
+seconds gets each result while it is still writing. The queue holds at most `ahead` requests, so
+an endless input waits in its pipe instead of in memory.
+"""
+import queue
+import threading
+
+_POLL_S = 0.1  # how long a wait lasts before the caller (or the reader) looks at its signals again
+_END = object()
+
+
+class Feed:
+    def __init__(self, requests, ahead: int):
+        self._queue = queue.Queue(maxsize=ahead)
+        self._stop = threading.Event()
+        self.done = False  # every request was handed out
+        threading.Thread(target=self._read, args=(requests,), name="generate-input", daemon=True).start()
+
+    def _read(self, requests):
+        try:
+            for req in requests:
+                if not self._put(req):
+                    return
+            self._put(_END)
+        except BaseException as e:  # a read error (or a bug) reaches the main thread, which reports it
+            self._put(e)
+
+    def _put(self, item) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=_POLL_S)
+                return True
+            except queue.Full:
+                pass
+        return False
+
+    def get(self, wait: bool):
+        """The next request, or None: none arrived (within _POLL_S when `wait`), or the input ended.
+        An exception the reader raised is raised here."""
+        if self.done:
+            return None
+        try:
+            item = self._queue.get(timeout=_POLL_S) if wait else self._queue.get_nowait()
+        except queue.Empty:
+            return None
+        if item is _END or isinstance(item, BaseException):
+            self.done = True
+            if item is not _END:
+                raise item
+            return None
+        return item
+
+    def close(self) -> list:
+        """Stop reading (a reader blocked on a silent stdin stays so: it is a daemon); the requests
+        read but not yet taken. `done` tells whether they are the last."""
+        self._stop.set()
+        left = []
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return left
+            if item is _END:
+                self.done = True
+            elif not isinstance(item, BaseException):
+                left.append(item)
