@@ -4,6 +4,9 @@ Generation runs in a thread worker (`_generate`) that only reads the session's m
 posts batches of RequestOutputs to the app (`post_message` is thread-safe); every widget is touched on the
 UI thread, in the message handlers. The engine itself lives on the EngineWorker's thread.
 
+The prompt stays open while a reply streams: a message sent then waits in the conversation, marked queued,
+and goes when the reply ends (Esc ends it sooner), so nothing typed is lost.
+
 Layout: from WIDE_AT columns on, the panel stands right of the chat; on a narrower terminal it moves under
 the chat, compact (its header and toggles with their states, and a one-line summary), so the chat keeps the
 full width. ctrl+t shows or hides the panel's details either way.
@@ -159,6 +162,7 @@ class ChatApp(App):
         self.panel: TimingsPanel | None = None
         self.turn: Turn | None = None
         self._group: ReplyGroup | None = None
+        self.queued: list = []  # UserMessages sent while a reply ran, oldest first; each waits for its turn
         self._last_step = -1
         self.details: bool | None = None  # the timing details shown (ctrl+t); None: as the width says
         self.load_error: str | None = None  # why the model did not load (the exit code is then 2)
@@ -233,9 +237,9 @@ class ChatApp(App):
         self._prompt(None)
 
     def _prompt(self, busy: str | None) -> None:
-        """Disable the prompt while a reply runs (`busy` says so in it), or enable and focus it (None)."""
+        """The prompt, open either way; its placeholder says whether a reply runs (`busy`)."""
         prompt = self.query_one("#prompt", Input)
-        prompt.disabled = busy is not None
+        prompt.disabled = False
         prompt.placeholder = busy or ("message (Enter sends)" if self.session.chat_mode
                                       else "text to continue (Enter sends)")
         if busy is None:
@@ -249,7 +253,7 @@ class ChatApp(App):
         by_action = {}
         for b in self.BINDINGS:
             by_action.setdefault(b.action, []).append(b.key)
-        rows = [("Enter", "send the prompt")] + [(key_label(",".join(keys)), HELP_TEXT.get(action, action))
+        rows = [("Enter", "send the prompt (while a reply runs: queue it)")] + [(key_label(",".join(keys)), HELP_TEXT.get(action, action))
                                                  for action, keys in by_action.items()
                                                  if not action.startswith("toggle(")]
         rows.append((self.COMMAND_PALETTE_BINDING, HELP_TEXT["command_palette"]))
@@ -274,30 +278,45 @@ class ChatApp(App):
         return True
 
     # -- conversation ------------------------------------------------------------------------------------
+    async def _mount(self, widget) -> None:
+        """Into the conversation, above the queued messages (they are still to come)."""
+        await self.query_one("#conversation").mount(widget, before=self.queued[0] if self.queued else None)
+
     async def _note(self, text: str, error: bool = False) -> None:
-        await self.query_one("#conversation").mount(Note(text, classes="error" if error else "", markup=False))
+        await self._mount(Note(text, classes="error" if error else "", markup=False))
 
     @on(Input.Submitted, "#prompt")
     async def _submitted(self, event: Input.Submitted) -> None:
         text = event.value
-        if not text.strip() or self.session is None or self.turn is not None:
+        if not text.strip() or self.session is None:
             return  # an empty prompt does nothing
         event.input.value = ""
-        await self._ask(text)
+        if self.turn is None:
+            await self._ask(text)
+            return
+        message = UserMessage(text, classes="queued", markup=False)
+        self.queued.append(message)
+        await self.query_one("#conversation").mount(message)
+        self._prompt(self._busy())
+
+    def _busy(self) -> str:
+        queued = f", {len(self.queued)} queued" if self.queued else ""
+        return f"generating... (Esc cancels{queued}; Enter queues a message)"
 
     async def _ask(self, text: str, echo: bool = True) -> None:
-        conv = self.query_one("#conversation")
         if echo:
-            await conv.mount(UserMessage(text, markup=False))
+            await self._mount(UserMessage(text, markup=False))
         try:
             turn = self.session.start(text)
         except ToolkitError as e:
             await self._note(f"error: {e}", error=True)
             return
         self.turn = turn
-        self._group = ReplyGroup(len(turn.handles))
-        await conv.mount(self._group)
-        self._prompt("generating... (Esc cancels)")
+        if turn.note:
+            await self._note(turn.note)
+        self._group = ReplyGroup(len(turn.handles), markdown=self.session.chat_mode)
+        await self._mount(self._group)
+        self._prompt(self._busy())
         self._generate(turn)
 
     @work(thread=True, exclusive=True, group="reply")
@@ -354,6 +373,14 @@ class ChatApp(App):
                              f"{batch}{end}]")
         self.turn = self._group = None
         self._prompt(None)
+        await self._send_queued()
+
+    async def _send_queued(self) -> None:
+        """The oldest queued message, now that no reply runs (one that cannot start lets the next go)."""
+        while self.queued and self.turn is None:
+            message = self.queued.pop(0)
+            message.remove_class("queued")
+            await self._ask(str(message.content), echo=False)
 
     # -- actions -----------------------------------------------------------------------------------------
     def action_cancel_reply(self) -> None:

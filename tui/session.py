@@ -2,13 +2,16 @@
 
     session = ChatSession.open(model_dir, device="cpu")   # build_engine + EngineWorker (or wrap any worker)
     turn = session.start("Hello")                          # N requests of one prompt, one batch
+    turn.note                                              # what had to go to fit the context, or None
     for out in session.stream(turn):                       # RequestOutputs of all N, merged, as they come
         ...
     session.finish(turn)                                   # the reply joins the history
 
 With a chat template each turn renders the whole conversation; the engine's prefix cache holds the earlier
 turns' KV blocks, so only the new turn is prefilled (RequestStats.cached_tokens says how much was reused).
-A base model without a template gets plain continuation: the transcript is the prompt.
+A base model without a template gets plain continuation: the transcript is the prompt. When the history
+outgrows the context, the oldest turns go (or, continuing, the oldest text), and the turn's note says so.
+The terminal UI and the plain chat (toolkit/cli/chat.py) both run on this class.
 
 Everything here runs on whichever thread calls it except `stream`, which the app calls from its worker thread;
 the engine itself lives on the EngineWorker's thread, reached only through its queues.
@@ -61,11 +64,14 @@ class Turn:
     finish: list = field(default_factory=list)  # finish_reason per reply (None while running)
     stats: list = field(default_factory=list)  # last RequestStats per reply
     errors: list = field(default_factory=list)
+    note: str | None = None  # what had to go to fit the context (ChatSession._prompt)
     cancelled: bool = False
     index: dict = field(default_factory=dict)  # request id -> reply number
+    merged: queue.Queue | None = None  # every reply's outputs, once streaming started
+    streaming: int = 0  # replies whose outputs have not all been streamed
 
     def __post_init__(self):
-        n = len(self.handles)
+        n = self.streaming = len(self.handles)
         self.texts, self.finish, self.stats, self.errors = [""] * n, [None] * n, [None] * n, [None] * n
         self.index = {h.request_id: i for i, h in enumerate(self.handles)}
 
@@ -87,7 +93,8 @@ class Turn:
 
 class ChatSession:
     def __init__(self, worker, *, model_dir=None, params: SamplingParams | None = None, replies: int = 1,
-                 system: str = "", peak_gbps: float | None = None, model_name: str | None = None):
+                 system: str = "", peak_gbps: float | None = None, model_name: str | None = None,
+                 special_in_content: bool = False):
         """`worker`: an EngineWorker (or anything with submit_many/cancel/set_options/close and `.engine`)."""
         self.worker, self.engine = worker, worker.engine
         self.model_dir = model_dir
@@ -101,10 +108,13 @@ class ChatSession:
         self.messages: list = []  # chat mode: user/assistant turns (the system prompt is added when rendering)
         self.transcript = ""  # continuation mode: the running text
         self._last_piece = self._last_user = ""
+        self._dropped = 0  # turns dropped from this conversation to fit the context
+        self.special_in_content = special_in_content  # special-token strings in a message are tokens, not text
         self._seed = self.params.seed
 
     @classmethod
-    def open(cls, model_dir, device: str = "auto", system: str = "", **engine_kw) -> "ChatSession":
+    def open(cls, model_dir, device: str = "auto", system: str = "", special_in_content: bool = False,
+             **engine_kw) -> "ChatSession":
         from toolkit.engine.build import build_engine
         from toolkit.engine.worker import EngineWorker
 
@@ -113,7 +123,8 @@ class ChatSession:
         if engine.backend.name == "cuda":
             from toolkit.bench.env import peak_gbps
             peak = peak_gbps("cuda", None)[0]
-        return cls(EngineWorker(engine), model_dir=model_dir, system=system, peak_gbps=peak)
+        return cls(EngineWorker(engine), model_dir=model_dir, system=system, peak_gbps=peak,
+                   special_in_content=special_in_content)
 
     # -- what the panel header shows ---------------------------------------------------------------------
     @property
@@ -154,60 +165,68 @@ class ChatSession:
 
     # -- conversation -------------------------------------------------------------------------------------
     def clear(self):
-        self.messages, self.transcript, self._last_piece = [], "", ""
+        self.messages, self.transcript, self._last_piece, self._dropped = [], "", "", 0
 
     def _reserve(self) -> int:
         return max(1, min(self.params.max_tokens, self.engine.max_context // 2))
 
-    def prompt_ids(self, user_text: str) -> list:
+    def _prompt(self, user_text: str) -> tuple:
+        """(prompt ids, a note when old history had to go to fit the context, else None)."""
         e, reserve = self.engine, self._reserve()
         if not self.chat_mode:
             ids = e.tokenizer.encode(self.transcript + user_text)
             keep = max(1, e.max_context - reserve - 1)
             if len(ids) <= keep or len(e.tokenizer.encode(user_text)) >= e.max_context:
-                return ids  # fits, or the message alone is too long: the engine says so
-            return ids[-keep:]  # the oldest text scrolls out of the context
+                return ids, None  # fits, or the message alone is too long: the engine says so
+            return ids[-keep:], (f"continuing from the last {keep} tokens of the text (the first {len(ids) - keep} "
+                                 f"do not fit the {e.max_context}-token context)")
         system = [{"role": "system", "content": self.system}] if self.system else []
-        history = self.messages + [{"role": "user", "content": user_text}]
-        while True:  # drop the oldest turns until the reply fits (one message alone may still be too long)
-            ids = e.tokenizer.encode(e.chat_template.render(system + history), add_special_tokens=False)
-            if len(ids) + reserve < e.max_context or len(history) <= 1:
-                return ids
+        history, dropped = self.messages + [{"role": "user", "content": user_text}], 0
+        ids = e.chat_template.encode(system + history, e.tokenizer, self.special_in_content)
+        while len(ids) + reserve >= e.max_context and len(history) > 1:  # drop the oldest turns until it fits
             del history[:2]
-            self.messages = history[:-1]
+            dropped += 1
+            ids = e.chat_template.encode(system + history, e.tokenizer, self.special_in_content)
+        if not dropped or len(ids) >= e.max_context:  # or the message alone is too long: the engine says so,
+            return ids, None  # and the history stays
+        self.messages = history[:-1]
+        first, self._dropped = self._dropped + 1, self._dropped + dropped
+        turns = f"turn {first}" if dropped == 1 else f"turns {first}-{self._dropped}"
+        return ids, f"dropped {turns} (of {self._dropped + len(history) // 2 + 1}) to fit the " \
+                    f"{e.max_context}-token context"
 
     def start(self, user_text: str) -> Turn:
-        ids = self.prompt_ids(user_text)
+        ids, note = self._prompt(user_text)
         seeds = [None if self._seed is None else (self._seed + i) % 2 ** 64 for i in range(self.replies)]
         # One command for all replies: the engine admits them before its next step, as one batch.
         handles = self.worker.submit_many([(ids, dataclasses.replace(self.params, seed=s)) for s in seeds])
         if self._seed is not None:  # a fresh but reproducible draw each turn
             self._seed = (self._seed + self.replies) % 2 ** 64
-        return Turn(user_text, ids, handles)
+        return Turn(user_text, ids, handles, note=note)
 
     def stream(self, turn: Turn, cancelled=lambda: False, poll_s: float = 0.05):
         """Every reply's outputs, merged in arrival order, until each has its final output (worker thread).
 
-        One small reader thread per request forwards its handle into one queue, so N replies need nothing
-        beyond the worker's public API; `cancelled()` is polled so a quitting app never waits here."""
-        merged: queue.Queue = queue.Queue()
-        done = object()
+        One small reader thread per request forwards its handle into the turn's queue, so N replies need
+        nothing beyond the worker's public API; `cancelled()` is polled so a quitting app never waits here.
+        A stream left early can be taken up again: what arrived meanwhile waits in the queue."""
+        if turn.merged is None:
+            turn.merged = queue.Queue()
 
-        def forward(handle):
-            for out in handle:
-                merged.put(out)
-            merged.put(done)
+            def forward(handle):
+                for out in handle:
+                    turn.merged.put(out)
+                turn.merged.put(None)
 
-        for h in turn.handles:
-            threading.Thread(target=forward, args=(h,), daemon=True, name=f"reply-{h.request_id}").start()
-        left = len(turn.handles)
-        while left and not cancelled():
+            for h in turn.handles:
+                threading.Thread(target=forward, args=(h,), daemon=True, name=f"reply-{h.request_id}").start()
+        while turn.streaming and not cancelled():
             try:
-                out = merged.get(timeout=poll_s)
+                out = turn.merged.get(timeout=poll_s)
             except queue.Empty:
                 continue
-            if out is done:
-                left -= 1
+            if out is None:
+                turn.streaming -= 1
             else:
                 yield out
 

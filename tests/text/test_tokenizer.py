@@ -225,3 +225,21 @@ def test_broken_files_are_named(tmp_path):
     (d2 / "tokenizer.json").write_text('{"version": "1.0", "model": {"type": "Nope"}}')
     with pytest.raises(ToolkitError, match="tokenizer.json"):
         Tokenizer.from_dir(d2)
+
+
+# --- pieces: special-token strings as text where the caller says so -----------------------------------------
+
+@pytest.mark.parametrize("build", [qwen_style_dir, llama2_style_dir], ids=["byte-level", "sentencepiece"])
+def test_encode_pieces_is_encode_where_specials_are_parsed(build, tmp_path):
+    """Parsed everywhere, the pieces encode exactly as the whole text does: the same splits at special tokens
+    (Metaspace's "first" prefix included) and the same merges between them."""
+    tok = Tokenizer.from_dir(build(tmp_path))
+    special = "<|im_start|>" if build is qwen_style_dir else "</s>"
+    text = f"{special}user\nOnce upon a time {special}{special} there was{special}x"
+    a, b = text.index("Once"), text.index(" there")
+    pieces = [(text[:a], True), (text[a:b], True), (text[b:], True)]
+    assert tok.encode_pieces(pieces) == tok.encode(text, add_special_tokens=False)
+    sid = tok.token_to_id(special)
+    as_text = tok.encode_pieces([(special + "user\n", True), (f"Once {special} upon", False), (special, True)])
+    assert as_text.count(sid) == 2 and as_text[0] == as_text[-1] == sid  # the middle one is text
+    assert tok.decode(as_text, skip_special_tokens=False) == f"{special}user\nOnce {special} upon{special}"

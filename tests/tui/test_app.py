@@ -417,3 +417,100 @@ async def test_the_chat_keeps_40_columns_and_the_footer_fits(size):
         await pilot.pause()
         assert app.panel.compact is not narrow
         assert app.query_one("#chat-column").region.width >= 40
+
+
+# -- what you type is kept; what had to go is said; continuations are text (issue 37) -----------------------
+def conversation(app) -> list:
+    """The conversation's widgets in order, as (kind, text): "you", "queued", "reply", "note"."""
+    rows = []
+    for w in app.query_one("#conversation").children:
+        if isinstance(w, UserMessage):
+            rows.append(("queued" if w.has_class("queued") else "you", str(w.content)))
+        elif isinstance(w, ReplyGroup):
+            rows.append(("reply", w.texts[0]))
+        elif isinstance(w, Note):
+            rows.append(("note", str(w.content)))
+    return rows
+
+
+async def send_and_hold(pilot, text):
+    """Send `text` and hold the engine once its reply has begun: Pilot waits for a quiet screen after each
+    key, so keys pressed while text streams land late."""
+    gate = pilot.app.session.engine.gate
+    gate.clear()
+    pilot.app.query_one("#prompt", Input).value = text
+    await pilot.press("enter")
+    gate.set()
+    await wait_until(pilot, lambda: pilot.app.turn is not None and pilot.app.turn.texts[0])
+    gate.clear()
+
+
+async def type_and_send(pilot, text):
+    pilot.app.query_one("#prompt", Input).value = text
+    await pilot.press("enter")
+    await pilot.pause()
+
+
+async def test_a_message_sent_while_a_reply_streams_is_queued_then_sent():
+    app = app_with(reply=["word "] * 60, max_context=4096, delay=0.002)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(pilot)
+        await send_and_hold(pilot, "first")
+        for text in ("second", "third"):
+            await type_and_send(pilot, text)
+        prompt = app.query_one("#prompt", Input)
+        assert prompt.value == "" and not prompt.disabled and "2 queued" in prompt.placeholder
+        assert conversation(app)[-2:] == [("queued", "second"), ("queued", "third")]
+        app.session.engine.gate.set()
+        await wait_until(pilot, lambda: app.turn is None and not app.queued, timeout=10)
+        await pilot.pause()
+        rows = conversation(app)[1:]  # after the model's line
+        assert [kind for kind, _ in rows] == ["you", "reply", "note"] * 3  # each reply, then its stats, in order
+        assert [text for kind, text in rows if kind == "you"] == ["first", "second", "third"]
+        assert all(text == "word " * 60 for kind, text in rows if kind == "reply")
+        assert [m["content"] for m in app.session.messages[::2]] == ["first", "second", "third"]
+
+
+async def test_escape_ends_the_reply_and_the_queued_message_goes():
+    app = app_with(reply=["word "] * 2000, max_context=8192, delay=0.002)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(pilot)
+        await send_and_hold(pilot, "tell me everything")
+        await type_and_send(pilot, "no, stop: just this")
+        await pilot.press("escape")
+        app.session.engine.gate.set()
+        await wait_until(pilot, lambda: app.turn is not None and app.turn.user_text == "no, stop: just this")
+        assert not app.queued and not app.query("UserMessage.queued")
+        first = app.session.messages[:2]  # the cut reply stays as history
+        assert first[0]["content"] == "tell me everything" and 0 < len(first[1]["content"]) < 2000 * 5 - 1
+        await pilot.press("escape")
+        await wait_until(pilot, lambda: app.turn is None)
+
+
+async def test_dropped_turns_are_named_in_the_chat():
+    """One token per character, 128 of context, 64 kept for the reply: each new turn pushes out the oldest."""
+    app = app_with(max_context=128)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(pilot)
+        for text in ("hi", "yo", "ok"):
+            await ask(pilot, text)
+        dropped = [n for n in notes(app) if n.startswith("dropped")]
+        assert dropped == ["dropped turn 1 (of 2) to fit the 128-token context",
+                           "dropped turn 2 (of 3) to fit the 128-token context"]
+        assert [m["content"] for m in app.session.messages[::2]] == ["ok"]
+
+
+async def test_a_continuation_is_plain_text_and_says_what_scrolled_out():
+    app = app_with(chat=False, reply=["Line one", "\n", "**two** # not a heading"], max_context=64)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(pilot)
+        await ask(pilot, "Once upon a time")
+        group = app.query_one(ReplyGroup)
+        assert not group.query(Markdown)
+        lines = screen_lines(app)
+        i = next(i for i, line in enumerate(lines) if "Line one" in line)
+        assert "**two** # not a heading" in lines[i + 1]  # its own line, the marks as typed
+        await ask(pilot, " then")
+        # 16 + 32 characters, then 5 more: 32 are kept for the reply, so only 31 of the 53 fit
+        assert "continuing from the last 31 tokens of the text (the first 22 do not fit the 64-token context)" \
+            in notes(app)

@@ -38,6 +38,9 @@ class FakeTemplate:
         text = "".join(f"<{m['role']}>{m['content']}</{m['role']}>" for m in messages)
         return text + ("<assistant>" if add_generation_prompt else "")
 
+    def encode(self, messages, tokenizer, special_in_content=False):
+        return tokenizer.encode(self.render(messages), add_special_tokens=False)
+
 
 class FakeEngine:
     def __init__(self, reply=REPLY, max_context=256, chat=True, delay=0.0, backend="cpu"):

@@ -5,31 +5,30 @@ toggles). `--plain`, or a stdin or stdout that is not a terminal, gives the line
 one line per turn; Ctrl-C stops the current reply, not the session; in a terminal the input line has
 history and editing (readline).
 
-Each turn renders the whole conversation with the model's chat template; the
-engine's prefix cache already holds the earlier turns' KV blocks, so only the
-new turn is prefilled (the summary line says how many tokens were reused).
-When the history no longer fits, the oldest turns are dropped. `/reset` starts over, `/quit`
-(or end of input) leaves. Reads stdin, so it also works piped.
+Both run one conversation logic, tui/session.py's ChatSession: each turn renders the whole conversation
+with the model's chat template (the engine's prefix cache already holds the earlier turns' KV blocks, so
+only the new turn is prefilled: the summary line says how many tokens were reused); a base model, with no
+template, continues the text instead. When the history no longer fits, the oldest turns are dropped and a
+line says which. `/reset` starts over, `/quit` (or end of input) leaves. Reads stdin, so it also works piped;
+the exit code is 1 when any line failed (each failure is an `error:` line), else 0.
 
 Each input line is read in binary and checked like a `generate` prompt (toolkit/cli/requests.py): a
 line that is not UTF-8, or longer than 64 bytes per context token, is one `error:` line and the
 chat goes on.
 """
 import argparse
-import dataclasses
 import signal
 import sys
 
-from toolkit.engine.build import build_engine
 from ..engine import SamplingParams
 from ..errors import ToolkitError
 from toolkit.cli.requests import Limits, RequestError, check_size, check_text, read_lines
-from .common import (add_engine_args, add_model_args, check_max_tokens, engine_kwargs, non_negative_float,
-                     non_negative_int, run, say, seed_int)
+from .common import (EXIT_OK, EXIT_SOME_FAILED, Interrupted, add_engine_args, add_model_args, check_max_tokens,
+                     engine_kwargs, non_negative_float, non_negative_int, run, say, seed_int, signals)
 from .records import Sink
+from tui.session import DEFAULT_MAX_TOKENS, ChatSession
 
 DEFAULT_TEMPERATURE = 0.7
-DEFAULT_MAX_TOKENS = 512
 
 
 def setup_arg_parser() -> argparse.ArgumentParser:
@@ -47,16 +46,6 @@ def setup_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=seed_int, default=None, help="sampling seed in [0, 2^64) (default: random)")
     add_engine_args(p)
     return p
-
-
-def _fit(engine, messages: list, reserve: int) -> list[int]:
-    """Prompt ids for `messages`, dropping the oldest turns until `reserve` tokens of reply fit."""
-    while True:
-        ids = engine.tokenizer.encode(engine.chat_template.render(messages), add_special_tokens=False)
-        first = 1 if messages[0]["role"] == "system" else 0
-        if len(ids) + reserve < engine.max_context or len(messages) - first <= 1:
-            return ids
-        del messages[first:first + 2]  # one user turn and its reply
 
 
 class _TextAsBytes:
@@ -94,10 +83,11 @@ def _typed_lines(limits: Limits):
             yield _checked(text, limits).strip()
         except RequestError as e:
             say(f"error: {e}")
+            yield None
 
 
 def _lines(stdin, stdout, limits: Limits):
-    """User lines as text; an unusable one is reported here and skipped."""
+    """User lines as text; an unusable one is reported here and comes as None."""
     if stdin is sys.stdin and _is_terminal(stdin) and _is_terminal(sys.stdout):
         yield from _typed_lines(limits)
         return
@@ -121,83 +111,98 @@ def _lines(stdin, stdout, limits: Limits):
             _checked(text, limits)
         except RequestError as e:
             say(f"error: line {lineno}: {e}")
+            yield None
             continue
         yield text.strip()
 
 
-def _reply(engine, ids, params, out, reply: list):
-    """Stream one reply; Ctrl-C (SIGINT) stops it at the next step and the chat goes on."""
-    rid = engine.add_request(ids, params)
-    stats = None
-    try:
-        while engine.has_unfinished():
-            for r in engine.step():
-                if r.request_id != rid:
-                    continue
-                if r.error:
-                    raise ToolkitError(r.error)
-                reply.append(r.text)
-                out.write(r.text)
-                stats = r.stats
-    except KeyboardInterrupt as e:
-        if getattr(e, "signum", signal.SIGINT) != signal.SIGINT:
-            raise  # SIGTERM ends the session
-        engine.abort(rid)
-        while engine.has_unfinished():
-            engine.step()
+def _stream(session, turn, out):
+    """Write the reply as it comes. Ctrl-C (SIGINT) stops it at the next step and the chat goes on; SIGTERM
+    ends the session. Signals wait for a safe point (signals.deferred), so no output is lost midway."""
+    with signals.deferred():
+        while turn.streaming:
+            for o in session.stream(turn, cancelled=lambda: signals.pending is not None):
+                turn.apply(o)
+                out.write(o.text)
+            try:
+                signals.check()
+            except Interrupted as e:
+                if e.signum != signal.SIGINT:
+                    raise
+                session.cancel(turn)
+    if turn.finish[0] == "abort":
         out.write(" [stopped]")
-    return stats
+
+
+def converse(session, lines, out) -> int:
+    """The line-based chat on a ChatSession: each line a turn, its reply on `out`, notes on stderr.
+    `lines` gives None for a line already reported as unusable. Returns 1 when any line failed, else 0."""
+    failed = False
+    for line in lines:
+        if line is None:
+            failed = True
+            continue
+        if not line:
+            continue
+        if line == "/quit":
+            break
+        if line == "/reset":
+            session.clear()
+            say("(new conversation)")
+            continue
+        try:
+            turn = session.start(line)
+        except ToolkitError as e:  # the template rejected the conversation
+            say(f"error: {e}")
+            failed = True
+            continue
+        if turn.note:
+            say(turn.note)
+        _stream(session, turn, out)
+        session.finish(turn)
+        error = turn.errors[0]
+        if turn.texts[0] or not error:
+            out.write("\n")
+        if error:  # e.g. one message longer than the context: say so, keep chatting
+            say(f"error: {error}")
+            failed = True
+            continue
+        st = turn.stats[0]
+        say(f"[{st.prompt_tokens} prompt tok ({st.cached_tokens} reused), {st.prefill_tps:.0f} tok/s | "
+            f"{st.generated_tokens} tok, {st.decode_tps:.1f} tok/s]")
+    return EXIT_SOME_FAILED if failed else EXIT_OK
 
 
 def _chat(args, stdin, stdout) -> int:
     if stdin is None or stdout is None:
         raise ToolkitError(f"std{'in' if stdin is None else 'out'} is closed")
     out = Sink(stdout, "stdout")
-    engine = build_engine(args.model, **engine_kwargs(args))
-    if engine.chat_template is None:
-        raise ToolkitError(f"{args.model}: this model has no chat template")
-    check_max_tokens(args.max_tokens, engine.max_context)
-    limits = Limits(engine.max_context)
-    if args.system:
-        try:
-            check_size(check_text(args.system, "--system"), limits, "--system")
-        except RequestError as e:
-            raise ToolkitError(str(e)) from None
-    # generation_config.json's sampling defaults (the terminal UI takes them too), then the flags.
-    base = SamplingParams(**{"max_tokens": DEFAULT_MAX_TOKENS, "temperature": DEFAULT_TEMPERATURE,
-                             **getattr(engine, "generation_defaults", {})})
-    given = {k: getattr(args, k) for k in ("max_tokens", "temperature") if getattr(args, k) is not None}
-    base = dataclasses.replace(base, **given)
-    say(f"{engine.device_note}\n/reset starts over, /quit leaves.")
-    system = [{"role": "system", "content": args.system}] if args.system else []
-    messages = list(system)
-    seed = args.seed
-    for line in _lines(stdin, out, limits):
-        if not line:
-            continue
-        if line == "/quit":
-            return 0
-        if line == "/reset":
-            messages = list(system)
-            say("(new conversation)")
-            continue
-        messages.append({"role": "user", "content": line})
-        reply, stats = [], None
-        try:
-            ids = _fit(engine, messages, reserve=min(base.max_tokens, engine.max_context // 2))
-            params = dataclasses.replace(base, seed=seed)
-            stats = _reply(engine, ids, params, out, reply)
-        except ToolkitError as e:  # e.g. one message longer than the context: say so, keep chatting
-            messages.pop()
-            say(f"error: {e}")
-            continue
-        seed = None if seed is None else (seed + 1) % 2 ** 64  # a fresh but reproducible draw each turn
-        out.write("\n")
-        messages.append({"role": "assistant", "content": "".join(reply).strip()})
-        if stats is not None:
-            say(f"[{stats.prompt_tokens} prompt tok ({stats.cached_tokens} reused), {stats.prefill_tps:.0f} tok/s | "
-                f"{stats.generated_tokens} tok, {stats.decode_tps:.1f} tok/s]")
-    return 0
+    session = _session(args)
+    try:
+        mode = "" if session.chat_mode else "\n(no chat template: each line continues the text)"
+        say(f"{session.engine.device_note}{mode}\n/reset starts over, /quit leaves.")
+        return converse(session, _lines(stdin, out, Limits(session.engine.max_context)), out)
+    finally:
+        session.close()
+
+
+def _session(args):
+    """The ChatSession both chats run: the model, the flags checked against its context, and the sampling
+    parameters: generation_config.json's defaults (else temperature 0.7), then the flags."""
+    check_max_tokens(args.max_tokens, args.max_context or 2 ** 31)  # before the model loads, where it can
+    session = ChatSession.open(args.model, system=args.system or "",
+                               special_in_content=args.allow_special_in_content, **engine_kwargs(args))
+    try:
+        check_max_tokens(args.max_tokens, session.engine.max_context)
+        if args.system:
+            check_size(check_text(args.system, "--system"), Limits(session.engine.max_context), "--system")
+    except (ToolkitError, RequestError) as e:
+        session.close()
+        raise ToolkitError(str(e)) from None
+    given = {n: getattr(args, n) for n in ("max_tokens", "temperature", "seed") if getattr(args, n) is not None}
+    session.configure(params=SamplingParams(**{"max_tokens": DEFAULT_MAX_TOKENS, "temperature": DEFAULT_TEMPERATURE,
+                                               **getattr(session.engine, "generation_defaults", {}), **given}))
+    return session
 
 
 def _is_terminal(stream) -> bool:
@@ -210,17 +215,8 @@ def _is_terminal(stream) -> bool:
 def _tui(args) -> int:
     """The terminal UI; the model loads inside it, so a load failure is an error screen, not a traceback."""
     from tui.app import ChatApp
-    from tui.session import ChatSession, default_params
 
-    def load():
-        check_max_tokens(args.max_tokens, args.max_context or 2 ** 31)
-        session = ChatSession.open(args.model, system=args.system or "", **engine_kwargs(args))
-        check_max_tokens(args.max_tokens, session.engine.max_context)
-        changes = {n: getattr(args, n) for n in ("max_tokens", "temperature", "seed") if getattr(args, n) is not None}
-        session.configure(params=dataclasses.replace(default_params(args.model), **changes))
-        return session
-
-    app = ChatApp(load)
+    app = ChatApp(lambda: _session(args))
     app.run()
     if app.load_error:  # also on the terminal once the screen is gone
         say(f"error: {app.load_error}")

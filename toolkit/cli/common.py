@@ -72,7 +72,10 @@ ALIASES = {"sampler_fast_path": ["--no-fast-path"]}
 
 
 def add_engine_args(parser: argparse.ArgumentParser):
-    """Batching, KV-cache and the toggles, shared by generate, chat and bench."""
+    """Batching, KV-cache and the toggles, shared by generate and chat; and how they read chat messages."""
+    parser.add_argument("--allow-special-in-content", action="store_true",
+                        help="read special-token strings (<|im_start|>) inside chat message content as those "
+                             "tokens, not as text (by default only the chat template writes special tokens)")
     g = parser.add_argument_group("engine")
     g.add_argument("--max-num-seqs", type=positive_int, default=None,
                    help="requests running at once (default: 256 on the GPU, 16 on the CPU)")

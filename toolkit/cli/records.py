@@ -50,7 +50,7 @@ class Sink:
                 pass
 
 
-def prompt_ids(engine, req: Request, chat: bool) -> list[int]:
+def prompt_ids(engine, req: Request, chat: bool, special_in_content: bool = False) -> list[int]:
     messages = req.messages
     if messages is None and chat:
         messages = [{"role": "user", "content": req.prompt}]
@@ -58,8 +58,8 @@ def prompt_ids(engine, req: Request, chat: bool) -> list[int]:
         return engine.tokenizer.encode(req.prompt)
     if engine.chat_template is None:
         raise ToolkitError("this model has no chat template (needed for --chat and \"messages\")")
-    # The template writes BOS and role markers itself, so no special tokens are added here.
-    return engine.tokenizer.encode(engine.chat_template.render(messages), add_special_tokens=False)
+    # The template writes BOS and role markers itself; a special token's string in a content is text.
+    return engine.chat_template.encode(messages, engine.tokenizer, special_in_content)
 
 
 def sampling_params(req: Request, args, defaults: dict | None = None) -> SamplingParams:
@@ -152,7 +152,7 @@ class Batch:
         try:
             if p.req.error:
                 raise ToolkitError(p.req.error)
-            p.ids = prompt_ids(self.engine, p.req, self.args.chat)
+            p.ids = prompt_ids(self.engine, p.req, self.args.chat, self.args.allow_special_in_content)
             params = sampling_params(p.req, self.args, getattr(self.engine, "generation_defaults", None))
             self.engine.add_request(p.ids, params, request_id=str(i))
             p.params, p.seed = params, params.seed

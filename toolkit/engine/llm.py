@@ -113,10 +113,11 @@ class LLM:
         return self._run(prompts, [tok.encode(p) for p in prompts], self._params(params, len(prompts)))
 
     def chat(self, messages, params=None, *, sampling_params=None, add_generation_prompt: bool = True,
-             chat_template_kwargs: dict | None = None) -> list[RequestResult]:
+             chat_template_kwargs: dict | None = None, allow_special_in_content: bool = False) -> list[RequestResult]:
         """messages: one conversation (a list of {"role", "content"} dicts) or a list of conversations. Each is
         rendered with the model's chat template (toolkit/text/chat_template.py) and generated as a prompt; one
-        result per conversation, in order. chat_template_kwargs reach the template (enable_thinking=False)."""
+        result per conversation, in order. chat_template_kwargs reach the template (enable_thinking=False).
+        A special token's string inside a content ("<|im_start|>") is text, unless allow_special_in_content."""
         params = _one_of(params, sampling_params)
         template = self.engine.chat_template
         if template is None:
@@ -128,11 +129,11 @@ class LLM:
                                "of such lists")
         if isinstance(convs[0], dict):
             convs = [convs]
-        texts = [template.render(c, add_generation_prompt=add_generation_prompt, **(chat_template_kwargs or {}))
-                 for c in convs]
+        kw = {"add_generation_prompt": add_generation_prompt, **(chat_template_kwargs or {})}
+        texts = [template.render(c, **kw) for c in convs]
         tok = self._tokenizer()
         # The template writes BOS and the role markers itself: no special tokens are added (as the CLI's --chat).
-        ids = [tok.encode(t, add_special_tokens=False) for t in texts]
+        ids = [template.encode(c, tok, allow_special_in_content, **kw) for c in convs]
         return self._run(texts, ids, self._params(params, len(convs)))
 
     def _tokenizer(self):

@@ -4,10 +4,16 @@ Hugging Face ships the template as Jinja2 source, and the same source renders di
 Jinja settings (whitespace control especially). So the environment below copies transformers'
 `_compile_jinja_template` setting for setting; the rendered text is then encoded with
 add_special_tokens=False, because the template writes BOS itself when the model wants one.
+
+Only the template writes control tokens: `encode` reads a special-token string inside a message's content
+("<|im_start|>" pasted by a user) as the text it is, so no message can forge a turn (transformers and vLLM
+parse it as the token; `special_in_content=True` does too).
 """
 from __future__ import annotations
 
 import json
+import re
+import secrets
 from datetime import datetime
 from pathlib import Path
 
@@ -140,6 +146,33 @@ class ChatTemplate:
         except (TypeError, ValueError, KeyError, IndexError, AttributeError, ZeroDivisionError) as e:
             # Python errors raised by template code (e.g. `content + 1`): the template and our messages disagree.
             raise ToolkitError(f"{self.name}: {type(e).__name__}: {e}") from None
+
+    def encode(self, messages, tokenizer, special_in_content: bool = False, add_generation_prompt: bool = True,
+               **extra) -> list[int]:
+        """Prompt ids for `messages` (toolkit/text/tokenizer.py Tokenizer): the rendered text, in which special
+        tokens come from the template only, unless special_in_content (the raw text's tokens).
+
+        Each special string in a content is swapped for a unique marker before rendering, so the rendered text
+        says which of its special strings are content; content the template edits (trim, split) keeps them."""
+        text = self.render(messages, add_generation_prompt, **extra)
+        find = tokenizer.special_pattern
+        if special_in_content or find is None or not any(find.search(m["content"]) for m in messages):
+            return tokenizer.encode(text, add_special_tokens=False)
+        nonce, found = secrets.token_hex(8), []
+
+        def mark(m):
+            found.append(m.group())
+            return f"\ue000{nonce}.{len(found) - 1}\ue001"
+
+        marked = self.render([{**m, "content": find.sub(mark, m["content"])} for m in messages],
+                             add_generation_prompt, **extra)
+        # re.split with a group: template text and content text alternate with marker numbers.
+        parts = re.split(f"\ue000{nonce}\\.(\\d+)\ue001", marked)
+        pieces = [(p, True) if i % 2 == 0 else (found[int(p)], False) for i, p in enumerate(parts)]
+        if "".join(p for p, _ in pieces) != text:  # the template cut through a marker
+            raise ToolkitError(f"{self.name}: cannot tell the template's special tokens from those in the message "
+                               "content (--allow-special-in-content reads them all as tokens)")
+        return tokenizer.encode_pieces(pieces)
 
     def __repr__(self) -> str:
         return f"ChatTemplate({self.name!r}, {len(self.source)} chars)"

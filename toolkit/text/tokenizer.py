@@ -15,8 +15,10 @@ from __future__ import annotations
 import functools
 import json
 import re
+import secrets
 from pathlib import Path
 
+from tokenizers import AddedToken
 from tokenizers import Tokenizer as _HFTokenizer
 
 from toolkit.errors import ToolkitError
@@ -154,6 +156,41 @@ class Tokenizer:
         if add_special_tokens and self._flag_eos:
             ids.append(self.eos_id)
         return ids
+
+    def encode_pieces(self, pieces) -> list[int]:
+        """Token ids for the concatenated `pieces`, [(text, parse_special)], with add_special_tokens=False: where
+        parse_special is false, special-token strings are ordinary text (a chat message's content, in which a
+        typed "<|im_start|>" must not open a turn); elsewhere they are their tokens (the chat template's).
+
+        One encode of the whole text on `_twin`, so the text is split and normalised exactly as `encode` does:
+        the specials to parse become their twins first, and the twin ids map back."""
+        pattern = self.special_pattern
+        if pattern is None:
+            return self.encode("".join(text for text, _ in pieces), add_special_tokens=False)
+        twin, twins, ids = self._twin
+        text = "".join(pattern.sub(lambda m: twins[m.group()], t) if parse else t for t, parse in pieces)
+        return [ids.get(i, i) for i in twin.encode(text, add_special_tokens=False).ids]
+
+    @functools.cached_property
+    def special_pattern(self) -> re.Pattern | None:
+        """Matches any special token's string (longest first, as the tokenizer matches), or None if none."""
+        texts = sorted({t.content for t in self._tok.get_added_tokens_decoder().values() if t.special},
+                       key=len, reverse=True)
+        return re.compile("|".join(map(re.escape, texts))) if texts else None
+
+    @functools.cached_property
+    def _twin(self):
+        """(a copy of the backend, special string -> its twin's string, twin id -> special id). Each special token
+        gets a twin: a non-special added token with the same matching flags under an unguessable private-use
+        name. With encode_special_tokens set, the copy reads special strings as text but still splits at twins."""
+        twin = _HFTokenizer.from_str(self._tok.to_str())
+        nonce = secrets.token_hex(8)
+        specials = {i: t for i, t in self._tok.get_added_tokens_decoder().items() if t.special}
+        names = {t.content: f"\ue000{nonce}.{i}\ue001" for i, t in specials.items()}
+        twin.add_tokens([AddedToken(names[t.content], single_word=t.single_word, lstrip=t.lstrip, rstrip=t.rstrip,
+                                    normalized=t.normalized, special=False) for t in specials.values()])
+        twin.encode_special_tokens = True
+        return twin, names, {twin.token_to_id(names[t.content]): i for i, t in specials.items()}
 
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
         """Text for `ids`. Like transformers v5, no clean_up_tokenization_spaces: it skips that for BPE models."""
