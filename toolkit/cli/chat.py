@@ -156,7 +156,7 @@ def _chat(args, stdin, stdout) -> int:
     engine = build_engine(args.model, **engine_kwargs(args))
     if engine.chat_template is None:
         raise ToolkitError(f"{args.model}: this model has no chat template")
-    check_max_tokens(args.max_tokens, engine.max_context)
+    check_max_tokens(args.max_tokens, engine.max_context, engine.cfg)
     limits = Limits(engine.max_context)
     if args.system:
         try:
@@ -215,9 +215,9 @@ def _tui(args) -> int:
     def load():
         check_max_tokens(args.max_tokens, args.max_context or 2 ** 31)
         session = ChatSession.open(args.model, system=args.system or "", **engine_kwargs(args))
-        check_max_tokens(args.max_tokens, session.engine.max_context)
+        check_max_tokens(args.max_tokens, session.engine.max_context, session.engine.cfg)
         changes = {n: getattr(args, n) for n in ("max_tokens", "temperature", "seed") if getattr(args, n) is not None}
-        session.configure(params=dataclasses.replace(default_params(args.model), **changes))
+        session.configure(params=dataclasses.replace(default_params(session.engine.model_dir), **changes))
         return session
 
     app = ChatApp(load)

@@ -19,9 +19,9 @@ import sys
 from toolkit.engine.build import build_engine
 from ..errors import ToolkitError
 from toolkit.cli.requests import Limits, from_jsonl, from_prompts
-from .common import add_engine_args, add_model_args, check_max_tokens, engine_kwargs, run, say, signals
+from .common import add_engine_args, add_model_args, engine_kwargs, run, say, signals
 from .records import Batch, Sink
-from .sampling_flags import add_sampling_args, check_sampling_args
+from .sampling_flags import add_sampling_args, check_against_model, check_sampling_args
 
 
 def setup_arg_parser() -> argparse.ArgumentParser:
@@ -85,7 +85,7 @@ def _generate(args) -> int:
         sink = _open_output(args)
         engine = build_engine(args.model, **engine_kwargs(args))
         say(engine.device_note)
-        check_max_tokens(args.max_tokens, engine.max_context)
+        check_against_model(args, engine)
         requests = _read_requests(args, source, Limits(engine.max_context))
         return Batch(engine, requests, args, sink).run(signals)
     finally:
