@@ -4,7 +4,8 @@ import sys
 
 COMMANDS = {  # name -> (module, the one line `--help` shows)
     "generate": ("toolkit.cli.generate", "generate text for prompts or a JSONL file of requests (batched)"),
-    "chat": ("toolkit.cli.chat", "chat with a model in the terminal, one line per turn"),
+    "chat": ("toolkit.cli.chat", "chat with a model: a terminal UI with live timings (--plain, or no terminal: "
+                                 "one line per turn)"),
     "bench": ("toolkit.cli.bench", "measure prefill/decode speed (bench throughput: many requests)"),
 }
 

@@ -8,6 +8,7 @@ monkeypatch (an internal error). README, "Exit codes and bad input", is the cont
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -180,7 +181,8 @@ FLAG_CASES = [
     (["--repetition-penalty", "-1"], "argument --repetition-penalty: repetition_penalty must be a finite number > 0"),
     (["--temperature", "-0.1"], "must be a finite number >= 0"),
     (["--temperature", "warm"], "argument --temperature: expected a number"),
-    (["--max-context", "0"], "argument --max-context: must be >= 1"),
+    (["--max-context", "0"], "argument --max-context: must be >= 2, got 0"),
+    (["--max-context", "1"], "argument --max-context: must be >= 2, got 1"),  # the engine's minimum, stated once
     (["--max-context", "x"], "argument --max-context: expected an integer"),
     (["--max-num-seqs", "-3"], "argument --max-num-seqs: must be >= 1"),
     (["--kv-cache-tokens", "9" * 30], "argument --kv-cache-tokens: must be at most 2147483647"),
@@ -188,8 +190,12 @@ FLAG_CASES = [
     (["--format", "xml"], "argument --format: invalid choice"),
     (["--device", "tpu"], "argument --device: invalid choice"),
     (["--max-context", "100000"], "error: --max-context must be between 2 and 256 for this model, got 100000"),
-    (["--max-tokens", "1000"], "error: --max-tokens 1000 exceeds the context of 256 tokens"),
-    (["--kv-cache-tokens", "8"], "error: --kv-cache-tokens must be at least 16"),
+    (["--max-tokens", "1000"], "error: --max-tokens 1000 exceeds the context of 256 tokens (the model's maximum "
+                               "is 256: lower --max-tokens)"),
+    (["--max-context", "100", "--max-tokens", "200"], "error: --max-tokens 200 exceeds the context of 100 tokens "
+                                                      "(raise --max-context up to 256 or lower --max-tokens)"),
+    (["--kv-cache-tokens", "8"], "argument --kv-cache-tokens: must be >= 16, got 8"),
+    (["--logit-bias", "99999=1"], "error: --logit-bias 99999=1: token 99999 is outside the vocabulary [0, "),
     (["--max-num-seqs", "64", "--max-num-batched-tokens", "8"], "must be at least --max-num-seqs"),
     (["--prompts-file", "/no/such/file.jsonl"], "error: --prompts-file /no/such/file.jsonl: No such file or directory"),
     (["--prompts-file", "/"], "error: --prompts-file /: Is a directory"),
@@ -202,6 +208,55 @@ def test_bad_flag(flags, message, capsys):
     rc, out, err = _cli(capsys, BASE + flags + ["hello"])
     assert rc == 2 and out == ""
     _assert_one_line(err, message)
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-1", "2.5"])
+def test_bad_blas_threads_names_the_variable(value, monkeypatch, capsys):
+    monkeypatch.setenv("TOOLKIT_BLAS_THREADS", value)
+    rc, out, err = _cli(capsys, BASE + ["hello"])
+    assert rc == 2 and out == ""
+    _assert_one_line(err, f"error: TOOLKIT_BLAS_THREADS must be an integer >= 1 (BLAS threads), got {value!r}")
+
+
+@pytest.mark.parametrize("flags,hint", [
+    ([], "(the model's maximum is 256: shorten the prompt)"),  # the context is already the model's whole
+    (["--max-context", "64"], "(raise --max-context up to 256 or shorten the prompt)"),
+])
+def test_prompt_over_the_context_says_whether_the_context_can_grow(flags, hint, capsys):
+    rc, out, err = _cli(capsys, BASE + flags + ["--max-tokens", "2", "word " * 300, "fine"])
+    recs = _records(out)
+    assert rc == 1 and recs["0"]["error"].endswith(hint) and recs["1"]["finish_reason"] in ("stop", "length")
+
+
+def _unprivileged() -> list:
+    """A command prefix under which chmod 000 denies: none for a user; as root, setpriv drops the capabilities
+    that let root read anything (the test is skipped where it cannot)."""
+    if os.geteuid() != 0:
+        return []
+    drop = "-dac_override,-dac_read_search"
+    prefix = ["setpriv", f"--bounding-set={drop}", f"--inh-caps={drop}"]
+    if shutil.which("setpriv") is None or subprocess.run(prefix + ["true"]).returncode != 0:
+        pytest.skip("root reads anything, and setpriv cannot drop that here")
+    return prefix
+
+
+@pytest.mark.parametrize("locked,message", [
+    ("model.safetensors", "{model}/model.safetensors: cannot be read (Permission denied)"),
+    ("tokenizer.json", "cannot load {model}/tokenizer.json: Permission denied"),
+    (".", "{model}: permission denied (the model folder cannot be read)"),
+])
+def test_unreadable_model_names_the_file(locked, message, tmp_path):
+    model = tmp_path / "model"
+    shutil.copytree(FIXTURES / "llama", model)
+    (model / locked).chmod(0)
+    cmd = [*_unprivileged(), sys.executable, "-m", "toolkit", *BASE[:2], str(model), *BASE[3:], "hello"]
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                           timeout=120)
+    finally:
+        (model / locked).chmod(0o755)
+    assert r.returncode == 2 and r.stdout == ""
+    _assert_one_line(r.stderr, "error: " + message.format(model=model))
 
 
 def test_no_prompts_is_a_usage_error(capsys):

@@ -5,6 +5,7 @@ import sys
 from types import SimpleNamespace
 
 import pytest
+from tests.conftest import FIXTURES
 
 import toolkit.cli.bench as bench_cli
 from toolkit.__main__ import main
@@ -235,6 +236,21 @@ def test_lengths_past_the_context_are_skipped(capsys):
                           "--depth", "5000", "--decode", "2", "-r", "1", "--warmup", "0", "--format", "json"])
     assert [r["test"] for r in data["results"]] == ["pp16"]
     assert len(data["notes"]) == 2 and all("context" in n for n in data["notes"])
+
+
+@pytest.mark.parametrize("flags,first", [
+    (["--depth", "5000", "--decode", "2"], "tg2@b1 d5000 needs 5006 tokens of context; the engine has 256 (the "
+                                           "model's maximum is 256) (and 1 more)"),
+    (["--prefill", "100", "--max-context", "64"], "pp100 needs 101 tokens of context; the engine has 64 (raise "
+                                                  "--max-context up to 256)"),
+])
+def test_every_requested_test_skipped_is_a_usage_error(flags, first, capsys):
+    """Only the tests the flags asked for count: --depth asks for decode tests, not the default prefill ones,
+    which would run (the model's context is 256)."""
+    rc = main(["bench", "--model", str(FIXTURES / "llama"), "--device", "cpu", "-r", "1", *flags])
+    out, err = capsys.readouterr()
+    assert rc == 2 and out == ""
+    assert err.strip().splitlines()[-1] == f"error: every requested test would be skipped: {first}"
 
 
 def test_throughput_real_engine(capsys):

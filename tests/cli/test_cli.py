@@ -136,6 +136,8 @@ def test_top_level_help_version_and_unknown_command(capsys):
     out = capsys.readouterr().out
     for name in ("generate", "chat", "bench"):
         assert any(line.split()[:1] == [name] and len(line.split()) > 2 for line in out.splitlines())
+    assert "chat      chat with a model: a terminal UI with live timings (--plain, or no terminal: one line per turn)" \
+        in out  # what `chat` starts: the UI, with the line-based chat as its fallback
     import toolkit
     assert main(["--version"]) == 0 and capsys.readouterr().out == f"toolkit {toolkit.__version__}\n"
     assert toolkit.__version__ == "0.1.0"  # pyproject.toml's

@@ -24,6 +24,15 @@ def test_families_switches():
     assert mi.sliding_window == 32
 
 
+def test_context_limit_and_what_a_short_context_hint_says():
+    """The engine caps Mistral's context at its window, so --max-context can be raised only up to that."""
+    mi = ModelConfig.from_dict({**BASE, "model_type": "mistral", "sliding_window": 32})
+    assert mi.context_limit == 32 and ModelConfig.from_dict(BASE).context_limit == 64
+    assert mi.context_hint(16, "shorten the prompt") == "raise --max-context up to 32 or shorten the prompt"
+    assert mi.context_hint(32, "shorten the prompt") == "the model's maximum is 32: shorten the prompt"
+    assert mi.context_hint(16) == "raise --max-context up to 32" and mi.context_hint(32) == "the model's maximum is 32"
+
+
 def test_errors_name_the_problem(tmp_path):
     with pytest.raises(ToolkitError, match="unsupported model_type 'gpt2'"):
         ModelConfig.from_dict({**BASE, "model_type": "gpt2"})

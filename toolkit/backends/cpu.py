@@ -27,6 +27,7 @@ from kernels.gemv import gemv, gemv_swiglu
 from kernels.prefill_attention import prefill_attention
 from kernels.rmsnorm import add_rmsnorm, add_rmsnorm_partials
 from kernels.rope import rope_qkv
+from toolkit.errors import ToolkitError
 
 
 class CpuTimer:
@@ -61,6 +62,18 @@ class CpuClock:
         return (self._t1 - self._t0) * 1e3
 
 
+def blas_threads() -> int:
+    """TOOLKIT_BLAS_THREADS (default 1; empty reads as unset), an integer >= 1."""
+    text = os.environ.get("TOOLKIT_BLAS_THREADS") or "1"
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise ToolkitError(f"TOOLKIT_BLAS_THREADS must be an integer >= 1 (BLAS threads), got {text!r}")
+    return n
+
+
 class CpuBackend:
     name = "cpu"
     dtype = "float32"
@@ -70,7 +83,7 @@ class CpuBackend:
     def __init__(self):
         from threadpoolctl import threadpool_limits
 
-        threadpool_limits(limits=int(os.environ.get("TOOLKIT_BLAS_THREADS", "1")), user_api="blas")
+        threadpool_limits(limits=blas_threads(), user_api="blas")
 
     # -- memory ---------------------------------------------------------------
     def from_host(self, a: np.ndarray) -> np.ndarray:

@@ -64,7 +64,8 @@ def plan(prefill, batches, depths, decode) -> list[Test]:
 def skip_reason(engine, t: Test) -> str | None:
     need = t.context(engine.max_num_batched_tokens)
     if need > engine.max_context:
-        return f"needs {need} tokens of context; the engine has {engine.max_context} (--max-context)"
+        return f"needs {need} tokens of context; the engine has {engine.max_context} " \
+               f"({engine.cfg.context_hint(engine.max_context)})"
     if t.batch * need > engine.kv_cache_tokens:
         return f"needs {t.batch} x {need} KV tokens; the budget is {engine.kv_cache_tokens} (--kv-cache-tokens)"
     if t.batch > engine.max_num_seqs:

@@ -21,13 +21,14 @@ from ..bench.sweep import add_switch_args, int_list, option_grid
 from toolkit.engine.build import BLOCK_SIZE as BLOCK
 from ..bench.throughput import run_throughput
 from toolkit.model.config import ModelConfig
+from toolkit.model.hub import resolve_model
 from toolkit.engine.device import resolve_device
 from ..engine.scheduler import POLICIES
 from ..errors import ToolkitError
 from toolkit.engine.options import EngineOptions
 from toolkit.model.shapes import NAMES, shape_config
-from .common import (add_model_args, add_sparse_args, non_negative_float, non_negative_int, positive_int, run,
-                     sparse_options)
+from .common import (add_model_args, add_sparse_args, kv_tokens_int, non_negative_float, non_negative_int,
+                     positive_int, run, sparse_options)
 
 DEFAULTS = {  # llama-bench's tests on the GPU; a set that finishes in seconds on the CPU
     "cuda": dict(batch=[1, 8, 32, 128], depth=[0, 4096], prefill=[512, 4096], decode=128, repeats=5,
@@ -42,7 +43,7 @@ def _common_args(p: argparse.ArgumentParser):
     p.add_argument("--shape", choices=NAMES, help="random weights of this shape (no checkpoint needed)")
     add_model_args(p, model_required=False)
     g = p.add_argument_group("engine sizing (default: bench sizes the engine for its tests)")
-    g.add_argument("--kv-cache-tokens", type=positive_int, default=None, help="KV-cache size in tokens")
+    g.add_argument("--kv-cache-tokens", type=kv_tokens_int, default=None, help="KV-cache size in tokens")
     g.add_argument("--max-num-seqs", type=positive_int, default=None, help="requests running at once")
     g.add_argument("--max-num-batched-tokens", type=positive_int, default=None, help="tokens fed per step")
     add_switch_args(p)
@@ -112,17 +113,19 @@ def _fill_defaults(args, backend_name: str):
 
 
 def _config(args) -> ModelConfig:
+    """The config of --shape or --model; a Hub id is fetched here, once (args.model_dir: its local folder)."""
     if args.shape:
         return shape_config(args.shape)
     if args.model:
-        return ModelConfig.from_dir(args.model)
+        args.model_dir = resolve_model(args.model)
+        return ModelConfig.from_dir(args.model_dir)
     raise ToolkitError("bench: give --shape NAME or --model DIR")
 
 
 def _build(args, backend_name, max_context, kv_tokens, max_seqs, step_tokens, options, **extra):
     from toolkit.engine.build import build_engine
 
-    return build_engine(model=None if args.shape else args.model, shape=args.shape, device=backend_name,
+    return build_engine(model=None if args.shape else args.model_dir, shape=args.shape, device=backend_name,
                         dtype=args.dtype, max_context=max_context, kv_cache_tokens=kv_tokens,
                         max_num_seqs=max_seqs, max_num_batched_tokens=step_tokens,
                         options=options, warmup=True, **extra)
@@ -155,8 +158,16 @@ def _peer_class(device: str):
     return TorchPeer
 
 
+def _requested(tests, asked: set) -> list:
+    """The tests the flags asked for: --prefill's, and the decode tests of --batch, --depth or --decode (the
+    defaults fill in the rest); every test when none of them was given."""
+    kinds = ({"prefill"} & asked) | ({"decode"} if asked & {"batch", "depth", "decode"} else set())
+    return [t for t in tests if not kinds or t.kind in kinds]
+
+
 def _speed(args) -> int:
     backend_name, _ = resolve_device(args.device)
+    asked = {k for k in ("prefill", "batch", "depth", "decode") if getattr(args, k) is not None}
     _fill_defaults(args, backend_name)
     peer_device = "cuda" if backend_name == "cuda" else "cpu"
     peer_cls = _peer_class(peer_device) if args.peer else None
@@ -164,13 +175,18 @@ def _speed(args) -> int:
     tests = plan(args.prefill, args.batch, args.depth, args.decode)
     max_seqs = args.max_num_seqs or max(args.batch)
     # One step must hold the longest prefill; at least MIN_STEP_TOKENS keeps the untimed depth prefill short.
-    longest = max([n for n in args.prefill if n < cfg.max_position_embeddings] or [0])
+    longest = max([n for n in args.prefill if n < cfg.context_limit] or [0])
     step_tokens = args.max_num_batched_tokens or max(longest, MIN_STEP_TOKENS, max_seqs)
-    max_context = args.max_context or min(cfg.max_position_embeddings, max(t.context(step_tokens) for t in tests))
+    max_context = args.max_context or min(cfg.context_limit, max(t.context(step_tokens) for t in tests))
     fits = [t for t in tests if t.context(step_tokens) <= max_context]
     kv_tokens = args.kv_cache_tokens or max(
         [t.batch * (-(-t.context(step_tokens) // BLOCK) + 1) * BLOCK for t in fits] or [max_context + BLOCK])  # whole blocks
     engine = _build(args, backend_name, max_context, kv_tokens, max_seqs, step_tokens, EngineOptions())
+    requested = _requested(tests, asked)
+    skipped = [f"{t.name} {why}" for t in requested if (why := skip_reason(engine, t))]
+    if len(skipped) == len(requested):  # nothing asked for can run: a usage error, not a table of nothing
+        more = f" (and {len(skipped) - 1} more)" if len(skipped) > 1 else ""
+        raise ToolkitError(f"every requested test would be skipped: {skipped[0]}{more}")
     grid, notes = option_grid(args, engine.backend)
     grid = _with_sparse(args, grid)
     peak, peak_src = peak_gbps(engine.backend.name, args.peak_gbps)
@@ -194,7 +210,7 @@ def _throughput(args) -> int:
     if args.min_len > args.max_len:
         raise ToolkitError(f"--min-len {args.min_len} > --max-len {args.max_len}")
     cfg = _config(args)
-    max_context = args.max_context or min(cfg.max_position_embeddings, 2 * args.max_len)
+    max_context = args.max_context or min(cfg.context_limit, 2 * args.max_len)
     rows, notes, env, note = [], [], None, None
     for policy in args.scheduler or [None]:
         extra = {} if policy is None else {"scheduler_policy": policy}

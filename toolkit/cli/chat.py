@@ -193,7 +193,7 @@ def _session(args):
     session = ChatSession.open(args.model, system=args.system or "",
                                special_in_content=args.allow_special_in_content, **engine_kwargs(args))
     try:
-        check_max_tokens(args.max_tokens, session.engine.max_context)
+        check_max_tokens(args.max_tokens, session.engine.max_context, session.engine.cfg)
         if args.system:
             check_size(check_text(args.system, "--system"), Limits(session.engine.max_context), "--system")
     except (ToolkitError, RequestError) as e:

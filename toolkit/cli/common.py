@@ -19,7 +19,7 @@ import threading
 import traceback
 
 from ..errors import ToolkitError
-from toolkit.engine.build import default_model  # the CLI's default --model
+from toolkit.engine.build import BLOCK_SIZE, MIN_CONTEXT, default_model
 from toolkit.engine.options import EngineOptions
 
 EXIT_OK, EXIT_SOME_FAILED, EXIT_USAGE, EXIT_INTERNAL, EXIT_BROKEN_PIPE = 0, 1, 2, 3, 141
@@ -41,6 +41,9 @@ def _int(text: str, lo: int, hi: int) -> int:
 
 positive_int = functools.partial(_int, lo=1, hi=MAX_SIZE)
 non_negative_int = functools.partial(_int, lo=0, hi=MAX_SIZE)
+# The minimums build_engine enforces, stated here too so the flag's own error gives the real bound.
+context_int = functools.partial(_int, lo=MIN_CONTEXT, hi=MAX_SIZE)
+kv_tokens_int = functools.partial(_int, lo=BLOCK_SIZE, hi=MAX_SIZE)
 seed_int = functools.partial(_int, lo=0, hi=2 ** 64 - 1)
 
 
@@ -57,12 +60,14 @@ def non_negative_float(text: str) -> float:
 def add_model_args(parser: argparse.ArgumentParser, model_required: bool = True):
     default = default_model()
     parser.add_argument("--model", default=default, required=model_required and default is None,
-                        help="Hugging Face model folder" + (f" (default: {default})" if default else ""))
+                        help="Hugging Face model folder, or Hub id ORG/NAME[@REVISION] (downloaded into the "
+                             "Hugging Face cache; HF_HOME, HF_HUB_OFFLINE and HF_TOKEN apply)"
+                             + (f" (default: {default})" if default else ""))
     parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
                         help="backend; auto picks CUDA when a GPU is usable (default: auto)")
     parser.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default=None,
                         help="CUDA compute dtype (default: the checkpoint's; the CPU always uses float32)")
-    parser.add_argument("--max-context", type=positive_int, default=None,
+    parser.add_argument("--max-context", type=context_int, default=None,
                         help="longest sequence (prompt + reply) in tokens (default: min(model maximum, 4096))")
     parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
 
@@ -81,7 +86,7 @@ def add_engine_args(parser: argparse.ArgumentParser):
                    help="requests running at once (default: 256 on the GPU, 16 on the CPU)")
     g.add_argument("--max-num-batched-tokens", type=positive_int, default=None,
                    help="tokens fed per step; longer prompts are prefilled in chunks (default: 8192 GPU, 2048 CPU)")
-    g.add_argument("--kv-cache-tokens", type=positive_int, default=None,
+    g.add_argument("--kv-cache-tokens", type=kv_tokens_int, default=None,
                    help="KV-cache size in tokens (default: half the free GPU memory; 16384 on the CPU)")
     # One flag per toggle, --no-<toggle> (every toggle is on by default): a toggle added to EngineOptions
     # appears here by itself.
@@ -125,11 +130,13 @@ def engine_kwargs(args) -> dict:
                 options=sparse_options(args, EngineOptions(**{n: getattr(args, n) for n in EngineOptions.names()})))
 
 
-def check_max_tokens(max_tokens: int | None, max_context: int):
-    """An explicit --max-tokens must fit the context (the default is only a cap, clipped by it)."""
+def check_max_tokens(max_tokens: int | None, max_context: int, cfg=None):
+    """An explicit --max-tokens must fit the context (the default is only a cap, clipped by it). With the
+    model's config the message says whether --max-context can still be raised."""
     if max_tokens is not None and max_tokens > max_context:
-        raise ToolkitError(f"--max-tokens {max_tokens} exceeds the context of {max_context} tokens "
-                           "(lower --max-tokens or raise --max-context)")
+        remedy = "lower --max-tokens"
+        hint = cfg.context_hint(max_context, remedy) if cfg else f"raise --max-context or {remedy}"
+        raise ToolkitError(f"--max-tokens {max_tokens} exceeds the context of {max_context} tokens ({hint})")
 
 
 # -- signals ----------------------------------------------------------------------------------------------

@@ -22,10 +22,10 @@ import sys
 from toolkit.engine.build import build_engine
 from ..errors import ToolkitError
 from toolkit.cli.requests import Limits, from_jsonl, from_prompts
-from .common import add_engine_args, add_model_args, check_max_tokens, engine_kwargs, run, say, signals
+from .common import add_engine_args, add_model_args, engine_kwargs, run, say, signals
 from .feed import Feed
 from .records import Batch, Sink
-from .sampling_flags import add_sampling_args, check_sampling_args
+from .sampling_flags import add_sampling_args, check_against_model, check_sampling_args
 
 
 def setup_arg_parser() -> argparse.ArgumentParser:
@@ -89,7 +89,7 @@ def _generate(args) -> int:
         sink = _open_output(args)
         engine = build_engine(args.model, **engine_kwargs(args))
         say(engine.device_note)
-        check_max_tokens(args.max_tokens, engine.max_context)
+        check_against_model(args, engine)
         feed = Feed(_requests(args, source, Limits(engine.max_context)), ahead=engine.max_num_seqs)
         batch = Batch(engine, feed, args, sink, headers=bool(args.prompts_file) or len(args.prompts) > 1)
         rc = batch.run(signals)

@@ -2,6 +2,8 @@
 
     add_sampling_args(parser)       --temperature, --top-k, ..., --logprobs (every default None = not given)
     check_sampling_args(parser, args)   the flags together (counts, min_tokens <= max_tokens); argparse error
+    check_against_model(args, engine)   once the model is loaded: --max-tokens fits the context, --logit-bias
+                                        names tokens of the vocabulary (an `error:` line, exit 2)
     flag_params(args) -> dict       the fields the flags set, for SamplingParams(**...)
 
 Every flag defaults to None, so that a value nobody gave lets the model's generation_config.json show
@@ -14,7 +16,7 @@ import dataclasses
 
 from ..errors import ToolkitError
 from ..sampler.params import DEFAULT_MAX_TOKENS, MAX_LOGPROBS, SamplingParams  # noqa: F401
-from .common import non_negative_int
+from .common import check_max_tokens, non_negative_int
 
 _ROOM = 2 ** 62  # max_tokens while one flag is checked alone (min_tokens is bounded by the real one later)
 
@@ -99,3 +101,13 @@ def check_sampling_args(parser: argparse.ArgumentParser, args):
         SamplingParams(**{"max_tokens": room, "temperature": 1.0, **flag_params(args)})
     except ToolkitError as e:
         parser.error(str(e))
+
+
+def check_against_model(args, engine):
+    """What only the loaded model can judge. A flag applies to every request, so a bad value is a usage error
+    (exit 2) before anything runs, not one error record per request (a JSONL field's own bad value is that)."""
+    check_max_tokens(args.max_tokens, engine.max_context, engine.cfg)
+    for tok, bias in args.logit_bias or ():
+        if tok >= engine.cfg.vocab_size:  # (negative ids are refused as the flag is parsed)
+            raise ToolkitError(f"--logit-bias {tok}={bias:g}: token {tok} is outside the vocabulary "
+                               f"[0, {engine.cfg.vocab_size})")

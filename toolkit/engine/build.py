@@ -1,6 +1,6 @@
-"""The one place an engine is built, for `generate`, `chat`, `bench` and the UI.
+"""The one place an engine is built, for `generate`, `chat`, `bench`, the UI and `LLM`.
 
-    model folder (or a named shape with random weights)
+    model folder or Hub id (toolkit/model/hub.py), or a named shape with random weights
       -> config, tokenizer, chat template
       -> backend (CUDA when usable, else the CPU, with the reason)
       -> weights on the backend
@@ -28,6 +28,7 @@ from toolkit.engine import LLMEngine, SamplingParams
 from toolkit.engine.scheduler import DEFAULT_POLICY
 from toolkit.errors import ToolkitError
 from toolkit.model.decoder import KVCache
+from toolkit.model.hub import resolve_model
 from toolkit.engine.options import EngineOptions
 from toolkit.sampler.params import load_generation_config
 from toolkit.model.weights import load_weights, random_checkpoint
@@ -36,6 +37,8 @@ from toolkit.model.weights import load_weights, random_checkpoint
 DEFAULT_MODEL_DIR = Path(__file__).resolve().parents[2] / "weights" / "tiny-pd"
 BLOCK_SIZE = 16
 DEFAULT_MAX_CONTEXT = 4096
+# The smallest context: one prompt token and one generated token. The flag's parser and _context both use it.
+MIN_CONTEXT = 2
 CPU_KV_TOKENS = 16384
 GPU_KV_FRACTION = 0.5
 
@@ -45,13 +48,12 @@ def default_model() -> str | None:
 
 
 def _context(cfg: ModelConfig, max_context: int | None) -> int:
-    limit = cfg.max_position_embeddings
-    if cfg.sliding_window:
-        limit = min(limit, cfg.sliding_window)
+    limit = cfg.context_limit
     if max_context is None:
         max_context = min(limit, DEFAULT_MAX_CONTEXT)
-    if not 2 <= max_context <= limit:
-        raise ToolkitError(f"--max-context must be between 2 and {limit} for this model, got {max_context}")
+    if not MIN_CONTEXT <= max_context <= limit:
+        raise ToolkitError(f"--max-context must be between {MIN_CONTEXT} and {limit} for this model, "
+                           f"got {max_context}")
     return max_context
 
 
@@ -80,7 +82,7 @@ def _kv_tokens(backend, cfg, requested, max_context, max_num_seqs) -> int:
     free = _free_memory(backend)
     if requested is not None:
         if requested < BLOCK_SIZE:
-            raise ToolkitError(f"--kv-cache-tokens must be at least {BLOCK_SIZE}, got {requested}")
+            raise ToolkitError(f"--kv-cache-tokens must be >= {BLOCK_SIZE} (one KV-cache block), got {requested}")
         tokens = min(requested, ceiling)
         if tokens * per_token > 0.9 * free:
             raise ToolkitError(f"--kv-cache-tokens {requested} needs {tokens * per_token / 2**30:.1f} GiB for the KV "
@@ -109,9 +111,7 @@ def build_engine(model=None, shape: str | None = None, device: str = "auto", dty
     else:
         if model is None:
             raise ToolkitError("give a model folder or a shape")
-        model = Path(model)
-        if not model.is_dir():
-            raise ToolkitError(f"{model}: no such model folder")
+        model = resolve_model(model)
         cfg = config or ModelConfig.from_dir(model)
         tokenizer, template = Tokenizer.from_dir(model), ChatTemplate.from_dir(model)
         _check_tokenizer(tokenizer, cfg, model)
@@ -146,6 +146,7 @@ def build_engine(model=None, shape: str | None = None, device: str = "auto", dty
                            f"--max-num-batched-tokens {max_num_batched_tokens}, --kv-cache-tokens {kv_tokens}): "
                            "lower them") from None
     engine.generation_defaults = generation_defaults  # sampling defaults under the flags and JSONL fields
+    engine.model_dir = None if shape is not None else model  # the local folder, also for a Hub id
     if warmup:
         warm_up(engine)
     return engine

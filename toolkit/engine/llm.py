@@ -58,10 +58,10 @@ class LLM:
     def __init__(self, model=None, *, device: str = "auto", dtype: str | None = None, max_context: int | None = None,
                  seed: int | None = None, kv_cache_tokens: int | None = None, max_num_seqs: int | None = None,
                  max_num_batched_tokens: int | None = None, warmup: bool = True, **engine_options):
-        """model: a Hugging Face model folder (None: the default model, weights/tiny-pd). device: "auto" (CUDA
-        when usable), "cuda" or "cpu". seed: requests whose params give no seed get one drawn from this, in
-        order, so a run repeats. engine_options: EngineOptions fields (sampler_fast_path=False, sparse_topk=256,
-        ...); an unknown keyword is a TypeError."""
+        """model: a Hugging Face model folder or Hub id "ORG/NAME[@REVISION]" (None: the default model,
+        weights/tiny-pd). device: "auto" (CUDA when usable), "cuda" or "cpu". seed: requests whose params give
+        no seed get one drawn from this, in order, so a run repeats. engine_options: EngineOptions fields
+        (sampler_fast_path=False, sparse_topk=256, ...); an unknown keyword is a TypeError."""
         from toolkit.engine.build import build_engine, default_model
 
         options = EngineOptions(**engine_options)  # an unknown keyword: EngineOptions' own TypeError, naming it

@@ -101,7 +101,7 @@ class LLMEngine:
             raise ToolkitError("the prompt is empty (no tokens)")
         if len(ids) >= self.max_context:
             raise ToolkitError(f"the prompt has {len(ids)} tokens but the context holds {self.max_context} "
-                               "(raise --max-context or shorten the prompt)")
+                               f"({self.cfg.context_hint(self.max_context, 'shorten the prompt')})")
         bad = [i for i in ids if not 0 <= i < self.cfg.vocab_size]
         if bad:
             raise ToolkitError(f"token id {bad[0]} is outside the vocabulary [0, {self.cfg.vocab_size})")

@@ -67,6 +67,10 @@ class Checkpoint:
             if not path.is_file():
                 raise ToolkitError(f"{path}: no such file (listed in model.safetensors.index.json)")
             try:
+                path.open("rb").close()  # safetensors reports a file it may not read as "No such file or directory"
+            except OSError as e:
+                raise ToolkitError(f"{path}: cannot be read ({e.strerror or e})") from None
+            try:
                 handle = safe_open(str(path), framework="numpy")
                 keys = list(handle.keys())
             except Exception as e:

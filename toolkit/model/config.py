@@ -171,6 +171,19 @@ class ModelConfig:
     def qkv_size(self) -> int:
         return (self.num_heads + 2 * self.num_kv_heads) * self.head_dim
 
+    @property
+    def context_limit(self) -> int:
+        """The longest context the engine runs this model with: its positions, or Mistral's sliding window."""
+        return min(self.max_position_embeddings, self.sliding_window or self.max_position_embeddings)
+
+    def context_hint(self, context: int, remedy: str | None = None) -> str:
+        """What a user can do when `context` tokens are too few: raise --max-context only while the model
+        allows more, else `remedy` (shorten the prompt, lower --max-tokens) is all there is."""
+        limit = self.context_limit
+        if context < limit:
+            return f"raise --max-context up to {limit}" + (f" or {remedy}" if remedy else "")
+        return f"the model's maximum is {limit}" + (f": {remedy}" if remedy else "")
+
     @classmethod
     def from_dict(cls, d: dict, source: str = "config.json") -> "ModelConfig":
         if not isinstance(d, dict):
