@@ -142,7 +142,8 @@ __device__ __forceinline__ A block_excl_scan(A v, A* tmp, A& total) {
 }
 
 // ---- 1. gumbel_sample ---------------------------------------------------------------------------------------
-// out[r] = argmax_v(T == 0 ? x_v : x_v / T + g(seed, pos, v)); -1 for a row holding a NaN. Flat grid of
+// out[r] = argmax_v(T == 0 ? x_v : x_v / T + g(seed, pos, v)); -1 for a row holding a NaN; rows with T < 0 are
+// filter_sample's. Flat grid of
 // R * bpr blocks of SAMPLE_THREADS threads; block b of a row covers SPAN = SAMPLE_THREADS * NL * VE consecutive
 // tokens (VE = 16 / sizeof(T) tokens per 16-byte load, NL loads per thread, all issued before any is used), so
 // the row crosses the memory bus once; the values go to registers for the max, then wait in shared memory. A
@@ -213,6 +214,7 @@ gumbel_sample(const T* __restrict__ logits, int V, const float* __restrict__ tem
     const T* row = logits + (size_t)r * V;
     const T* s_xt = reinterpret_cast<const T*>(s_x);
     const float t = temperature[r];
+    if (t < 0.f) return;  // a fast-path row with processing: filter_sample's (no block of the row counts in ws)
     const bool greedy = !(t > 0.f), div = !greedy && t != 1.f;
     const bool vec = ((size_t)V * sizeof(T)) % 16 == 0 && reinterpret_cast<size_t>(logits) % 16 == 0;
     auto token = [&](int j, int e) {  // load j of a thread: chunk j / LPC, its (j % LPC)-th 16 bytes
