@@ -227,3 +227,24 @@ def test_logprobs_zero_gives_the_sampled_token_only(engine):
     assert all(o.logprobs["top"] == [] and o.logprobs["logprob"] <= 0 and o.logprobs["rank"] >= 1 for o in outs)
     plain = list(engine.generate(PROMPTS[0], SamplingParams(max_tokens=2, seed=4, ignore_eos=True)))
     assert [o.token for o in plain] == [o.token for o in outs] and all(o.logprobs is None for o in plain)
+
+
+def test_request_timings_say_the_sampler_path_and_fp32_bytes(engine):
+    """Each request's stats (a JSONL record's `timings`): the path its tokens were sampled on, and the FP32 bytes
+    materialised for its row: none on the fast path, V * 4 per token on the slow one, `mixed` across a switch."""
+    V = engine.cfg.vocab_size
+    p = SamplingParams(max_tokens=5, temperature=0.8, top_k=40, top_p=0.95, repetition_penalty=1.1, seed=3,
+                       ignore_eos=True)
+    for fast, path, nbytes in ((True, "fast", 0), (False, "slow", 5 * 4 * V)):
+        engine.set_options(engine.options.with_(sampler_fast_path=fast))
+        last = list(engine.generate(PROMPTS[0], p))[-1].stats.as_dict()
+        assert (last["sampler_path"], last["sampler_fp32_bytes"]) == (path, nbytes)
+    engine.set_options(engine.options.with_(sampler_fast_path=True))
+    rid = engine.add_request(PROMPTS[0], p)
+    outs = []
+    while engine.has_unfinished():
+        outs += [o for o in engine.step() if o.request_id == rid]
+        if len(outs) == 2:
+            engine.set_options(engine.options.with_(sampler_fast_path=False))
+    engine.set_options(engine.options.with_(sampler_fast_path=True))
+    assert outs[-1].stats.sampler_path == "mixed"
