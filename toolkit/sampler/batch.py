@@ -193,10 +193,15 @@ class SamplingStager:
                     up(self.host, self.dev, n, offset=off)
 
 
+def vocab_limit(vocab_size: int) -> str:
+    """Why no processing row of this model can take the fast path ("" if they can), known before any request."""
+    return f"vocabulary of {vocab_size} tokens (the fast path holds {VOCAB_CAP})" if vocab_size > VOCAB_CAP else ""
+
+
 def fast_limit(state) -> str:
     """Why filter_sample cannot hold this processing row ("" if it can): its shared memory keeps a bitmap of the
     vocabulary and the row's history entries."""
-    if state.vocab_size > VOCAB_CAP:
-        return f"vocabulary of {state.vocab_size} tokens (the fast path holds {VOCAB_CAP})"
     n = state.history_bound()
+    if vocab_limit(state.vocab_size):
+        return vocab_limit(state.vocab_size)
     return f"history of {n} tokens (the fast path holds {HIST_CAP})" if n > HIST_CAP else ""
