@@ -284,38 +284,37 @@ def _threshold(x, ht, hy, t, k, p, mp):
 
 @njit(cache=True, nogil=True)
 def _history(x, r, boff, btok, bval, poff, ptok, pcnt, noff, ntok, nval, rp, f, pp):
-    """Row r's history: the sorted tokens its bias, penalty and ban entries name (each CSR row sorted by token),
-    and their adjusted values y, in the slow path's order and fp32 arithmetic (add_entries, apply_penalties)."""
+    """Row r's history: the tokens its bias, penalty and ban entries name, sorted, once each (a merge of the three
+    sorted CSR rows), and their adjusted values y, in the slow path's order and fp32 arithmetic (add_entries,
+    apply_penalties)."""
     V = x.shape[0]
-    b0, b1, p0, p1, n0, n1 = boff[r], boff[r + 1], poff[r], poff[r + 1], noff[r], noff[r + 1]
-    toks = np.empty(b1 - b0 + p1 - p0 + n1 - n0, np.int64)
-    n = 0
-    for lo, hi, tk in ((b0, b1, btok), (p0, p1, ptok), (n0, n1, ntok)):
-        for e in range(lo, hi):
-            if 0 <= tk[e] < V:
-                toks[n] = tk[e]
-                n += 1
-    ht = np.unique(toks[:n])
+    ib, ie, ip, pe, jn, ne = boff[r], boff[r + 1], poff[r], poff[r + 1], noff[r], noff[r + 1]
+    ht = np.empty(ie - ib + pe - ip + ne - jn, np.int64)
     hy = np.empty(ht.shape[0], np.float32)
-    for j in range(ht.shape[0]):
-        tok = ht[j]
-        y = x[tok]
-        e = b0 + np.searchsorted(btok[b0:b1], tok)
-        if e < b1 and btok[e] == tok:
-            y = y + bval[e]
-        e = p0 + np.searchsorted(ptok[p0:p1], tok)
-        if e < p1 and ptok[e] == tok:
-            cnt = pcnt[e]
+    n = 0
+    while ib < ie or ip < pe or jn < ne:
+        big = V + 1  # past every list's end
+        tok = min(btok[ib] if ib < ie else big, ptok[ip] if ip < pe else big, ntok[jn] if jn < ne else big)
+        y = x[tok] if 0 <= tok < V else np.float32(0.0)
+        if ib < ie and btok[ib] == tok:
+            y = y + bval[ib]
+            ib += 1
+        if ip < pe and ptok[ip] == tok:
+            cnt = pcnt[ip]
             if rp != np.float32(1.0):
                 y = y / rp if y > np.float32(0.0) else y * rp
             y = y - f * np.float32(cnt)
             if cnt > 0:
                 y = y - pp
-        e = n0 + np.searchsorted(ntok[n0:n1], tok)
-        if e < n1 and ntok[e] == tok:
-            y = y + nval[e]
-        hy[j] = y
-    return ht, hy
+            ip += 1
+        if jn < ne and ntok[jn] == tok:
+            y = y + nval[jn]
+            jn += 1
+        if 0 <= tok < V:  # ids outside the vocabulary are skipped, as on the slow path
+            ht[n] = tok
+            hy[n] = y
+            n += 1
+    return ht[:n], hy[:n]
 
 
 @njit(cache=True, nogil=True, parallel=True)
