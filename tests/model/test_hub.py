@@ -100,6 +100,20 @@ def test_terminal_chat_takes_the_snapshots_sampling_defaults(offline):
     assert r.returncode == 0 and r.stdout.split() == ["0.25", "7"], r.stderr
 
 
+def test_terminal_chat_fetches_the_model_before_the_screen(offline):
+    """The UI takes the terminal, so a Hub id is resolved (and its bars drawn) before the app starts: a missing
+    model is the one-line error, exit 2, and no app is made."""
+    code = ("import sys, tui.app, toolkit.cli.chat as chat\n"
+            "class App:\n"
+            "    def __init__(self, load): print('app made')\n"
+            "tui.app.ChatApp = App\n"
+            "args = chat.setup_arg_parser().parse_args(['--model', 'org/missing', '--device', 'cpu'])\n"
+            "sys.exit(chat.run(lambda _: chat._tui(args), [], False))")
+    r = subprocess.run([sys.executable, "-c", code], env=offline, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "app made" not in r.stdout
+    assert _error_line(r).startswith("error: org/missing: no such local folder")
+
+
 def test_llm_api_by_hub_id(offline):
     code = ("from toolkit import LLM, SamplingParams; "
             "llm = LLM('org/stories@v1', device='cpu'); "

@@ -17,11 +17,13 @@ line that is not UTF-8, or longer than 64 bytes per context token, is one `error
 chat goes on.
 """
 import argparse
+import os
 import signal
 import sys
 
 from ..engine import SamplingParams
 from ..errors import ToolkitError
+from toolkit.model.hub import resolve_model
 from toolkit.cli.requests import Limits, RequestError, check_size, check_text, read_lines
 from .common import (EXIT_OK, EXIT_SOME_FAILED, Interrupted, add_engine_args, add_model_args, check_max_tokens,
                      engine_kwargs, non_negative_float, non_negative_int, run, say, seed_int, signals)
@@ -216,6 +218,8 @@ def _tui(args) -> int:
     """The terminal UI; the model loads inside it, so a load failure is an error screen, not a traceback."""
     from tui.app import ChatApp
 
+    if args.model is not None and not os.path.lexists(args.model):  # a Hub id: fetch it while the terminal can
+        resolve_model(args.model)                                    # still show the download's progress bars
     app = ChatApp(lambda: _session(args))
     app.run()
     if app.load_error:  # also on the terminal once the screen is gone
