@@ -253,9 +253,9 @@ class ChatApp(App):
         by_action = {}
         for b in self.BINDINGS:
             by_action.setdefault(b.action, []).append(b.key)
-        rows = [("Enter", "send the prompt (while a reply runs: queue it)")] + [(key_label(",".join(keys)), HELP_TEXT.get(action, action))
-                                                 for action, keys in by_action.items()
-                                                 if not action.startswith("toggle(")]
+        rows = [("Enter", "send the prompt (while a reply runs: queue it)")]
+        rows += [(key_label(",".join(keys)), HELP_TEXT.get(action, action)) for action, keys in by_action.items()
+                 if not action.startswith("toggle(")]
         rows.append((self.COMMAND_PALETTE_BINDING, HELP_TEXT["command_palette"]))
         return rows + [(key_label(",".join(by_action[f"toggle('{n}')"])), f"{label(n)}: {EngineOptions.help(n)}")
                        for n in toggles]
