@@ -23,7 +23,7 @@ import sys
 
 from ..engine import SamplingParams
 from ..errors import ToolkitError
-from toolkit.model.hub import resolve_model
+from toolkit.model.hub import is_terminal, resolve_model
 from toolkit.cli.requests import Limits, RequestError, check_size, check_text, read_lines
 from .common import (EXIT_OK, EXIT_SOME_FAILED, Interrupted, add_engine_args, add_model_args, check_max_tokens,
                      engine_kwargs, non_negative_float, non_negative_int, run, say, seed_int, signals)
@@ -90,7 +90,7 @@ def _typed_lines(limits: Limits):
 
 def _lines(stdin, stdout, limits: Limits):
     """User lines as text; an unusable one is reported here and comes as None."""
-    if stdin is sys.stdin and _is_terminal(stdin) and _is_terminal(sys.stdout):
+    if stdin is sys.stdin and is_terminal(stdin) and is_terminal(sys.stdout):
         yield from _typed_lines(limits)
         return
     source = stdin.buffer if hasattr(stdin, "buffer") else _TextAsBytes(stdin)
@@ -207,13 +207,6 @@ def _session(args):
     return session
 
 
-def _is_terminal(stream) -> bool:
-    try:
-        return stream is not None and stream.isatty()
-    except (ValueError, AttributeError):  # a closed or odd stream
-        return False
-
-
 def _tui(args) -> int:
     """The terminal UI; the model loads inside it, so a load failure is an error screen, not a traceback."""
     from tui.app import ChatApp
@@ -229,6 +222,6 @@ def _tui(args) -> int:
 
 def main(argv=None) -> int:
     args = setup_arg_parser().parse_args(argv)
-    if not args.plain and _is_terminal(sys.stdin) and _is_terminal(sys.stdout):
+    if not args.plain and is_terminal(sys.stdin) and is_terminal(sys.stdout):
         return run(lambda _: _tui(args), argv, args.debug)
     return run(lambda _: _chat(args, sys.stdin, sys.stdout), argv, args.debug)

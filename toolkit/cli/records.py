@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from ..engine import SamplingParams
 from ..errors import ToolkitError
 from toolkit.cli.requests import Request
+from toolkit.model.hub import is_terminal
 from .common import EXIT_OK, EXIT_SOME_FAILED, OutputError, say
 from .progress import Progress
 from .sampling_flags import DEFAULT_MAX_TOKENS, flag_params
@@ -111,7 +112,7 @@ class Batch:
     def run(self, signals) -> int:
         """Admit what the feed has, step the engine, until both are done; signals are taken between steps."""
         try:
-            with Progress(enabled=sys.stderr.isatty() and not self.stream) as progress, signals.deferred():
+            with Progress(enabled=is_terminal(sys.stderr) and not self.stream) as progress, signals.deferred():
                 while True:
                     signals.check()
                     self.admit(progress)

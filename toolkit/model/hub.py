@@ -48,7 +48,7 @@ def _download(model: str, repo_id: str, revision: str | None) -> Path:
                                         RevisionNotFoundError)
     from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
 
-    quiet = not _on_terminal(sys.stderr) and constants.HF_HUB_DISABLE_PROGRESS_BARS is None \
+    quiet = not is_terminal(sys.stderr) and constants.HF_HUB_DISABLE_PROGRESS_BARS is None \
         and not are_progress_bars_disabled()
     if quiet:
         disable_progress_bars()
@@ -81,8 +81,9 @@ def _first_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {text[0][:200]}" if text else type(e).__name__
 
 
-def _on_terminal(stream) -> bool:
+def is_terminal(stream) -> bool:
+    """Whether `stream` is a terminal (the Hub's bars here; the CLI's chat UI and progress bar too)."""
     try:
-        return stream.isatty()
-    except (ValueError, AttributeError):  # a closed stream, or none at all
+        return stream is not None and stream.isatty()
+    except (ValueError, AttributeError):  # a closed or odd stream
         return False
