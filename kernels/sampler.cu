@@ -142,7 +142,8 @@ __device__ __forceinline__ A block_excl_scan(A v, A* tmp, A& total) {
 }
 
 // ---- 1. gumbel_sample ---------------------------------------------------------------------------------------
-// out[r] = argmax_v(T == 0 ? x_v : x_v / T + g(seed, pos, v)); -1 for a row holding a NaN. Flat grid of
+// out[r] = argmax_v(T == 0 ? x_v : x_v / T + g(seed, pos, v)); -1 for a row holding a NaN; rows with T < 0 are
+// filter_sample's. Flat grid of
 // R * bpr blocks of SAMPLE_THREADS threads; block b of a row covers SPAN = SAMPLE_THREADS * NL * VE consecutive
 // tokens (VE = 16 / sizeof(T) tokens per 16-byte load, NL loads per thread, all issued before any is used), so
 // the row crosses the memory bus once; the values go to registers for the max, then wait in shared memory. A
@@ -213,6 +214,7 @@ gumbel_sample(const T* __restrict__ logits, int V, const float* __restrict__ tem
     const T* row = logits + (size_t)r * V;
     const T* s_xt = reinterpret_cast<const T*>(s_x);
     const float t = temperature[r];
+    if (t < 0.f) return;  // a fast-path row with processing: filter_sample's (no block of the row counts in ws)
     const bool greedy = !(t > 0.f), div = !greedy && t != 1.f;
     const bool vec = ((size_t)V * sizeof(T)) % 16 == 0 && reinterpret_cast<size_t>(logits) % 16 == 0;
     auto token = [&](int j, int e) {  // load j of a thread: chunk j / LPC, its (j % LPC)-th 16 bytes
@@ -608,97 +610,324 @@ __device__ unsigned radix_select(const T* row, int V, unsigned lo, bool mass, fl
     return prefix;
 }
 
-// ---- 6. top_k_top_p ----------------------------------------------------------------------------------------------
-// One block of 1024 threads per row, in place on fp32 x; rows with top-k and top-p both off return at once.
-template <typename F>  // F = float only (a template so CuPy looks every kernel up the same way)
-__global__ void __launch_bounds__(SEL_THREADS)
-top_k_top_p(F* __restrict__ x, int V, const int* __restrict__ top_k, const float* __restrict__ top_p) {
-    __shared__ SelSmem s;
-    const int r = blockIdx.x;
-    const int k = top_k[r];
-    const float p = top_p[r];
-    const bool kon = k > 0 && k < V, pon = p < 1.f;
-    if (!kon && !pon) return;
-    float* row = x + (size_t)r * V;
+// ---- 6. the threshold rule: top_k_top_p (FP32 path) and filter_sample (fast path) -------------------------------
+// THE RULE (kernels/sampler.py's docstring has it in full; both paths follow it, so they give the same token for
+// the same seed): y = the adjusted logit (history tokens: + bias, penalties, + -inf bans, fp32, in that order),
+// z = y / T, M = max z; min-p keeps z >= M + logf(min_p); top-k keeps z >= the k-th largest z (ties kept);
+// top-p keeps, among those survivors, z_v whose mass strictly above, A_v, has double(A_v) < double(top_p) *
+// double(S), with integer weights W(z) = 2^32 at the max, 0 below M - 25, else rint(expf(z - M) * 2^32): integer
+// sums do not depend on their order, so histogram bins and parallel reductions give the same S as any other sum.
+// A radix select over the 32-bit order keys of y (8-bit digits from the top; counts for top-k, W for top-p) finds
+// the k-th largest y, or y* (the smallest survivor with mass above < target); tau = y / T, and the row keeps
+// z >= tau. The FP32 path runs it on its processed copy (y = z, T = 1, no history); the fast path on the model's
+// logits in place, with its history in shared memory (a bitmap of the vocabulary marks those tokens, which the row
+// scans skip). For bf16 logits the key's low 16 bits are fixed by its top 16 (0 for positive values, 0xffff for
+// negative ones), so levels 2 and 3 need no row pass: the bin is one value (the "group") plus history entries.
+constexpr int FILTER_THREADS = 1024;
+constexpr int HIST_CAP = 2048;   // kernels/sampler.py: HIST_CAP (history entries a row may hold)
+constexpr int NB = 256;          // 8-bit digits
 
-    // Level 1 of the count select, and the row max.
-    if (threadIdx.x == 0) s.umax = 0;
-    histogram(row, V, 0u, 0u, 0u, 20, false, 0.f, s, true);
-    const unsigned maxkey = s.umax;
-    const float M = key_float(maxkey);
-    if (M == NEG_INF) return;  // all -inf: nothing to mask
+template <typename T> struct IsBf16 { static constexpr bool value = false; };
+template <> struct IsBf16<__nv_bfloat16> { static constexpr bool value = true; };
 
-    unsigned thr = 0;  // keep keys >= thr
-    bool done_p = false;
-    if (kon) {
-        unsigned above = 0;
-        const unsigned d1 = select_digit<unsigned>(s.cnt, above, (unsigned)k, s, s.u32);
-        const unsigned ncand = above + s.cnt[d1];
-        if (ncand <= CAND_CAP) {
-            // Gather the candidates' keys, sort them descending in shared memory (bitonic), read the k-th.
-            if (threadIdx.x == 0) s.aux = 0;
-            __syncthreads();
-            for_row(row, V, [&](int, float v) {
-                const unsigned kk = ord_key(v);
-                if ((kk >> 20) >= d1) s.cand[atomicAdd(&s.aux, 1u)] = kk;
-            });
-            __syncthreads();
-            int P = 1;
-            while (P < (int)ncand) P <<= 1;
-            for (int i = ncand + threadIdx.x; i < P; i += blockDim.x) s.cand[i] = 0;
-            __syncthreads();
-            for (int size = 2; size <= P; size <<= 1)
-                for (int stride = size >> 1; stride > 0; stride >>= 1) {
-                    for (int i = threadIdx.x; i < P / 2; i += blockDim.x) {
-                        const int lo = 2 * i - (i & (stride - 1)), hi = lo + stride;
-                        const bool desc = (lo & size) == 0;
-                        const unsigned a = s.cand[lo], b = s.cand[hi];
-                        if ((a < b) == desc) { s.cand[lo] = b; s.cand[hi] = a; }
-                    }
-                    __syncthreads();
-                }
-            const unsigned kth = s.cand[k - 1];
-            thr = kth;
-            if (pon) {
-                // survivors: cand[0 .. ns); inclusive mass prefix, first index reaching p * Z.
-                if (threadIdx.x == 0) { s.aux = 0; s.sel = 0x7fffffff; }
-                __syncthreads();
-                for (int i = threadIdx.x; i < P; i += blockDim.x)
-                    if (s.cand[i] >= kth && (i + 1 == P || s.cand[i + 1] < kth)) s.aux = i + 1;
-                __syncthreads();
-                const int ns = s.aux;
-                const int i0 = 2 * threadIdx.x;
-                const float w0 = i0 < ns ? wexp(key_float(s.cand[i0]), M) : 0.f;
-                const float w1 = i0 + 1 < ns ? wexp(key_float(s.cand[i0 + 1]), M) : 0.f;
-                float Z;
-                const float e = block_excl_scan(w0 + w1, s.f32, Z);
-                const float target = p * Z;
-                if (i0 < ns && e + w0 >= target) atomicMin(&s.sel, (unsigned)i0);
-                else if (i0 + 1 < ns && e + w0 + w1 >= target) atomicMin(&s.sel, (unsigned)i0 + 1);
-                __syncthreads();
-                thr = s.cand[min((int)s.sel, ns - 1)];
-                done_p = true;
-            }
-        } else {
-            thr = radix_select(row, V, 0u, false, M, 0.f, (unsigned)k, s, 1, d1 << 20, 0xfff00000u, above);
+struct FilterSmem {
+    unsigned cnt[NB], rc[NB];        // per-digit counts; rc: the row's own (no history) of the last row level
+    unsigned long long ms[NB];       // per-digit W sums
+    unsigned long long best;         // packed (key, ~index) of the best candidate (max pass, sample pass)
+    unsigned long long sel_above;
+    unsigned sel, nh, nan;
+    float M, L;
+};
+
+__device__ __forceinline__ unsigned long long weight(float z, float M) {
+    if (z == M) return 1ull << 32;
+    const float d = z - M;
+    return d >= -25.f ? __float2ull_rn(expf(d) * 4294967296.f) : 0ull;
+}
+// Key of a candidate (value, index): value order (-0 folded onto +0), then the lowest index.
+__device__ __forceinline__ unsigned long long cand_key(float v, int i) {
+    return ((unsigned long long)ord_key(v) << 32) | (unsigned)(~i);
+}
+
+// fn(valid, i, value) over the row's tokens, by every thread the same number of times (warp-uniform, so fn may
+// use warp intrinsics); `bits` (or null): tokens whose bit is set are history, valid = false for them.
+template <typename T, typename F>
+__device__ __forceinline__ void scan_row(const T* row, int V, const unsigned* bits, F fn) {
+    const bool vec = V % 4 == 0 && reinterpret_cast<size_t>(row) % (4 * sizeof(T)) == 0;
+    const int G = (V + 3) / 4;
+    for (int g0 = 0; g0 < G; g0 += blockDim.x) {
+        const int g = g0 + threadIdx.x;
+        float a[4];
+        load4(row, g, V, vec, a);  // past the end: -inf, no load
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            const int i = 4 * g + q;
+            fn(i < V && !(bits && (bits[i >> 5] >> (i & 31) & 1u)), i, a[q]);
         }
     }
-    if (pon && !done_p) thr = max(thr, radix_select(row, V, thr, true, M, p, 0u, s, 0, 0u, 0u, 0u));
-    thr = min(thr, maxkey);  // the max always survives, whatever rounding did
-    __syncthreads();
-    const bool vec = V % 4 == 0 && reinterpret_cast<size_t>(x) % 16 == 0;
-    for (int g = threadIdx.x; g < (V + 3) / 4; g += blockDim.x) {
-        float a[4];
-        load4(row, g, V, vec, a);
-        bool changed = false;
-#pragma unroll
-        for (int q = 0; q < 4; q++)
-            if (ord_key(a[q]) < thr) { a[q] = NEG_INF; changed = true; }
-        if (!changed) continue;
-        if (vec) *reinterpret_cast<float4*>(row + 4 * g) = make_float4(a[0], a[1], a[2], a[3]);
-        else
-            for (int q = 0; q < 4; q++) if (4 * g + q < V) row[4 * g + q] = a[q];
+}
+
+// Add (count, W) to digit d, warp-aggregated: the lanes holding the same digit sum first, one atomic per digit.
+__device__ __forceinline__ void hist_add(bool valid, unsigned d, unsigned long long w, bool mass, FilterSmem& s) {
+    const unsigned peers = __match_any_sync(0xffffffffu, valid ? d : NB);
+    if (!valid) return;
+    const bool leader = (threadIdx.x & 31) == (unsigned)(__ffs(peers) - 1);
+    if (mass) {  // W <= 2^32: 16-bit halves sum over 32 lanes without overflow
+        const unsigned hi = __reduce_add_sync(peers, (unsigned)(w >> 16)), lo = __reduce_add_sync(peers, (unsigned)(w & 0xffffu));
+        if (leader && (hi | lo)) atomicAdd(&s.ms[d], ((unsigned long long)hi << 16) + lo);
     }
+    if (leader) atomicAdd(&s.cnt[d], (unsigned)__popc(peers));
+}
+
+// Warp 0 picks the digit (see the rule): counts: where the count from the top reaches k; mass: the lowest
+// non-empty digit whose mass above is < target. Lane l holds digits 255 - 8l .. 248 - 8l. s.sel, s.sel_above.
+__device__ void pick_digit(FilterSmem& s, bool mass, unsigned long long above, unsigned k, double target) {
+    if (threadIdx.x < 32) {
+        const int lane = threadIdx.x;
+        unsigned long long loc = 0;
+        for (int j = 0; j < 8; j++) loc += mass ? s.ms[NB - 1 - 8 * lane - j] : s.cnt[NB - 1 - 8 * lane - j];
+        unsigned long long inc = loc;
+        for (int o = 1; o < 32; o <<= 1) {
+            const unsigned long long n = __shfl_up_sync(0xffffffffu, inc, o);
+            if (lane >= o) inc += n;
+        }
+        unsigned long long run = above + inc - loc;
+        int found = -1;
+        unsigned long long fa = 0;
+        for (int j = 0; j < 8; j++) {
+            const int b = NB - 1 - 8 * lane - j;
+            if (mass) {
+                if (s.cnt[b] && (double)run < target) { found = b; fa = run; }
+                run += s.ms[b];
+            } else {
+                if (found < 0 && run + s.cnt[b] >= k) { found = b; fa = run; }
+                run += s.cnt[b];
+            }
+        }
+        const unsigned has = __ballot_sync(0xffffffffu, found >= 0);
+        const int src = has ? (mass ? 31 - __clz(has) : __ffs(has) - 1) : 0;  // mass: the lowest digit; count: the first
+        const int f = __shfl_sync(0xffffffffu, found, src);
+        const unsigned long long a = __shfl_sync(0xffffffffu, fa, src);
+        if (lane == 0) { s.sel = f < 0 ? 0u : (unsigned)f; s.sel_above = f < 0 ? above : a; }
+    }
+    __syncthreads();
+}
+
+// The radix select: returns the 32-bit key of the k-th largest y (mass false) or of y* (mass true: survivors are
+// z >= c, target = p * S). hist: nh history tokens/values (shared memory) and their bitmap, or none.
+template <typename T>
+__device__ unsigned select_key(const T* row, int V, const unsigned* bits, const int* htok, const float* hy, int nh,
+                               float t, bool div, float c, float M, bool mass, unsigned k, float p, FilterSmem& s) {
+    constexpr int ROW_LEVELS = IsBf16<T>::value ? 2 : 4;
+    unsigned prefix = 0, pmask = 0, group_n = 0;
+    unsigned long long above = 0;
+    double target = 0.0;
+    for (int level = 0; level < 4; level++) {
+        const int shift = 24 - 8 * level;
+        for (int b = threadIdx.x; b < NB; b += blockDim.x) { s.cnt[b] = 0; s.ms[b] = 0; }
+        __syncthreads();
+        auto add = [&](bool valid, float y) {  // one token of value y, if it matches the prefix (and survives)
+            const unsigned key = ord_key(y);
+            valid = valid && (key & pmask) == prefix;
+            unsigned long long w = 0;
+            if (valid && mass) {
+                const float z = div ? y / t : y;
+                valid = z >= c;
+                w = valid ? weight(z, M) : 0ull;
+            }
+            hist_add(valid, (key >> shift) & (NB - 1), w, mass, s);
+        };
+        if (level < ROW_LEVELS) {
+            scan_row(row, V, bits, [&](bool valid, int, float y) { add(valid, y); });
+            __syncthreads();
+            for (int b = threadIdx.x; b < NB; b += blockDim.x) s.rc[b] = s.cnt[b];
+        } else if (threadIdx.x == 0 && group_n) {  // the bf16 group: group_n equal values of key (prefix, low bits)
+            const unsigned key = (prefix & 0xffff0000u) | ((prefix & 0x80000000u) ? 0u : 0xffffu);
+            const float y = key_float(key), z = div ? y / t : y;
+            if ((key & pmask) == prefix && (!mass || z >= c)) {
+                s.cnt[(key >> shift) & (NB - 1)] += group_n;
+                if (mass) s.ms[(key >> shift) & (NB - 1)] += group_n * weight(z, M);
+            }
+        }
+        __syncthreads();
+        for (int h0 = 0; h0 < nh; h0 += blockDim.x) {  // history entries, warp-uniform
+            const int h = h0 + threadIdx.x;
+            add(h < nh, h < nh ? hy[h] : 0.f);
+        }
+        __syncthreads();
+        if (mass && level == 0) {
+            unsigned long long tot = 0;
+            for (int b = 0; b < NB; b++) tot += s.ms[b];
+            target = (double)p * (double)tot;
+        }
+        pick_digit(s, mass, above, k, target);
+        const unsigned d = s.sel;
+        above = s.sel_above;
+        if (level == ROW_LEVELS - 1) group_n = s.rc[d];
+        prefix |= d << shift;
+        pmask |= (NB - 1u) << shift;
+        __syncthreads();
+    }
+    return prefix;
+}
+
+// The row's threshold tau (keep z >= tau), given M (max z, a number or +inf) and the min-p cut c (or -inf).
+template <typename T>
+__device__ float threshold(const T* row, int V, const unsigned* bits, const int* htok, const float* hy, int nh,
+                           float t, unsigned k, float p, float c, float M, FilterSmem& s) {
+    const bool div = t != 1.f;
+    if (k > 0 && k < (unsigned)V) {
+        const float yk = key_float(select_key(row, V, bits, htok, hy, nh, t, div, c, M, false, k, p, s));
+        c = fmaxf(c, div ? yk / t : yk);
+    }
+    if (p < 1.f) {
+        const float ys = key_float(select_key(row, V, bits, htok, hy, nh, t, div, c, M, true, 0u, p, s));
+        c = fmaxf(c, div ? ys / t : ys);
+    }
+    return c;
+}
+
+// The largest y of the row and history as a candidate key (lowest index among equals); s.nan: a NaN was seen.
+template <typename T>
+__device__ void row_max(const T* row, int V, const unsigned* bits, const float* hy, const int* htok, int nh,
+                        FilterSmem& s) {
+    if (threadIdx.x == 0) { s.best = 0; s.nan = 0; }
+    __syncthreads();
+    unsigned long long b = 0;
+    bool nan = false;
+    scan_row(row, V, bits, [&](bool valid, int i, float y) {
+        if (!valid) return;
+        nan |= isnan(y);
+        b = max(b, cand_key(y, i));
+    });
+    for (int h = threadIdx.x; h < nh; h += blockDim.x) { nan |= isnan(hy[h]); b = max(b, cand_key(hy[h], htok[h])); }
+    for (int o = 16; o > 0; o >>= 1) b = max(b, __shfl_xor_sync(0xffffffffu, b, o));
+    if (__any_sync(0xffffffffu, nan) && (threadIdx.x & 31) == 0) s.nan = 1;
+    if ((threadIdx.x & 31) == 0) atomicMax(&s.best, b);
+    __syncthreads();
+}
+
+// FP32 path: in place on the processed copy x (z values); rows with top-k and top-p both off return at once.
+template <typename F>  // F = float only (a template so CuPy looks every kernel up the same way)
+__global__ void __launch_bounds__(FILTER_THREADS)
+top_k_top_p(F* __restrict__ x, int V, const int* __restrict__ top_k, const float* __restrict__ top_p) {
+    __shared__ FilterSmem s;
+    const int r = blockIdx.x, k = top_k[r];
+    const float p = top_p[r];
+    if (!(k > 0 && k < V) && !(p < 1.f)) return;
+    float* row = x + (size_t)r * V;
+    row_max(row, V, nullptr, nullptr, nullptr, 0, s);
+    const float M = key_float((unsigned)(s.best >> 32));
+    if (s.nan || !(M > NEG_INF)) return;  // a NaN row samples -1; an all -inf row has nothing to mask
+    const float tau = threshold(row, V, nullptr, nullptr, nullptr, 0, 1.f, (unsigned)max(k, 0), p, NEG_INF, M, s);
+    for (int i = threadIdx.x; i < V; i += blockDim.x)
+        if (row[i] < tau) row[i] = NEG_INF;
+}
+
+// Binary search of token t in the sorted tokens[lo, hi): its index, or -1.
+__device__ __forceinline__ int find_token(const int* tokens, int lo, int end, int t) {
+    int hi = end;
+    while (lo < hi) {
+        const int mid = (lo + hi) >> 1;
+        if (tokens[mid] < t) lo = mid + 1; else hi = mid;
+    }
+    return lo < end && tokens[lo] == t ? lo : -1;
+}
+
+// Fast path: one block per row; rows with sample_temp >= 0 are gumbel_sample's and return at once. Dynamic shared
+// memory: the history bitmap ((V + 31) / 32 words), then HIST_CAP tokens and HIST_CAP values.
+//   1. history: every token the row's bias / penalty / ban entries name (CSR rows sorted by token), once, with its
+//      adjusted value y, in the slow path's fp32 operations and order (add_entries, apply_penalties);
+//   2. the max (and its lowest index: the greedy answer; NaN -> -1), then min-p's cut and the radix selects;
+//   3. Gumbel-max over the survivors z >= tau: L = the max token's key bounds the winner's key from below, so a
+//      token with z + G_MAX < L needs no noise; the rest get their Philox word and exact key z + g, as in
+//      gumbel_sample, and the best (key, lowest index) wins.
+template <typename T>
+__global__ void __launch_bounds__(FILTER_THREADS)
+filter_sample(const T* __restrict__ logits, int V, const float* __restrict__ temperature,
+              const int* __restrict__ top_k, const float* __restrict__ top_p, const float* __restrict__ min_p,
+              const float* __restrict__ rep, const float* __restrict__ freq, const float* __restrict__ pres,
+              const float* __restrict__ sample_temp, const unsigned* __restrict__ seeds,
+              const int* __restrict__ positions, const int* __restrict__ bias_off, const int* __restrict__ bias_tok,
+              const float* __restrict__ bias_val, const int* __restrict__ pen_off, const int* __restrict__ pen_tok,
+              const int* __restrict__ pen_cnt, const int* __restrict__ ban_off, const int* __restrict__ ban_tok,
+              const float* __restrict__ ban_val, int* __restrict__ out) {
+    __shared__ FilterSmem s;
+    extern __shared__ unsigned dyn[];
+    const int r = blockIdx.x;
+    if (!(sample_temp[r] < 0.f)) return;
+    const int words = (V + 31) / 32;
+    unsigned* bits = dyn;
+    int* htok = reinterpret_cast<int*>(dyn + words);
+    float* hy = reinterpret_cast<float*>(htok + HIST_CAP);
+    const T* row = logits + (size_t)r * V;
+    const float t = temperature[r];
+
+    // 1. history
+    for (int w = threadIdx.x; w < words; w += blockDim.x) bits[w] = 0;
+    if (threadIdx.x == 0) s.nh = 0;
+    __syncthreads();
+    const int b0 = bias_off[r], b1 = bias_off[r + 1], p0 = pen_off[r], p1 = pen_off[r + 1];
+    const int n0 = ban_off[r], n1 = ban_off[r + 1];
+    const float rp = rep[r], fq = freq[r], pr = pres[r];
+    for (int e = b0 + threadIdx.x; e < b1 + (p1 - p0) + (n1 - n0); e += blockDim.x) {
+        // entry e of the three lists in turn; a token is owned by the first list that names it
+        const int tk = e < b1 ? bias_tok[e] : e < b1 + (p1 - p0) ? pen_tok[e - b1 + p0] : ban_tok[e - b1 - (p1 - p0) + n0];
+        if ((unsigned)tk >= (unsigned)V) continue;
+        const int eb = find_token(bias_tok, b0, b1, tk), ep = find_token(pen_tok, p0, p1, tk);
+        if ((e >= b1 && eb >= 0) || (e >= b1 + (p1 - p0) && ep >= 0)) continue;
+        float y = to_f32(row[tk]);
+        if (eb >= 0) y += bias_val[eb];
+        if (ep >= 0) {
+            const int cn = pen_cnt[ep];
+            if (rp != 1.f) y = y > 0.f ? y / rp : __fmul_rn(y, rp);
+            y = y - __fmul_rn(fq, (float)cn);
+            if (cn > 0) y = y - pr;
+        }
+        const int en = find_token(ban_tok, n0, n1, tk);
+        if (en >= 0) y += ban_val[en];
+        const unsigned slot = atomicAdd(&s.nh, 1u);
+        if (slot < HIST_CAP) {  // the gate keeps every row's history within HIST_CAP
+            htok[slot] = tk;
+            hy[slot] = y;
+            atomicOr(bits + (tk >> 5), 1u << (tk & 31));
+        }
+    }
+    __syncthreads();
+    const int nh = min((int)s.nh, HIST_CAP);
+
+    // 2. max, cut, thresholds
+    row_max(row, V, bits, hy, htok, nh, s);
+    if (s.nan) { if (threadIdx.x == 0) out[r] = -1; return; }
+    const unsigned long long mk = s.best;
+    const float My = key_float((unsigned)(mk >> 32));
+    const int iM = (int)~(unsigned)mk;
+    const bool greedy = !(t > 0.f), div = !greedy && t != 1.f;
+    if (greedy || !(My > NEG_INF)) { if (threadIdx.x == 0) out[r] = My > NEG_INF ? iM : 0; return; }
+    const float M = div ? My / t : My, mp = min_p[r];
+    float tau = mp > 0.f ? M + logf(mp) : NEG_INF;
+    tau = threshold(row, V, bits, htok, hy, nh, t, (unsigned)max(top_k[r], 0), top_p[r], tau, M, s);
+
+    // 3. Gumbel-max over the survivors
+    const unsigned k0 = seeds[2 * r], k1 = seeds[2 * r + 1], pos = (unsigned)positions[r];
+    auto key_of = [&](int i, float z) {
+        return z + gumbel(noise_word(sel4(coarse_call(i, pos, k0, k1), (i >> 2) & 3), sel4(fine_call(i, pos, k0, k1), i & 3), i & 3));
+    };
+    const float L = key_of(iM, M);
+    if (threadIdx.x == 0) s.best = cand_key(L, iM);
+    __syncthreads();
+    unsigned long long b = 0;
+    auto consider = [&](int i, float y) {
+        const float z = div ? y / t : y;
+        if (z < tau || z + G_MAX < L) return;
+        b = max(b, cand_key(key_of(i, z), i));
+    };
+    scan_row(row, V, bits, [&](bool valid, int i, float y) { if (valid) consider(i, y); });
+    for (int h = threadIdx.x; h < nh; h += blockDim.x) consider(htok[h], hy[h]);
+    for (int o = 16; o > 0; o >>= 1) b = max(b, __shfl_xor_sync(0xffffffffu, b, o));
+    if ((threadIdx.x & 31) == 0) atomicMax(&s.best, b);
+    __syncthreads();
+    if (threadIdx.x == 0) out[r] = (int)~(unsigned)s.best;
 }
 
 // ---- 7. logprobs -------------------------------------------------------------------------------------------------

@@ -1,8 +1,9 @@
-"""The sampler's ops, CPU twin of sampler.cu: same semantics, same Philox stream. These functions are also the
-reference the tests (and toolkit.sampling.filtered_probs) use.
+"""The sampler's ops, CPU twin of sampler.cu: same semantics, same Philox stream, the same threshold rule.
 
-    logits [R, V] fp32 -> to_fp32 (a copy) -> add_entries (bias) -> apply_penalties -> add_entries (bans)
+    slow path: logits [R, V] -> to_fp32 (a copy) -> add_entries (bias) -> apply_penalties -> add_entries (bans)
         -> temperature_min_p -> top_k_top_p -> gumbel_sample -> out int32[R]
+    fast path: logits [R, V] -> filter_sample (rows with sample_temp < 0; history, thresholds and Gumbel-max read
+        the logits in place) + gumbel_sample (the other rows) -> out int32[R]
     raw logits -> logprobs -> top ids / logprobs, the sampled token's logprob and rank
 
 Gumbel noise for token v of a request at position pos: Philox4x32-10 with key (seed_lo, seed_hi). Token v's 32-bit
@@ -14,61 +15,37 @@ with a NaN gives -1. Noise is only computed where it can matter: g lies in [-2.8
 once a real key B is known, a token with x/T + G_MAX < B needs no Philox call and one with u > exp(x/T - B + d)
 no logarithms (d covers the rounding, so both skips are exact).
 
-top_k_top_p: top-k keeps every value >= the k-th largest (ties kept); top-p then keeps token v of the survivors
-iff the softmax mass of the survivors strictly greater than x_v is < top_p (boundary token and its ties kept, the
-max always). Partition-based: no full sort of the vocabulary (top-p sorts only a top set whose mass reaches p).
+THE RULE (both paths, CPU and GPU; the fast path and the FP32 path give the same token for the same seed):
+  y_v    the adjusted logit: the raw logit, or for a "history" token (one a row's logit bias, penalties or bans
+         name) x + bias, then the penalties, then + -inf for a ban, in fp32, in that order. The fast path keeps the
+         history as a short per-row list of (token, y) and reads every other token's logit in place.
+  z_v    y_v / T in fp32 (T not in {0, 1}; else y_v). M = max z. A row holding a NaN samples -1, unfiltered.
+  min-p  keep z >= M + logf(min_p).
+  top-k  keep z >= the k-th largest z (ties kept).
+  top-p  over the survivors of min-p and top-k, weights W_v = fixed(z_v) = 2^32 if z_v == M, 0 if z_v - M < -25
+         (exp(-25) * 2^32 < 1/2), else rint(expf(z_v - M) * 2^32), an integer: sums are exact and independent of
+         their order (histogram bins, parallel reductions). S = sum of W over the survivors. Keep v iff
+         A_v = sum of W_u over survivors with z_u > z_v satisfies double(A_v) < double(top_p) * double(S). So the
+         max is always kept and ties at the boundary are kept together.
+  sample Gumbel-max over the kept tokens (the others are -inf), ties to the lowest index.
+Every filter keeps an upper set {z >= tau}. The FP32 path finds tau on z; the fast path on the 32-bit order keys of
+y (radix select, 8-bit digits, counts for top-k, W for top-p), then tau = y*/T: z = y/T is monotone, so the k-th
+largest z is the k-th largest y divided by T, and the smallest kept z for top-p is y*/T, y* the smallest survivor
+y with mass strictly above it (in y) < top_p * S (a z-tie of distinct y's is kept or dropped whole either way).
 """
 import numpy as np
 from numba import njit, prange
 
 M0, M1, W0, W1 = 0xD2511F53, 0xCD9E8D57, 0x9E3779B9, 0xBB67AE85
 G_MAX, G_MIN = np.float32(17.0), np.float32(-3.0)  # bounds of every computed Gumbel noise value
-_U32 = np.uint64(0xFFFFFFFF)
-_INV23 = np.float32(2.0 ** -23)
 NEG_INF = np.float32(-np.inf)
+W_ONE = 2.0 ** 32  # the fixed-point weight of the max (top-p masses)
+W_FLOOR = np.float32(-25.0)  # z - M below this has weight 0 (exactly: rint(exp(-25) * 2^32) = 0)
+HIST_CAP = 2048  # history entries a row may have on the fast path (sampler.cu keeps them in shared memory)
+VOCAB_CAP = 1 << 18  # vocabulary the fast path's history bitmap covers (sampler.cu, shared memory)
 
 
 # ---- Philox and the Gumbel noise ---------------------------------------------------------------------------
-def philox4x32_10(counter, key) -> np.ndarray:
-    """Vectorised Philox4x32-10: counter uint32[..., 4], key uint32[..., 2] (broadcast) -> uint32[..., 4]."""
-    c = [np.asarray(counter, np.uint64)[..., i] for i in range(4)]
-    k0, k1 = (np.asarray(key, np.uint64)[..., i] for i in range(2))
-    for _ in range(10):
-        p0, p1 = np.uint64(M0) * c[0], np.uint64(M1) * c[2]
-        c = [(p1 >> np.uint64(32)) ^ c[1] ^ k0, p1 & _U32, (p0 >> np.uint64(32)) ^ c[3] ^ k1, p0 & _U32]
-        k0, k1 = (k0 + np.uint64(W0)) & _U32, (k1 + np.uint64(W1)) & _U32
-    return np.stack(np.broadcast_arrays(*c), axis=-1).astype(np.uint32)
-
-
-def uniform_from_word(w) -> np.ndarray:
-    return ((np.asarray(w, np.uint32) >> np.uint32(9)).astype(np.float32) + np.float32(0.5)) * _INV23
-
-
-def noise_words(seed: int, pos: int, tokens) -> np.ndarray:
-    """uint32 Philox word of each token id (vectorised NumPy): coarse byte on top of the fine word (see the top)."""
-    v = np.asarray(tokens, np.int64)
-    key = np.array([seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF], np.uint64)
-
-    def word(counter0, counter2, q):
-        ctr = np.zeros(v.shape + (4,), np.uint64)
-        ctr[..., 0], ctr[..., 1], ctr[..., 2] = counter0, np.uint32(pos & 0xFFFFFFFF), counter2
-        return np.take_along_axis(philox4x32_10(ctr, key), q[..., None], axis=-1)[..., 0].astype(np.uint64)
-    coarse, fine = word(v >> 4, 1, (v >> 2) & 3), word(v >> 2, 0, v & 3)
-    byte = (coarse >> (np.uint64(8) * (v & 3).astype(np.uint64))) & np.uint64(0xFF)
-    return ((byte << np.uint64(24)) | (fine >> np.uint64(8))).astype(np.uint32)
-
-
-def gumbel_noise(seed: int, pos: int, tokens) -> np.ndarray:
-    """float32 noise g(seed, pos, v) for the given token ids (vectorised NumPy; the reference for the kernel)."""
-    return gumbel_from_uniform(uniform_from_word(noise_words(seed, pos, tokens)))
-
-
-def gumbel_from_uniform(u) -> np.ndarray:
-    """g = -log(-log1p(-u)), each step rounded to fp32 (as logf / log1pf do on the GPU, up to their last ulp)."""
-    t = (-np.log1p(-np.asarray(u, np.float64))).astype(np.float32)
-    return (-np.log(t.astype(np.float64))).astype(np.float32)
-
-
 @njit(cache=True, nogil=True)
 def _philox(c0, c1, c2, k0, k1):
     """Scalar Philox4x32-10 with counter (c0, c1, c2, 0); everything in uint64 lanes masked to 32 bits."""
@@ -113,33 +90,51 @@ def _noise(i, pos, k0, k1):
 # log(b / 256) less a margin of 1e-9, for each top byte b of a word: a token's u is >= b / 256, so a log bound
 # below this entry means u exceeds the bound (exactly: the margin covers the rounding of log).
 _LOG_BYTE = np.concatenate([[-np.inf], np.log(np.arange(1, 256) / 256.0) - 1e-9])
+_NO_TOK, _NO_VAL = np.zeros(0, np.int64), np.zeros(0, np.float32)  # an empty history (the FP32 path's rows)
 
 
 @njit(cache=True, nogil=True)
-def _sample_row(x, t, k0, k1, pos):
-    """One row of gumbel_sample: see the module docstring. x float32[V]."""
-    V = x.shape[0]
+def _sample_row(x, ht, hy, t, tau, k0, k1, pos):
+    """One row: argmax_v(z_v + g_v) over z_v >= tau (see the top); z from x, or from hy for the sorted history
+    tokens ht. x float32[V]. The FP32 path passes an empty history and tau = -inf."""
+    V, nh = x.shape[0], ht.shape[0]
     greedy = not (t > np.float32(0.0))
     div = (not greedy) and t != np.float32(1.0)
     m = np.float32(-np.inf)
     bi = 0
+    j = 0
     for i in range(V):
-        a = x[i] / t if div else x[i]
+        a = x[i]
+        if j < nh and ht[j] == i:
+            a = hy[j]
+            j += 1
+        if div:
+            a = a / t
         if a != a:
             return -1
+        if a < tau:
+            a = NEG_INF
         if a > m:
             m = a
             bi = i
     if greedy:
         return bi
-    # The key of the largest x/T is a real key: the winner's key is >= it, so a token needs no Philox call if
-    # x/T + G_MAX is below the best key so far, and no logarithms if u > exp(x/T - best + d) (g <= -log u; d covers
+    # The key of the largest z is a real key: the winner's key is >= it, so a token needs no Philox call if
+    # z + G_MAX is below the best key so far, and no logarithms if u > exp(z - best + d) (g <= -log u; d covers
     # the rounding), exactly as in the kernel. Both skips only drop tokens whose key is surely below the best.
     best = m + _gumbel(_noise(bi, pos, k0, k1))
     last_c = last_f = -1
     c0 = c1 = c2 = c3 = f0 = f1 = f2 = f3 = np.uint64(0)
+    j = 0
     for i in range(V):
-        a = x[i] / t if div else x[i]
+        a = x[i]
+        if j < nh and ht[j] == i:
+            a = hy[j]
+            j += 1
+        if div:
+            a = a / t
+        if a < tau:
+            a = NEG_INF
         if a + np.float32(17.0) < best:
             continue
         if i >> 4 != last_c:
@@ -167,16 +162,229 @@ def _sample_row(x, t, k0, k1, pos):
 @njit(cache=True, nogil=True, parallel=True)
 def _sample_rows(logits, temperature, seeds, positions, out):
     for r in prange(logits.shape[0]):
-        out[r] = _sample_row(logits[r], temperature[r], np.uint64(seeds[r, 0]), np.uint64(seeds[r, 1]),
+        if temperature[r] < 0:  # a fast-path row with processing: filter_sample's
+            continue
+        out[r] = _sample_row(logits[r], _NO_TOK, _NO_VAL, temperature[r], NEG_INF, np.uint64(seeds[r, 0]),
+                             np.uint64(seeds[r, 1]), np.uint64(np.uint32(positions[r])))
+
+
+# ---- the threshold rule (see the top) ---------------------------------------------------------------------------
+@njit(cache=True, nogil=True)
+def _okey(u):
+    """Order-preserving key (int64 in [0, 2^32)) of float32 bits u; -0 folded onto +0 (as sampler.cu's ord_key)."""
+    u = np.int64(u)
+    if u == 0x80000000:
+        u = 0
+    return (~u) & 0xFFFFFFFF if u & 0x80000000 else u | 0x80000000
+
+
+@njit(cache=True, nogil=True)
+def _key_float(k):
+    bits = k & 0x7FFFFFFF if k & 0x80000000 else (~k) & 0xFFFFFFFF
+    return np.array([bits], np.uint32).view(np.float32)[0]
+
+
+@njit(cache=True, nogil=True)
+def _weight(z, M):
+    """The fixed-point top-p weight of z, given the row's max M (see the top)."""
+    if z == M:
+        return np.int64(4294967296)
+    d = z - M
+    if not d >= W_FLOOR:
+        return np.int64(0)
+    return np.int64(np.rint(np.float64(np.float32(np.exp(d))) * W_ONE))
+
+
+@njit(cache=True, nogil=True)
+def _minp_cut(M, mp):
+    return M + np.float32(np.log(mp))
+
+
+@njit(cache=True, nogil=True)
+def _select(x, ht, hy, t, div, c, M, k, p, mass):
+    """Radix select over the order keys of y (x, or hy at the history tokens ht), 8-bit digits from the top:
+    mass False: the k-th largest y (counts over every token); True: y*, the smallest y among the survivors
+    (z >= c) whose W-mass strictly above it is < p * S. Returns that y."""
+    V, nh = x.shape[0], ht.shape[0]
+    xu, hu = x.view(np.uint32), hy.view(np.uint32)
+    prefix = pmask = above = 0
+    target = 0.0
+    for level in range(4):
+        shift = 24 - 8 * level
+        cnt = np.zeros(256, np.int64)
+        ms = np.zeros(256, np.int64)
+        j = 0
+        for i in range(V):
+            y, u = x[i], xu[i]
+            if j < nh and ht[j] == i:
+                y, u = hy[j], hu[j]
+                j += 1
+            key = _okey(u)
+            if key & pmask != prefix:
+                continue
+            d = (key >> shift) & 255
+            if mass:
+                z = y / t if div else y
+                if not z >= c:
+                    continue
+                ms[d] += _weight(z, M)
+            cnt[d] += 1
+        if mass and level == 0:
+            target = np.float64(p) * np.float64(ms.sum())
+        sel, sel_above = 0, above
+        for d in range(255, -1, -1):
+            if mass:  # the lowest non-empty digit whose mass above stays under the target
+                if cnt[d] == 0:
+                    continue
+                if not np.float64(above) < target:
+                    break
+                sel, sel_above = d, above
+                above += ms[d]
+            else:  # the digit where the count from the top reaches k
+                if above + cnt[d] >= k:
+                    sel, sel_above = d, above
+                    break
+                above += cnt[d]
+        above = sel_above
+        prefix |= sel << shift
+        pmask |= 255 << shift
+    return _key_float(prefix)
+
+
+@njit(cache=True, nogil=True)
+def _threshold(x, ht, hy, t, k, p, mp):
+    """tau: the row keeps z >= tau (-inf: no filter, a greedy or NaN row, or one of only -inf)."""
+    V = x.shape[0]
+    kon, pon, mon = 0 < k < V, p < np.float32(1.0), mp > np.float32(0.0)
+    if not (t > np.float32(0.0)) or not (kon or pon or mon):
+        return NEG_INF
+    div = t != np.float32(1.0)
+    My = NEG_INF
+    j, nh = 0, ht.shape[0]
+    for i in range(V):
+        y = x[i]
+        if j < nh and ht[j] == i:
+            y = hy[j]
+            j += 1
+        if y != y:
+            return NEG_INF
+        My = max(My, y)
+    M = My / t if div else My
+    if not M > NEG_INF:
+        return NEG_INF
+    c = _minp_cut(M, mp) if mon else NEG_INF
+    if kon:
+        yk = _select(x, ht, hy, t, div, c, M, k, p, False)
+        c = max(c, yk / t if div else yk)
+    if pon:
+        ys = _select(x, ht, hy, t, div, c, M, k, p, True)
+        c = max(c, ys / t if div else ys)
+    return c
+
+
+@njit(cache=True, nogil=True)
+def _history(x, r, boff, btok, bval, poff, ptok, pcnt, noff, ntok, nval, rp, f, pp):
+    """Row r's history: the tokens its bias, penalty and ban entries name, sorted, once each (a merge of the three
+    sorted CSR rows), and their adjusted values y, in the slow path's order and fp32 arithmetic (add_entries,
+    apply_penalties)."""
+    V = x.shape[0]
+    ib, ie, ip, pe, jn, ne = boff[r], boff[r + 1], poff[r], poff[r + 1], noff[r], noff[r + 1]
+    ht = np.empty(ie - ib + pe - ip + ne - jn, np.int64)
+    hy = np.empty(ht.shape[0], np.float32)
+    n = 0
+    while ib < ie or ip < pe or jn < ne:
+        big = V + 1  # past every list's end
+        tok = min(btok[ib] if ib < ie else big, ptok[ip] if ip < pe else big, ntok[jn] if jn < ne else big)
+        y = x[tok] if 0 <= tok < V else np.float32(0.0)
+        if ib < ie and btok[ib] == tok:
+            y = y + bval[ib]
+            ib += 1
+        if ip < pe and ptok[ip] == tok:
+            cnt = pcnt[ip]
+            if rp != np.float32(1.0):
+                y = y / rp if y > np.float32(0.0) else y * rp
+            y = y - f * np.float32(cnt)
+            if cnt > 0:
+                y = y - pp
+            ip += 1
+        if jn < ne and ntok[jn] == tok:
+            y = y + nval[jn]
+            jn += 1
+        if 0 <= tok < V:  # ids outside the vocabulary are skipped, as on the slow path
+            ht[n] = tok
+            hy[n] = y
+            n += 1
+    return ht[:n], hy[:n]
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def _filter_rows(x, temperature, top_k, top_p, min_p, rep, freq, pres, sample_temp, seeds, positions, boff, btok,
+                 bval, poff, ptok, pcnt, noff, ntok, nval, out):
+    for r in prange(x.shape[0]):
+        if sample_temp[r] >= 0:  # a row without processing: gumbel_sample's
+            continue
+        ht, hy = _history(x[r], r, boff, btok, bval, poff, ptok, pcnt, noff, ntok, nval, rep[r], freq[r], pres[r])
+        t = temperature[r]
+        tau = _threshold(x[r], ht, hy, t, top_k[r], top_p[r], min_p[r])
+        out[r] = _sample_row(x[r], ht, hy, t, tau, np.uint64(seeds[r, 0]), np.uint64(seeds[r, 1]),
                              np.uint64(np.uint32(positions[r])))
 
 
+@njit(cache=True, nogil=True, parallel=True)
+def _temperature_min_p(x, temperature, min_p):
+    for r in prange(x.shape[0]):
+        t, mp = temperature[r], min_p[r]
+        if t == 0:
+            continue
+        row = x[r]
+        M = NEG_INF
+        for i in range(row.shape[0]):
+            if t != 1:
+                row[i] = row[i] / t
+            if row[i] > M:  # NaN skipped, as fmaxf does
+                M = row[i]
+        if mp > 0:
+            cut = _minp_cut(M, mp)
+            for i in range(row.shape[0]):
+                if row[i] < cut:
+                    row[i] = NEG_INF
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def _top_k_top_p(x, top_k, top_p):
+    for r in prange(x.shape[0]):
+        tau = _threshold(x[r], _NO_TOK, _NO_VAL, np.float32(1.0), top_k[r], top_p[r], np.float32(0.0))
+        if tau > NEG_INF:
+            row = x[r]
+            for i in range(row.shape[0]):
+                if row[i] < tau:
+                    row[i] = NEG_INF
+
+
 # ---- the ops ----------------------------------------------------------------------------------------------------
+def _f32(a):
+    return np.ascontiguousarray(a, np.float32)
+
+
+def _i32(a):
+    return np.ascontiguousarray(a, np.int32)
+
+
 def gumbel_sample(logits, temperature, seeds, positions, out):
-    """out int32[R] = argmax_v(x_v / T + g(seed, pos, v)) per row (T == 0: plain argmax); -1 for a NaN row.
-    logits float32[R, V], temperature f32[R], seeds uint32[R, 2] (lo, hi), positions int32[R]."""
-    _sample_rows(np.ascontiguousarray(logits, np.float32), np.asarray(temperature, np.float32),
-                 np.asarray(seeds, np.uint32), np.asarray(positions, np.int32), out)
+    """out int32[R] = argmax_v(x_v / T + g(seed, pos, v)) per row (T == 0: plain argmax); -1 for a NaN row; rows
+    with T < 0 are left to filter_sample. logits float32[R, V], temperature f32[R], seeds uint32[R, 2] (lo, hi),
+    positions int32[R]."""
+    _sample_rows(_f32(logits), _f32(temperature), np.asarray(seeds, np.uint32), _i32(positions), out)
+
+
+def filter_sample(logits, temperature, top_k, top_p, min_p, rep, freq, pres, sample_temp, seeds, positions,
+                  bias_off, bias_tok, bias_val, pen_off, pen_tok, pen_cnt, ban_off, ban_tok, ban_val, out):
+    """The fast path's processing rows (sample_temp < 0): out[r] from the logits as they are (see the top); each
+    CSR row's tokens sorted."""
+    _filter_rows(_f32(logits), _f32(temperature), _i32(top_k), _f32(top_p), _f32(min_p), _f32(rep), _f32(freq),
+                 _f32(pres), _f32(sample_temp), np.asarray(seeds, np.uint32), _i32(positions), _i32(bias_off),
+                 _i32(bias_tok), _f32(bias_val), _i32(pen_off), _i32(pen_tok), _i32(pen_cnt), _i32(ban_off),
+                 _i32(ban_tok), _f32(ban_val), out)
 
 
 def to_fp32(logits, out):
@@ -207,7 +415,8 @@ def apply_penalties(x, offsets, tokens, counts, rep, freq, pres):
     rows, tok, cnt = rows[ok], tok[ok], np.asarray(counts[sl], np.int32)[ok]
     rp, f, p = (np.asarray(a, np.float32)[rows] for a in (rep, freq, pres))
     v = x[rows, tok]
-    v = np.where(rp != 1, np.where(v > 0, v / rp, v * rp), v)
+    with np.errstate(over="ignore"):  # np.where computes both branches: v * rp of a huge positive v is dropped
+        v = np.where(rp != 1, np.where(v > 0, v / rp, v * rp), v)
     v = v - f * cnt.astype(np.float32)
     v = np.where(cnt > 0, v - p, v)
     x[rows, tok] = v
@@ -215,54 +424,12 @@ def apply_penalties(x, offsets, tokens, counts, rep, freq, pres):
 
 def temperature_min_p(x, temperature, min_p):
     """Rows with T not in {0, 1}: x /= T; then rows with min_p > 0 (T != 0): x < max + log(min_p) -> -inf."""
-    for r in range(x.shape[0]):
-        t, mp = np.float32(temperature[r]), np.float32(min_p[r])
-        if t == 0:
-            continue
-        if t != 1:
-            np.divide(x[r], t, out=x[r])
-        if mp > 0:
-            thr = np.fmax.reduce(x[r]) + np.log(mp)  # fmax skips NaN, as fmaxf does
-            x[r][x[r] < thr] = NEG_INF
-
-
-def _top_p_threshold(row, keep, M, p):
-    """The value tau: survivors (row[keep]) >= tau are the smallest top set whose mass reaches p (see top)."""
-    vals = row[keep] if keep is not None else row
-    w = np.where(vals == M, np.float32(1), np.exp(vals - M))  # M may be +inf
-    target = p * w.sum(dtype=np.float64)
-    m = min(vals.size, 256)
-    while True:  # the top m values by partition, doubled until their mass reaches the target
-        top = vals if m >= vals.size else vals[np.argpartition(vals, vals.size - m)[vals.size - m:]]
-        top = np.sort(top)[::-1]
-        wt = np.where(top == M, np.float32(1), np.exp(top - M))
-        cum = np.cumsum(wt, dtype=np.float64)
-        if cum[-1] >= target or m >= vals.size:
-            i = int(np.searchsorted(cum, target))  # first index whose inclusive mass reaches the target
-            return top[min(i, top.size - 1)]
-        m *= 4
+    _temperature_min_p(x, _f32(temperature), _f32(min_p))
 
 
 def top_k_top_p(x, top_k, top_p):
-    """In place on fp32 x [R, V]: top_k int32[R] (<= 0 or >= V: off), top_p f32[R] (1: off); see the docstring."""
-    V = x.shape[1]
-    for r in range(x.shape[0]):
-        k, p = int(top_k[r]), np.float32(top_p[r])
-        kon, pon = 0 < k < V, p < 1
-        if not (kon or pon):
-            continue
-        row = x[r]
-        M = row.max()
-        if not M > NEG_INF:  # all -inf (nothing to mask) or a NaN row (sampling reports it)
-            continue
-        thr = NEG_INF
-        if kon:
-            thr = np.partition(row, V - k)[V - k]
-        if pon:
-            thr = max(thr, _top_p_threshold(row, row >= thr if kon else None, M, p))
-        row[row < thr] = NEG_INF
-
-
+    """In place on fp32 x [R, V]: top_k int32[R] (<= 0 or >= V: off), top_p f32[R] (1: off); the rule at the top."""
+    _top_k_top_p(x, _i32(top_k), _f32(top_p))
 def logprobs(logits, sampled, n, top_ids, top_lp, sampled_lp, sampled_rank):
     """From raw logits [R, V]: top_ids int32[R, n] (largest first, ties -> lower id), top_lp f32[R, n],
     sampled_lp f32[R] = log-softmax at sampled[r], sampled_rank int32[R] = count(x >= x[sampled]). Rows with
@@ -288,8 +455,3 @@ def logprobs(logits, sampled, n, top_ids, top_lp, sampled_lp, sampled_rank):
         top_ids[r, nn:], top_lp[r, nn:] = -1, NEG_INF
 
 
-def softmax_rows(x) -> np.ndarray:
-    """float64 softmax of each row of x [R, V] (-inf -> probability 0)."""
-    x = np.asarray(x, np.float64)
-    e = np.exp(x - x.max(axis=-1, keepdims=True))
-    return e / e.sum(axis=-1, keepdims=True)

@@ -28,6 +28,7 @@ from pathlib import Path
 from toolkit.engine import SamplingParams
 from toolkit.engine.options import EngineOptions
 from toolkit.errors import ToolkitError
+from toolkit.sampler.batch import vocab_limit
 from toolkit.sampler.params import load_generation_config
 
 MAX_REPLIES = 256
@@ -48,10 +49,9 @@ def default_params(model_dir) -> SamplingParams:
 
 
 def fast_path_note(params: SamplingParams, vocab_size: int | None = None) -> str | None:
-    """The parameters that need logits processing (so the sampler fast path cannot apply), as "temperature 0.7,
-    top_k 20", or None. The same test as the sampler's gate."""
-    reasons = params.processing_reasons(vocab_size, has_stop_ids=bool(params.stop_token_ids) or not params.ignore_eos)
-    return ", ".join(reasons) if reasons else None
+    """Why the sampler fast path cannot apply to these parameters, or None: it holds every setting, so only the
+    model's vocabulary can rule it out in advance (the sampler's gate, toolkit/sampler/batch.py)."""
+    return vocab_limit(vocab_size) or None if vocab_size is not None else None
 
 
 @dataclass

@@ -269,7 +269,7 @@ class TimingsPanel(Widget):
         elif wanted != ran:
             line.append(f" (asked {'on' if wanted else 'off'})", "dim")
         if name == "sampler_fast_path" and self.fast_path_why:
-            reason = f"not applicable: {self.fast_path_why} needs logits processing"
+            reason = f"not applicable: {self.fast_path_why}"
             if width and line.cell_len + 1 + len(reason) > width:
                 line.append("\n" + " " * (key_w + 1 if key_w else 0))
             else:

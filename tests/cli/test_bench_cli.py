@@ -9,6 +9,7 @@ from tests.conftest import FIXTURES
 
 import toolkit.cli.bench as bench_cli
 from toolkit.__main__ import main
+from toolkit.bench.sampler import MODES
 from toolkit.bench.sweep import fmt, int_list, mean_std, percentile, switch_list
 from toolkit.bench.throughput import workload
 from toolkit.engine.options import EngineOptions
@@ -267,8 +268,12 @@ def test_bench_sampler_cpu(capsys):
                  "-r", "1"]) == 0
     out = capsys.readouterr().out
     rows = [line for line in out.splitlines() if line.startswith("| 1 |") or line.startswith("| 3 |")]
-    assert len(rows) == 2 * 6
+    assert len(rows) == 2 * len(MODES)
     fast = [r for r in rows if "| fast |" in r]
     slow = [r for r in rows if "| slow |" in r]
-    assert fast and slow and all("| 0.0 MiB |" in r for r in fast)
+    assert fast and slow and all(r.split(" | ")[3] == "0.0 MiB" for r in fast)
     assert "| 3 | greedy, fast path off | slow |" in out  # the switch forces the FP32 copy
+    # every processing setting goes fast with the path on, and each path has its bytes against the roofline
+    assert "| 3 | default model's settings, 256-token histories, fast path | fast |" in out
+    assert "| 3 | top-p 0.95 + penalties, 256-token histories, fast path off | slow |" in out
+    assert "| HBM bytes/step (least) | roofline µs |" in out

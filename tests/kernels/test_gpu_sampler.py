@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from kernels import sampler as S
+from tests.kernels import sampler_reference as R
 
 cp = pytest.importorskip("cupy")
 from tests.gpu_arrays import dev, rounded  # noqa: E402
@@ -63,7 +64,7 @@ def cpu_sample(x, temps, seeds, pos):
 def near_tie(x, t, seeds, pos, a, b):
     """Are tokens a and b's keys within 1e-5 relative (a float-rounding tie)?"""
     seed = int(seeds[0]) | (int(seeds[1]) << 32)
-    g = S.gumbel_noise(seed, int(pos), np.array([a, b]))
+    g = R.gumbel_noise(seed, int(pos), np.array([a, b]))
     xa = x[[a, b]] / np.float32(t) if t != 1 else x[[a, b]]
     ka, kb = (xa + g).astype(np.float64)
     return abs(ka - kb) <= 1e-5 * max(1.0, abs(ka), abs(kb))
@@ -280,7 +281,7 @@ def test_chi2_gpu(case):
     x = (rng.standard_normal(V) * 1.5).astype(np.float32)[None]
     k = K("float32")
     if case == "temperature":
-        logits, temp, probs = x, 0.7, S.softmax_rows(x / np.float32(0.7))[0]
+        logits, temp, probs = x, 0.7, R.softmax_rows(x / np.float32(0.7))[0]
     else:
         xg = cp.asarray(x)
         f32, i32 = (lambda v: cp.asarray(np.float32([v]))), (lambda v: cp.asarray(np.int32([v])))  # noqa: E731
@@ -288,7 +289,7 @@ def test_chi2_gpu(case):
         if case != "min_p":
             k.top_k_top_p(xg, i32(50 if case == "top_k" else 0), f32(0.8 if case == "top_p" else 1))
         logits, temp = cp.asnumpy(xg), 1.0
-        probs = S.softmax_rows(logits)[0]
+        probs = R.softmax_rows(logits)[0]
         assert (probs == 0).sum() > 100
     xs = cp.tile(cp.asarray(logits), (N, 1))
     seeds = np.broadcast_to(np.uint32([2024, 7]), (N, 2)).copy()

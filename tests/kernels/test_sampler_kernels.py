@@ -9,6 +9,7 @@ from hypothesis import given, settings, strategies as st
 from tests.tolerance import U32, assert_within, log_softmax_bound
 
 from kernels import sampler as S
+from tests.kernels import sampler_reference as R
 
 INF = np.float32(np.inf)
 
@@ -24,7 +25,7 @@ KAT = [  # Random123 kat_vectors, philox4x32_10: counter, key -> output
 
 @pytest.mark.parametrize("ctr,key,want", KAT)
 def test_philox_known_answers(ctr, key, want):
-    got = S.philox4x32_10(np.array(ctr, np.uint64), np.array(key, np.uint64))
+    got = R.philox4x32_10(np.array(ctr, np.uint64), np.array(key, np.uint64))
     assert tuple(int(w) for w in got) == want
 
 
@@ -33,16 +34,16 @@ def test_numba_philox_matches_numpy():
     for _ in range(50):
         c0, c1, k0, k1 = (int(v) for v in rng.integers(0, 2 ** 32, 4, dtype=np.uint64))
         c2 = _ & 1
-        ref = S.philox4x32_10(np.array([c0, c1, c2, 0], np.uint64), np.array([k0, k1], np.uint64))
+        ref = R.philox4x32_10(np.array([c0, c1, c2, 0], np.uint64), np.array([k0, k1], np.uint64))
         got = S._philox(np.uint64(c0), np.uint64(c1), np.uint64(c2), np.uint64(k0), np.uint64(k1))
         assert tuple(int(w) for w in got) == tuple(int(w) for w in ref)
 
 
 def test_uniform_is_exact_and_inside_the_open_interval():
-    u = S.uniform_from_word(np.array([0, 511, 512, 0xffffffff], np.uint32))
+    u = R.uniform_from_word(np.array([0, 511, 512, 0xffffffff], np.uint32))
     # (w >> 9) + 0.5 needs at most 24 significant bits: exact in fp32
     assert list(u.astype(np.float64)) == [0.5 * 2 ** -23, 0.5 * 2 ** -23, 1.5 * 2 ** -23, 1 - 2 ** -24]
-    g = S.gumbel_from_uniform(u)
+    g = R.gumbel_from_uniform(u)
     assert np.all(np.isfinite(g)) and g.max() < S.G_MAX and g.min() > S.G_MIN
 
 
@@ -64,7 +65,7 @@ def test_group_word_bound_never_drops_a_candidate(thr, words):
     k = int(min(thr, 1.0) * 2 ** 23) if thr == thr else 2 ** 23 - 1  # the words around u = thr as well
     near = [min(max(k + d, 0), 2 ** 23 - 1) << 9 | low for d in (-1, 0, 1) for low in (0, 511)]
     w = np.array(words + near, np.uint32)
-    cand = (S.uniform_from_word(w) <= np.float32(thr)) | (thr != thr)  # NaN threshold (L = inf): every word
+    cand = (R.uniform_from_word(w) <= np.float32(thr)) | (thr != thr)  # NaN threshold (L = inf): every word
     assert (w[cand] <= W).all()
 
 
@@ -95,10 +96,10 @@ def test_noise_words_layout():
     the vectorised reference and the Numba scalar agree, and 16 tokens share one coarse call."""
     seed, pos = 2 ** 40 + 9, 321
     v = np.arange(64)
-    words = S.noise_words(seed, pos, v)
+    words = R.noise_words(seed, pos, v)
     key = np.array([seed & 0xFFFFFFFF, seed >> 32], np.uint64)
-    coarse = S.philox4x32_10(np.array([1, pos, 1, 0], np.uint64), key)  # tokens 16..31
-    fine = S.philox4x32_10(np.array([5, pos, 0, 0], np.uint64), key)    # tokens 20..23
+    coarse = R.philox4x32_10(np.array([1, pos, 1, 0], np.uint64), key)  # tokens 16..31
+    fine = R.philox4x32_10(np.array([5, pos, 0, 0], np.uint64), key)    # tokens 20..23
     for t in range(20, 24):
         assert int(words[t]) == ((int(coarse[1]) >> 8 * (t & 3) & 0xFF) << 24) | (int(fine[t & 3]) >> 8)
     k0, k1 = np.uint64(key[0]), np.uint64(key[1])
@@ -117,7 +118,7 @@ def reference_sample(x, t, seed, pos):
     a = x / np.float32(t) if t != 1 else x
     if np.isnan(a).any():
         return -1
-    return int(np.argmax(a + S.gumbel_noise(seed, pos, np.arange(x.size))))
+    return int(np.argmax(a + R.gumbel_noise(seed, pos, np.arange(x.size))))
 
 
 def sample(x, temps, seeds, positions):
@@ -366,14 +367,14 @@ def test_chi2_sampling(case):
     x = (rng.standard_normal(V) * 1.5).astype(np.float32)[None]
     t = 0.7
     if case == "temperature":
-        probs = S.softmax_rows(x / np.float32(t))[0]
+        probs = R.softmax_rows(x / np.float32(t))[0]
         logits, temp = x, t
     else:
         proc = x.copy()
         S.temperature_min_p(proc, np.float32([t]), np.float32([0.1 if case == "min_p" else 0.0]))
         if case != "min_p":
             S.top_k_top_p(proc, np.int32([50 if case == "top_k" else 0]), np.float32([0.8 if case == "top_p" else 1]))
-        probs = S.softmax_rows(proc)[0]
+        probs = R.softmax_rows(proc)[0]
         assert (probs == 0).sum() > 100  # the filter masked something
         logits, temp = proc, 1.0
     tokens = sample(np.broadcast_to(logits, (N, V)), np.full(N, temp), np.broadcast_to(seed_words(2024), (N, 2)),

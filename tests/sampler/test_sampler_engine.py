@@ -53,15 +53,38 @@ def test_noop_batches_fast_equals_slow(engine):
     assert {s.sampler_bytes for s in ssteps if s.kind == "decode"} == {4 * 4 * V}  # 4 rows x V x fp32
 
 
-def test_one_processing_row_flips_the_batch_and_keeps_the_others(engine):
+def test_processing_rows_go_fast_and_fast_equals_slow(engine):
+    """The default model's kind of settings (and every other processing) now take the fast path, token for token
+    the slow path's; the plain rows of the same batch are untouched by them."""
     base = [(ids, SamplingParams(max_tokens=10, temperature=t, seed=7 + i, ignore_eos=True))
             for i, (ids, t) in enumerate(zip(PROMPTS[:3], [0.0, 1.0, 0.0]))]
     alone, _ = run(engine, base)
-    hot = (PROMPTS[3], SamplingParams(max_tokens=10, temperature=0.7, top_p=0.9, seed=1, ignore_eos=True))
-    mixed, steps = run(engine, base + [hot])
-    assert mixed[:3] == alone
+    hot = [(PROMPTS[3], SamplingParams(max_tokens=10, temperature=0.8, top_k=40, top_p=0.95, repetition_penalty=1.1,
+                                       seed=1, ignore_eos=True)),
+           (PROMPTS[0], SamplingParams(max_tokens=10, temperature=0.0, repetition_penalty=1.3, seed=2,
+                                       ignore_eos=True)),
+           (PROMPTS[2], SamplingParams(max_tokens=10, temperature=1.2, min_p=0.05, frequency_penalty=0.5,
+                                       presence_penalty=0.3, logit_bias={3: 2.0, 7: -5.0}, bad_words=((5,), (4, 6)),
+                                       min_tokens=4, seed=3))]
+    fast, fsteps = run(engine, base + hot, fast=True)
+    slow, ssteps = run(engine, base + hot, fast=False)
+    assert fast[:3] == alone and fast == slow
+    assert {s.sampler_path for s in fsteps} == {"fast"} and {s.sampler_bytes for s in fsteps} == {0}
+    assert {s.sampler_why for s in ssteps} == {"switched off"}
+
+
+def test_a_row_beyond_the_fast_path_sends_the_step_slow(engine, monkeypatch):
+    from toolkit.sampler import batch
+
+    monkeypatch.setattr(batch, "HIST_CAP", 3)  # a history longer than the kernel's shared memory holds
+    reqs = [(PROMPTS[0], SamplingParams(max_tokens=6, temperature=0.0, seed=1, ignore_eos=True)),
+            (PROMPTS[2], SamplingParams(max_tokens=6, temperature=0.7, repetition_penalty=1.2, seed=2,
+                                        ignore_eos=True))]
+    mixed, steps = run(engine, reqs)
     assert {s.sampler_path for s in steps} == {"slow"}
-    assert steps[0].sampler_why == "temperature 0.7"
+    assert steps[0].sampler_why == "history of 4 tokens (the fast path holds 3)"  # 4 distinct prompt ids
+    monkeypatch.setattr(batch, "HIST_CAP", 2048)
+    assert run(engine, reqs)[0] == mixed
 
 
 def test_batch_invariance_of_seeded_sampling(engine):
@@ -96,7 +119,7 @@ def test_sampler_never_writes_the_model_logits():
         s.on_token(2)
     for fast_on in (True, False):
         sb = sampler.prepare(states, np.arange(B, dtype=np.int32), np.ones(B, bool), B, fast_on)
-        assert not sb.fast
+        assert sb.fast == fast_on
         sampler.stage(sb)
         sampler.sample(logits, sb, NullTimer())
         assert np.array_equal(logits, before)
@@ -204,3 +227,24 @@ def test_logprobs_zero_gives_the_sampled_token_only(engine):
     assert all(o.logprobs["top"] == [] and o.logprobs["logprob"] <= 0 and o.logprobs["rank"] >= 1 for o in outs)
     plain = list(engine.generate(PROMPTS[0], SamplingParams(max_tokens=2, seed=4, ignore_eos=True)))
     assert [o.token for o in plain] == [o.token for o in outs] and all(o.logprobs is None for o in plain)
+
+
+def test_request_timings_say_the_sampler_path_and_fp32_bytes(engine):
+    """Each request's stats (a JSONL record's `timings`): the path its tokens were sampled on, and the FP32 bytes
+    materialised for its row: none on the fast path, V * 4 per token on the slow one, `mixed` across a switch."""
+    V = engine.cfg.vocab_size
+    p = SamplingParams(max_tokens=5, temperature=0.8, top_k=40, top_p=0.95, repetition_penalty=1.1, seed=3,
+                       ignore_eos=True)
+    for fast, path, nbytes in ((True, "fast", 0), (False, "slow", 5 * 4 * V)):
+        engine.set_options(engine.options.with_(sampler_fast_path=fast))
+        last = list(engine.generate(PROMPTS[0], p))[-1].stats.as_dict()
+        assert (last["sampler_path"], last["sampler_fp32_bytes"]) == (path, nbytes)
+    engine.set_options(engine.options.with_(sampler_fast_path=True))
+    rid = engine.add_request(PROMPTS[0], p)
+    outs = []
+    while engine.has_unfinished():
+        outs += [o for o in engine.step() if o.request_id == rid]
+        if len(outs) == 2:
+            engine.set_options(engine.options.with_(sampler_fast_path=False))
+    engine.set_options(engine.options.with_(sampler_fast_path=True))
+    assert outs[-1].stats.sampler_path == "mixed"

@@ -306,15 +306,15 @@ async def test_the_fast_path_reason_stands_beside_its_toggle():
     app = PanelApp()
     async with app.run_test(size=(110, 40)) as pilot:
         panel = app.query_one(TimingsPanel)
-        panel.set_fast_path_note("temperature 0.7, top_k 20")  # from the settings, before any step
+        panel.set_fast_path_note("vocabulary of 300000 tokens")  # from the model, before any step
         panel.flush()
-        assert "on  not applicable: temperature 0.7, top_k 20 needs logits processing" in toggle_lines(app)["F2"]
-        panel.record(decode(sampler_path="slow", sampler_why="temperature 0.7"))  # the fuller list stays
+        assert "on  not applicable: vocabulary of 300000 tokens" in toggle_lines(app)["F2"]
+        panel.record(decode(sampler_path="slow", sampler_why="vocabulary of 300000"))  # the fuller note stays
         panel.flush()
-        assert "temperature 0.7, top_k 20" in toggle_lines(app)["F2"]
-        panel.record(decode(sampler_path="slow", sampler_why="min_p 0.1"))  # what ran says otherwise
+        assert "vocabulary of 300000 tokens" in toggle_lines(app)["F2"]
+        panel.record(decode(sampler_path="slow", sampler_why="history of 3000 tokens"))  # what ran says otherwise
         panel.flush()
-        assert "not applicable: min_p 0.1 needs" in toggle_lines(app)["F2"]
+        assert "not applicable: history of 3000 tokens" in toggle_lines(app)["F2"]
         panel.record(decode(sampler_path="fast"))
         panel.flush()
         assert "not applicable" not in toggle_lines(app)["F2"]

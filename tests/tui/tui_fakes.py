@@ -105,9 +105,8 @@ class FakeEngine:
         opts = self.options.effective(self.backend)
         prefill = [rid for rid, a in self._active.items() if not a[2]]
         rows = len(self._active)
-        needs = [a[3] for a in self._active.values() if a[3].processing_reasons(VOCAB, not a[3].ignore_eos)]
-        fast = opts.sampler_fast_path and not needs
-        why = "" if fast else ("switched off" if not needs else needs[0].processing_reasons(VOCAB, True)[0])
+        fast = opts.sampler_fast_path  # the fast path holds every setting (toolkit/sampler/batch.py's gate)
+        why = "" if fast else "switched off"
         sampler = dict(sampler_path="fast" if fast else "slow", sampler_why=why,
                        sampler_bytes=0 if fast else rows * VOCAB * 4)
         if prefill:

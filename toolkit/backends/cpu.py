@@ -200,6 +200,7 @@ class CpuBackend:
 
 # Backend ops that are exactly one CPU twin (kernels/<op>.py; the sampler's: kernels/sampler.py), as static methods.
 for _twin in (embedding, add_rmsnorm, add_rmsnorm_partials, rope_qkv, silu_mul, silu_mul_scaled, gemv, gemv_swiglu,
-              gemm_skinny, gemm_skinny_swiglu, gemm_skinny_rope, gemm_skinny_norm, _smp.gumbel_sample, _smp.to_fp32,
+              gemm_skinny, gemm_skinny_swiglu, gemm_skinny_rope, gemm_skinny_norm, _smp.gumbel_sample,
+              _smp.filter_sample, _smp.to_fp32,
               _smp.add_entries, _smp.apply_penalties, _smp.temperature_min_p, _smp.top_k_top_p, _smp.logprobs):
     setattr(CpuBackend, _twin.__name__, staticmethod(_twin))

@@ -292,7 +292,8 @@ KERNEL_OPS = ("kernels", {n: n for n in (
     "gemv_swiglu", "gemm_skinny", "gemm_skinny_swiglu", "gemm_skinny_rope", "gemm_skinny_norm", "decode_attention",
     "decode_attention_tc", "prefill_attention", "prefill_attention_tc")})
 SAMPLER_OPS = ("sampler_kernels", {n: n for n in (
-    "gumbel_sample", "to_fp32", "add_entries", "apply_penalties", "temperature_min_p", "top_k_top_p", "logprobs")})
+    "gumbel_sample", "filter_sample", "to_fp32", "add_entries", "apply_penalties", "temperature_min_p", "top_k_top_p",
+    "logprobs")})
 # (kernels/sparse_prefill.cu, sparse_attention_tc.cu and combine.cu; launchers in cuda_sparse.py, driver in
 # toolkit/model/sparse.py)
 SPARSE_OPS = ("_sparse", {

@@ -75,7 +75,8 @@ def kernel_names(op: str, ctype: str) -> list:
     if op == "sampler":  # templated on the logits type; the processing kernels exist for float only
         f32 = ["add_entries", "apply_penalties", "temperature_max", "min_p_mask", "top_k_top_p"]
         sample = [f"gumbel_sample<{ctype}, {nl}>" for nl in SAMPLE_LOADS]
-        return sample + [f"{k}<{ctype}>" for k in ["to_fp32", "logprobs"] + (f32 if ctype == "float" else [])]
+        return sample + [f"{k}<{ctype}>" for k in ["to_fp32", "logprobs", "filter_sample"] +
+                         (f32 if ctype == "float" else [])]
     if op == "gemm_skinny":
         return _skinny_names(ctype)
     if op == "gemv":

@@ -3,6 +3,7 @@
     logits [R, V] (bf16 as uint16 bits, fp16, fp32) --to_fp32--> x f32[R, V]
     x: add_entries, apply_penalties, temperature_min_p, top_k_top_p (in place)
     logits or x --gumbel_sample--> out int32[R];   raw logits --logprobs--> top ids / logprobs, rank
+    logits --filter_sample--> out int32[R] for the fast path's processing rows (no FP32 copy)
 
 Every launch is a few host checks plus kernel launches on the current CuPy stream: no host synchronisation, no
 allocation, no host->device copy, and grids that depend only on (R, V), so a launch sequence can be captured in
@@ -15,11 +16,14 @@ import functools
 
 import numpy as np
 
+from kernels.sampler import HIST_CAP, VOCAB_CAP
 from .cuda_kernels import _module, _i32, CTYPES, SAMPLE_LOADS
 
 SAMPLE_THREADS = 256  # sampler.cu: SAMPLE_THREADS (a gumbel_sample block)
 ROW_CHUNK = 4096     # sampler.cu: ROW_CHUNK (values per temperature / min_p block)
-SEL_THREADS = 1024   # sampler.cu: SEL_THREADS (top_k_top_p and logprobs: one block per row)
+SEL_THREADS = 1024   # sampler.cu: SEL_THREADS (logprobs: one block per row)
+FILTER_THREADS = 1024  # sampler.cu: FILTER_THREADS (top_k_top_p and filter_sample: one block per row)
+SMEM_DEFAULT = 48 * 1024  # above this a kernel opts in to more dynamic shared memory
 MAX_LOGPROBS = 20
 I32, F32, U32 = np.dtype(np.int32), np.dtype(np.float32), np.dtype(np.uint32)
 _CTYPE_OF = {np.dtype(np.float32): "float", np.dtype(np.float16): "__half", np.dtype(np.uint16): "__nv_bfloat16"}
@@ -36,6 +40,7 @@ class CudaSamplerKernels:
             raise ValueError(f"unsupported dtype {dtype!r}; choose one of {sorted(CTYPES)}")
         self.cp, self.dtype = cupy, dtype
         self._fns = {}
+        self._optin = {}  # ctype -> filter_sample's dynamic shared memory opted in
         self._rows = 0
         self._ws = self._counters = self._rowmax = None
 
@@ -142,7 +147,32 @@ class CudaSamplerKernels:
         self._arr("top_k_top_p", "top_k", top_k, I32, (R,))
         self._arr("top_k_top_p", "top_p", top_p, F32, (R,))
         if R and V:
-            self._fn("top_k_top_p")((R,), (SEL_THREADS,), (x, _i32(V), top_k, top_p))
+            self._fn("top_k_top_p")((R,), (FILTER_THREADS,), (x, _i32(V), top_k, top_p))
+
+    def filter_sample(self, logits, temperature, top_k, top_p, min_p, rep, freq, pres, sample_temp, seeds, positions,
+                      bias_off, bias_tok, bias_val, pen_off, pen_tok, pen_cnt, ban_off, ban_tok, ban_val, out):
+        ct, (R, V) = self._logits("filter_sample", logits)
+        for name, a in (("temperature", temperature), ("top_p", top_p), ("min_p", min_p), ("rep", rep),
+                        ("freq", freq), ("pres", pres), ("sample_temp", sample_temp)):
+            self._arr("filter_sample", name, a, F32, (R,))
+        for name, a in (("top_k", top_k), ("positions", positions), ("out", out)):
+            self._arr("filter_sample", name, a, I32, (R,))
+        self._arr("filter_sample", "seeds", seeds, U32, (R, 2))
+        self._csr("filter_sample", R, bias_off, bias_tok, ("bias_val", bias_val, F32))
+        self._csr("filter_sample", R, pen_off, pen_tok, ("pen_cnt", pen_cnt, I32))
+        self._csr("filter_sample", R, ban_off, ban_tok, ("ban_val", ban_val, F32))
+        if V > VOCAB_CAP:
+            raise ValueError(f"filter_sample: V = {V} is above the fast path's {VOCAB_CAP} (the gate sends it slow)")
+        if not R or not V:
+            return
+        smem = 4 * ((V + 31) // 32) + 8 * HIST_CAP  # the history bitmap, then HIST_CAP (token, value) pairs
+        f = self._fn("filter_sample", ct)
+        if smem > SMEM_DEFAULT and self._optin.get(ct, 0) < smem:
+            f.max_dynamic_shared_size_bytes = smem  # opt in once per instantiation (cudaFuncSetAttribute)
+            self._optin[ct] = smem
+        f((R,), (FILTER_THREADS,), (logits, _i32(V), temperature, top_k, top_p, min_p, rep, freq, pres, sample_temp,
+                                    seeds, positions, bias_off, bias_tok, bias_val, pen_off, pen_tok, pen_cnt, ban_off,
+                                    ban_tok, ban_val, out), shared_mem=smem)
 
     def logprobs(self, logits, sampled, n, top_ids, top_lp, sampled_lp, sampled_rank):
         ct, (R, V) = self._logits("logprobs", logits)

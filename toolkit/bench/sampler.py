@@ -8,8 +8,10 @@ N(0, 3) logits, where every token is a contender (the worst case). Two timings:
     `steps`, so launch overhead does not hide the kernels (on the GPU; the engine's decode graph
     holds the sampler the same way, with every processing stage captured);
   * eager: events around `steps` eager sampler calls (what an eager step pays, launches included).
-It also reports the host time of the gate and the staging, and the FP32 bytes materialised per
-step. Medians of `repeats` runs. With PyTorch present, the reference operations are timed in the
+It also reports the host time of the gate and the staging, the FP32 bytes materialised per step, and
+the least HBM bytes each path's step moves against the roofline (4.8 TB/s): the fast path reads the bf16
+logits once; the slow path also writes its FP32 copy and reads it back. Modes with penalties give every
+request a 256-token history (its prompt), as a chat turn has. Medians of `repeats` runs. With PyTorch present, the reference operations are timed in the
 same process for the ratio: the bf16 -> fp32 copy, bf16 argmax, fp32 softmax + multinomial, sort.
 """
 import statistics
@@ -22,14 +24,30 @@ from ..sampler.sampler import ALL_STAGES, Sampler
 from ..sampler.state import RequestSampling
 from toolkit.engine.timings import NullTimer
 
-MODES = {  # name -> (params of every row, fast path switch, logits shape)
-    "greedy, fast path": (dict(temperature=0.0), True, "llm"),
-    "greedy, fast path off": (dict(temperature=0.0), False, "llm"),
-    "T=1, fast path": (dict(temperature=1.0), True, "llm"),
-    "T=1, fast path, N(0,3) logits": (dict(temperature=1.0), True, "flat"),
-    "T=1, fast path off": (dict(temperature=1.0), False, "llm"),
-    "T=0.7 top-k 50 top-p 0.9": (dict(temperature=0.7, top_k=50, top_p=0.9), True, "llm"),
+DEFAULT = dict(temperature=0.8, top_k=40, top_p=0.95, repetition_penalty=1.1)  # the default model's settings
+PENALTIES = dict(repetition_penalty=1.1, frequency_penalty=0.3, presence_penalty=0.3)
+MODES = {  # name -> (params of every row, fast path switch, logits shape, prompt tokens of each request)
+    "greedy, fast path": (dict(temperature=0.0), True, "llm", 1),
+    "greedy, fast path off": (dict(temperature=0.0), False, "llm", 1),
+    "T=1, fast path": (dict(temperature=1.0), True, "llm", 1),
+    "T=1, fast path, N(0,3) logits": (dict(temperature=1.0), True, "flat", 1),
+    "T=1, fast path off": (dict(temperature=1.0), False, "llm", 1),
+    "T=0.7 top-k 50 top-p 0.9, fast path": (dict(temperature=0.7, top_k=50, top_p=0.9), True, "llm", 1),
+    "T=0.7 top-k 50 top-p 0.9, fast path off": (dict(temperature=0.7, top_k=50, top_p=0.9), False, "llm", 1),
+    "default model's settings, 256-token histories, fast path": (DEFAULT, True, "llm", 256),
+    "default model's settings, 256-token histories, fast path off": (DEFAULT, False, "llm", 256),
+    "top-p 0.95, fast path": (dict(temperature=1.0, top_p=0.95), True, "llm", 1),
+    "top-p 0.95, fast path off": (dict(temperature=1.0, top_p=0.95), False, "llm", 1),
+    "top-p 0.95 + penalties, 256-token histories, fast path": (dict(top_p=0.95, **PENALTIES), True, "llm", 256),
+    "top-p 0.95 + penalties, 256-token histories, fast path off": (dict(top_p=0.95, **PENALTIES), False, "llm", 256),
 }
+HBM_BYTES_PER_S = 4.8e12  # the H200's nominal HBM bandwidth: the roofline the bytes below are set against
+
+
+def hbm_bytes(path: str, B: int, V: int, itemsize: int) -> int:
+    """The least HBM traffic of a step's logits: the fast path reads them once (later passes hit L2); the slow path
+    also writes the FP32 copy and reads it back at least once."""
+    return B * V * (itemsize if path == "fast" else itemsize + 8)
 
 
 def make_logits(rng, B: int, V: int, shape: str) -> np.ndarray:
@@ -70,10 +88,11 @@ def torch_us(torch, fn, steps: int) -> float:
 
 
 def bench_case(be, V: int, B: int, params: dict, fast_on: bool, shape: str, steps: int, repeats: int,
-               seed: int = 0) -> dict:
+               history: int = 1, seed: int = 0) -> dict:
     rng = np.random.default_rng(seed)
-    sampler = Sampler(be, V, B, 16)
-    states = [RequestSampling(SamplingParams(**params), [1], V, seed + i) for i in range(B)]
+    sampler = Sampler(be, V, B, max(16, history))
+    states = [RequestSampling(SamplingParams(**params), rng.choice(V, history, replace=False), V, seed + i)
+              for i in range(B)]
     logits = be.from_host(make_logits(rng, B, V, shape))
     be.bind_thread()
     positions = np.arange(B, dtype=np.int32) + 7
@@ -86,7 +105,9 @@ def bench_case(be, V: int, B: int, params: dict, fast_on: bool, shape: str, step
     host_us = (time.perf_counter() - t) / steps * 1e6
     sampler.sample(logits, sb, NullTimer())  # untimed: compiles (NVRTC, Numba) and loads the kernels
     eager = [_timed(be, lambda: sampler.sample(logits, sb, NullTimer()), steps) for _ in range(repeats)]
-    row = {"batch": B, "vocab": V, "path": "fast" if sb.fast else "slow", "bytes": sampler.materialised_bytes(sb),
+    path = "fast" if sb.fast else "slow"
+    row = {"batch": B, "vocab": V, "path": path, "bytes": sampler.materialised_bytes(sb),
+           "hbm_bytes": hbm_bytes(path, B, V, 2 if be.name == "cuda" else 4),
            "eager_us": statistics.median(eager), "host_us": host_us, "graph_us": None}
     if be.name == "cuda" and getattr(be, "graphs_supported", True):
         stages = None if sb.fast else ALL_STAGES
@@ -119,8 +140,8 @@ def torch_reference(B: int, V: int, repeats: int, steps: int = 20) -> dict:
 def run_sampler_bench(be, V: int, batches, steps: int, repeats: int) -> tuple[list, dict]:
     rows, refs = [], {}
     for B in batches:
-        for mode, (params, fast_on, shape) in MODES.items():
-            row = bench_case(be, V, B, params, fast_on, shape, steps, repeats)
+        for mode, (params, fast_on, shape, history) in MODES.items():
+            row = bench_case(be, V, B, params, fast_on, shape, steps, repeats, history)
             rows.append({"mode": mode, **row})
         if be.name == "cuda":
             refs[B] = torch_reference(B, V, repeats)
@@ -129,11 +150,12 @@ def run_sampler_bench(be, V: int, batches, steps: int, repeats: int) -> tuple[li
 
 def markdown(env: dict, rows: list, refs: dict) -> str:
     lines = [f"- {k}: {v}" for k, v in env.items()] + [""]
-    lines += ["| B | mode | path | FP32 bytes/step | graph µs/step | eager µs/step | host gate+stage µs |",
-              "|---:|---|---|---:|---:|---:|---:|"]
+    lines += ["| B | mode | path | FP32 bytes/step | HBM bytes/step (least) | roofline µs | graph µs/step | "
+              "eager µs/step | host gate+stage µs |", "|---:|---|---|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         g = f"{r['graph_us']:.1f}" if r["graph_us"] is not None else "-"
-        lines.append(f"| {r['batch']} | {r['mode']} | {r['path']} | {r['bytes'] / 2**20:.1f} MiB | {g} | "
+        lines.append(f"| {r['batch']} | {r['mode']} | {r['path']} | {r['bytes'] / 2**20:.1f} MiB | "
+                     f"{r['hbm_bytes'] / 2**20:.1f} MiB | {r['hbm_bytes'] / HBM_BYTES_PER_S * 1e6:.1f} | {g} | "
                      f"{r['eager_us']:.1f} | {r['host_us']:.1f} |")
     if refs:
         lines += ["", "| B | PyTorch reference (same process) | µs |", "|---:|---|---:|"]

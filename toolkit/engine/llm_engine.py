@@ -194,6 +194,9 @@ class LLMEngine:
             else:
                 st.prefill_ms += wall
                 st.prefill_path = merge_paths(st.prefill_path, request_path(seq.num_computed, options, path))
+        row_bytes = 4 * self.cfg.vocab_size if res.sampler_path == "slow" else 0  # a sampled row's FP32 copy
+        for i in due:
+            seqs[i].stats.add_sampler_step(res.sampler_path, row_bytes)
         for seq, tok, text, finish, lp in produced:
             if seq.stats.generated_tokens == 0 and seq.stats.ttft_ms == 0:
                 seq.stats.ttft_ms = (now - seq.stats.arrival) * 1e3

@@ -23,8 +23,8 @@ def _param(default: int, help_text: str):
 
 @dataclass(frozen=True)
 class EngineOptions:
-    sampler_fast_path: bool = _toggle("sample straight from the model's logits, with no FP32 copy, when no request "
-                                      "in the batch needs logits processing (vLLM's MRV2 rule)")
+    sampler_fast_path: bool = _toggle("sample straight from the model's logits, with no FP32 copy: penalties, bias, "
+                                      "bans, temperature, top-k/p and min-p read them in place")
     sparse_prefill: bool = _toggle("prompt attention over a sliding window plus the indexer's top-k key blocks "
                                    "(exact when the selection covers every block)")
     prefix_caching: bool = _toggle("reuse the KV cache of an earlier request's identical prompt prefix")

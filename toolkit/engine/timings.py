@@ -75,6 +75,8 @@ class RequestStats:
     decode_steps: int = 0
     preemptions: int = 0
     prefill_path: str = ""  # dense / sparse-exact / sparse-skipped / sparse-approx (the least exact of its steps)
+    sampler_path: str = ""  # fast / slow over the steps that sampled its tokens; mixed: some of each
+    sampler_fp32_bytes: int = 0  # FP32 logits bytes those steps materialised for its row (0 on the fast path)
 
     @property
     def prefill_tps(self) -> float:
@@ -94,7 +96,8 @@ class RequestStats:
                 "generated_tokens": self.generated_tokens, "ttft_ms": round(self.ttft_ms, 3),
                 "prefill_ms": round(self.prefill_ms, 3), "prefill_tok_per_s": round(self.prefill_tps, 2),
                 "decode_ms_per_step": round(self.ms_per_step, 3), "decode_tok_per_s": round(self.decode_tps, 2),
-                "preemptions": self.preemptions, "prefill_path": self.prefill_path}
+                "preemptions": self.preemptions, "prefill_path": self.prefill_path, "sampler_path": self.sampler_path,
+                "sampler_fp32_bytes": self.sampler_fp32_bytes}
 
 
 def in_order(laps) -> dict:
@@ -129,6 +132,13 @@ class StatsAccumulator:
     decode_steps: int = 0
     preemptions: int = 0
     prefill_path: str = ""
+    sampler_path: str = ""
+    sampler_fp32_bytes: int = 0
+
+    def add_sampler_step(self, path: str, fp32_bytes: int):
+        """A step sampled this request's next token on `path` ("fast" / "slow"), materialising fp32_bytes for it."""
+        self.sampler_path = path if self.sampler_path in ("", path) else "mixed"
+        self.sampler_fp32_bytes += fp32_bytes
 
     def snapshot(self) -> RequestStats:
         return RequestStats(**{f.name: getattr(self, f.name) for f in fields(RequestStats)})

@@ -2,22 +2,29 @@
 
 For R logits rows (one per request of the step, padded to the CUDA-graph bucket):
     temperature, top_k, top_p, min_p, rep, freq, pres   per-row parameters ([R]; off values on padding rows)
-    sample_temp    what the sampling kernel divides by: 0 (greedy) or 1 (temperature, if any, was applied
-                   by the processing stage, or is 1 anyway on the fast path)
+    sample_temp    what gumbel_sample divides by: 0 (greedy) or 1 (temperature, if any, was applied by the
+                   processing stage, or is 1 anyway); -1 on the fast path for a row filter_sample samples
     seeds          uint32 [R, 2] Philox key; positions [R]: the position the sampled token will take
     bias_*         CSR (offsets [R+1], tokens, values): logit bias
     pen_*          CSR (offsets [R+1], tokens, output counts): every distinct token of prompt ∪ output
     ban_*          CSR (offsets [R+1], tokens, values = -inf): bad words, stop tokens before min_tokens
+Each CSR row lists its tokens sorted (the fast path looks them up by binary search).
 
 Everything lives in one pinned int32 host buffer with fixed regions (floats are the same 4 bytes, viewed
 as float32) and its device twin. A CUDA graph captured on the device views replays with each step's new
 values; the kernels read the CSR sizes from the offsets, so their grids never depend on them. Staging is
-one copy of the per-row part, plus, on the slow path only, one copy of each CSR entry region's used
-prefix.
+one copy of the per-row part, plus one copy of each CSR entry region's used prefix (none when no row
+processes its logits).
+
+The gate, per row: a row that processes its logits goes to filter_sample on the fast path unless it is
+beyond what that kernel holds in shared memory (`fast_limit`: a vocabulary over VOCAB_CAP tokens, or over
+HIST_CAP history entries); one such row sends the whole step to the slow path, its reason in `why_slow`.
 """
 from dataclasses import dataclass, replace
 
 import numpy as np
+
+from kernels.sampler import HIST_CAP, VOCAB_CAP
 
 MAX_BIAS, MAX_BANS = 1024, 320  # per request: 1024 logit-bias entries; 128 bad words + 192 stop ids
 
@@ -34,9 +41,10 @@ class SamplingBatch:
     """Host arrays of one step's sampler inputs (views into the pinned staging buffer)."""
     rows: int  # R, padding included
     real_rows: int  # B
-    fast: bool  # no sampling row needs logits processing (and the fast path is on)
+    fast: bool  # the fast path is on and holds every sampling row
     why_slow: str  # the first reason the step took the slow path ("" on the fast path)
-    stages: frozenset  # processing stages some row needs: "bias", "penalties", "bans", "temperature", "top_k_top_p"
+    stages: frozenset  # slow: the processing stages some row needs ("bias", "penalties", "bans", "temperature",
+    #                    "top_k_top_p"); fast: "filter" when some row processes its logits
     logprobs: int  # the most top logprobs any row asked for; 0: only the sampled token's; -1: no row asked
     ends: dict  # CSR name -> number of entries used
 
@@ -92,19 +100,23 @@ class SamplingStager:
         # path, the penalty/ban entries) change, and the per-row parameters already in the buffer stay.
         key = (rows, fast_path_on, tuple(-1 if s is None else s.serial for s in states),
                np.asarray(sampling_rows, bool).tobytes())
-        if key == self._last_key:
+        rows_needing = [i for i, s in enumerate(states) if s is not None and sampling_rows[i] and s.needs_processing]
+        needs = [states[i] for i in rows_needing]
+        beyond = next((why for why in map(fast_limit, needs) if why), "")
+        fast = fast_path_on and not beyond
+        if key == self._last_key and fast == self._last.fast:
             h("positions")[:B] = positions
             last = self._last
-            if last.fast:
+            if not needs:
                 return last
             ends, stages = self._entries(states, rows)
-            return replace(last, ends=ends, stages=last.stages - _CSR_STAGES | stages)
-        needs = [s for i, s in enumerate(states) if s is not None and sampling_rows[i] and s.needs_processing]
-        fast = fast_path_on and not needs
-        why = "" if fast else ("switched off" if not needs else _why(needs[0]))
+            return replace(last, ends=ends, stages=(last.stages - _CSR_STAGES | stages) if not fast else last.stages)
+        why = "" if fast else ("switched off" if not fast_path_on else beyond)
         # One stacked array per kind (each request keeps its row ready), then one vector store per field.
         f32 = np.array([s.row_f32 if s is not None else _OFF_F32 for s in states], np.float32).reshape(B, -1)
         i32 = np.array([s.row_i32 if s is not None else _OFF_I32 for s in states], np.int32).reshape(B, -1)
+        if fast and needs:  # these rows are filter_sample's
+            f32[rows_needing, 6] = -1.0
         for j, name in enumerate(_ROW_F32):
             h(name)[:B] = f32[:, j]
             h(name)[B:rows] = _OFF_F32[j]
@@ -115,25 +127,25 @@ class SamplingStager:
         pos[:B], pos[B:rows] = positions, 0
         live = [s for s in states if s is not None]
         logprobs = max([s.params.logprobs for s in live if s.params.logprobs is not None] + [-1])
-        stages = set()
-        if not fast:
+        stages, ends = set(), {}
+        if needs or not fast:
+            ends, csr_stages = self._entries(states, rows)
+            stages |= csr_stages
+        if fast:
+            stages = {"filter"} if needs else set()
+        else:
             T, min_p = f32[:, 0], f32[:, 2]
             if ((T != 0) & ((T != 1) | (min_p != 0))).any():
                 stages.add("temperature")
             if (i32[:, 0] > 0).any() or (f32[:, 1] != 1).any():
                 stages.add("top_k_top_p")
-        ends = {}
-        if not fast:
-            ends, csr_stages = self._entries(states, rows)
-            stages |= csr_stages
         self._last_key = key
         self._last = SamplingBatch(rows, B, fast, why, frozenset(stages), logprobs, ends)
         return self._last
 
     def _entries(self, states, rows) -> tuple:
-        """The slow path's sparse entries (logit bias, penalties, bans) of this step, and the stages they need.
-        A kind no request uses costs one vector store of zero offsets (a slow path forced by the switch, or by
-        temperature alone, builds nothing per row)."""
+        """The step's sparse entries (logit bias, penalties, bans), and the stages they need. A kind no request
+        uses costs one vector store of zero offsets (a step with temperature alone builds nothing per row)."""
         live = [s for s in states if s is not None]
         ends = {"bias": 0, "pen": 0, "ban": 0}
         if any(len(s.bias_tokens) for s in live):
@@ -181,7 +193,15 @@ class SamplingStager:
                     up(self.host, self.dev, n, offset=off)
 
 
-def _why(state) -> str:
-    """The first parameter that makes this request need logits processing (what the UI shows)."""
-    reasons = state.params.processing_reasons(state.vocab_size, bool(state.stop_ids))
-    return reasons[0] if reasons else "logits processing"
+def vocab_limit(vocab_size: int) -> str:
+    """Why no processing row of this model can take the fast path ("" if they can), known before any request."""
+    return f"vocabulary of {vocab_size} tokens (the fast path holds {VOCAB_CAP})" if vocab_size > VOCAB_CAP else ""
+
+
+def fast_limit(state) -> str:
+    """Why filter_sample cannot hold this processing row ("" if it can): its shared memory keeps a bitmap of the
+    vocabulary and the row's history entries."""
+    n = state.history_bound()
+    if vocab_limit(state.vocab_size):
+        return vocab_limit(state.vocab_size)
+    return f"history of {n} tokens (the fast path holds {HIST_CAP})" if n > HIST_CAP else ""

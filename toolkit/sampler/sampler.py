@@ -1,9 +1,15 @@
 """The sampler: one token per logits row, from the model's logits in their own dtype.
 
-    gate         host: does any sampling row need logits processing? (flags computed at admission)
-    fast path    no: the sampling kernel reads the model's bf16/fp16 logits directly and upcasts in
-                 registers. No FP32 tensor is written (vLLM PR #47711).
-    slow path    yes: copy the logits to FP32 once, then process that copy in place, in vLLM's order:
+    gate         host, per row (batch.py): a row without logits processing samples with gumbel_sample; one
+                 with processing with filter_sample, unless it is beyond that kernel's limits (then the step
+                 takes the slow path).
+    fast path    both kernels read the model's bf16/fp16 logits in place and upcast in registers; no FP32
+                 tensor is written. filter_sample keeps a row's history (the tokens its bias, penalties and
+                 bans name) as (token, adjusted logit) pairs, finds its thresholds by a radix select over
+                 the logits' 16-bit keys and draws Gumbel-max among the survivors (kernels/sampler.py's
+                 docstring has the rule).
+    slow path    the switch is off (or a row is beyond the fast path): copy the logits to FP32 once, then
+                 process that copy in place, in vLLM's order:
                     logit bias -> penalties -> bans (bad words, min_tokens) -> temperature -> min_p
                     -> top-k -> top-p
                  and sample from it.
@@ -13,9 +19,10 @@
     logprobs     from the RAW model logits (never the processed copy), without a [B, V] logprob tensor.
 
 Neither path ever writes into the model's logits buffer: the fast path only reads it, and the slow
-path processes its own FP32 copy. Why the fast path is exact: bf16 -> fp32 is exact, T in {0, 1}
-divides by one, and every consumer upcasts in registers, so its tokens are bit-identical to the
-slow path's.
+path processes its own FP32 copy. Why the fast path is exact: bf16 -> fp32 is exact, history values
+are computed by the same fp32 operations in the same order, and both paths find their thresholds by
+one rule whose top-p masses are fixed-point integers, so its tokens are bit-identical to the slow
+path's for the same seed.
 
 Every launch reads its inputs from staged device buffers (batch.py), so the whole sampler can be
 captured inside the CUDA-graph decode step; `stages` lets an eager step skip the processing kernels no
@@ -26,7 +33,10 @@ import numpy as np
 from .batch import SamplingBatch, SamplingStager
 from .params import MAX_LOGPROBS
 
-ALL_STAGES = frozenset({"bias", "penalties", "bans", "temperature", "top_k_top_p"})
+# filter_sample's inputs, in its argument order (the staged device views, batch.py)
+FILTER_INPUTS = ("temperature", "top_k", "top_p", "min_p", "rep", "freq", "pres", "sample_temp", "seeds", "positions",
+                 "bias_off", "bias_tok", "bias_val", "pen_off", "pen_tok", "pen_cnt", "ban_off", "ban_tok", "ban_val")
+ALL_STAGES = frozenset({"bias", "penalties", "bans", "temperature", "top_k_top_p", "filter"})
 
 
 class Sampler:
@@ -52,13 +62,17 @@ class Sampler:
         the batch needs (eager); a graph capture passes ALL_STAGES."""
         be, R = self.be, batch.rows
         d = self.stager.device(R)
+        stages = batch.stages if stages is None else stages
         if batch.fast:
             x = logits[:R]
+            if "filter" in stages:
+                be.filter_sample(x, *(d[n] for n in FILTER_INPUTS), self.sampled[:R])
+                timer.lap("processing")
         else:
             x = self.x32[:R]
             be.to_fp32(logits[:R], x)
             timer.lap("fp32")
-            self.process(x, d, batch.stages if stages is None else stages)
+            self.process(x, d, stages)
             timer.lap("processing")
         be.gumbel_sample(x, d["sample_temp"], d["seeds"], d["positions"], self.sampled[:R])
         timer.lap("sample")

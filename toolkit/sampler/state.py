@@ -2,8 +2,9 @@
 
 Everything the sampler needs from a request's history is kept here, incrementally, so a step
 only reads it:
-    needs_processing   the gate flag (vLLM PR #52329's form): does this request ever change its
-                       logits? Computed once, at admission, from its parameters.
+    needs_processing   does this request ever change its logits? Computed once, at admission, from its
+                       parameters: such a row goes to filter_sample on the fast path, the others to
+                       gumbel_sample alone.
     seed_words         its 64-bit seed as two 32-bit Philox key words
     prompt_tokens      the distinct prompt tokens (repetition penalty only)
     counts             output token -> occurrences (penalties and bad words only)
@@ -78,15 +79,22 @@ class RequestSampling:
 
     # -- per-step sparse entries -----------------------------------------------------------------------
     def penalty_entries(self) -> tuple:
-        """(tokens, output counts) of every distinct token in prompt ∪ output; count 0 = prompt only.
-        Without a repetition penalty only output tokens matter (frequency/presence read output counts)."""
+        """(tokens, output counts) of every distinct token in prompt ∪ output, sorted by token; count 0 = prompt
+        only. Without a repetition penalty only output tokens matter (frequency/presence read output counts)."""
         if not self.use_penalties:
             return np.zeros(0, np.int32), np.zeros(0, np.int32)
         out_tok = np.fromiter(self.counts.keys(), np.int32, len(self.counts))
         out_cnt = np.fromiter(self.counts.values(), np.int32, len(self.counts))
         prompt_only = np.setdiff1d(self.prompt_tokens, out_tok, assume_unique=True)
-        return (np.concatenate([out_tok, prompt_only]),
-                np.concatenate([out_cnt, np.zeros(len(prompt_only), np.int32)]))
+        tok = np.concatenate([out_tok, prompt_only])
+        order = np.argsort(tok, kind="stable")
+        return tok[order], np.concatenate([out_cnt, np.zeros(len(prompt_only), np.int32)])[order]
+
+    def history_bound(self) -> int:
+        """At most how many tokens this request's logit bias, penalties and bans name at a step (the gate's)."""
+        pen = len(self.prompt_tokens) + len(self.counts) if self.use_penalties else 0
+        stops = len(self.stop_ids) if self.num_generated < self.params.min_tokens else 0
+        return len(self.bias_tokens) + pen + len(self.bad_words) + stops
 
     def banned(self) -> list:
         """Tokens that must not come next: bad words whose prefix ends the output, and the stop tokens

@@ -1,0 +1,74 @@
+"""The fast path on the GPU (kernels/sampler.cu filter_sample, reading bf16/fp16 logits in place): token for token
+the GPU FP32 path's (one threshold rule, fixed-point top-p masses, the same Philox noise), and the CPU twin's on
+the same values (up to float-rounding ties of logf/expf between the devices); a χ² test of its draws."""
+import numpy as np
+import pytest
+
+cp = pytest.importorskip("cupy")
+from tests.gpu_arrays import dev, rounded  # noqa: E402
+from tests.sampler.fast_cases import draw, logits_rows, states_for, top_tokens  # noqa: E402
+from tests.sampler.test_fast_path import CHI2, KINDS  # noqa: E402
+from toolkit.backends.cpu import CpuBackend  # noqa: E402
+from toolkit.sampler.params import SamplingParams  # noqa: E402
+from toolkit.sampler.probs import filtered_probs  # noqa: E402
+from toolkit.sampler.state import RequestSampling  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+V_BIG = 151936
+
+
+def backend(dtype):
+    from toolkit.backends.cuda import CudaBackend
+
+    return CudaBackend(dtype)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("B,V", [(128, V_BIG), (32, V_BIG), (1, V_BIG), (26, 4099), (13, 17)])
+def test_gpu_fast_equals_gpu_fp32(dtype, kind, B, V):
+    rng = np.random.default_rng(V + B + KINDS.index(kind))
+    x = rounded(logits_rows(rng, kind, B, V), dtype)
+    states = states_for(rng, B, V, top_tokens(x))
+    be, logits = backend(dtype), dev(x, dtype)
+    before = logits.copy()
+    for pos in (0, 12345):
+        np.testing.assert_array_equal(draw(be, logits, states, True, pos), draw(be, logits, states, False, pos))
+    assert bool((logits == before).all())  # the fast path only reads the model's logits
+
+
+@pytest.mark.parametrize("B,V", [(128, V_BIG), (26, 4099)])
+def test_gpu_fast_matches_cpu_twin(B, V):
+    """Same values, same rule: the GPU and the CPU twin agree except where expf / logf round differently at a
+    boundary or between two keys (rare: under 1% of rows)."""
+    rng = np.random.default_rng(3)
+    x = rounded(logits_rows(rng, "llm", B, V), "bfloat16")
+    states = states_for(rng, B, V, top_tokens(x))
+    gpu = draw(backend("bfloat16"), dev(x, "bfloat16"), states, True)
+    cpu = draw(CpuBackend(), x, states, True)
+    greedy = np.array([s.greedy for s in states])
+    np.testing.assert_array_equal(gpu[greedy], cpu[greedy])
+    assert (gpu != cpu).mean() <= 0.01, (gpu != cpu).sum()
+
+
+@pytest.mark.parametrize("case", list(CHI2))
+def test_chi2_gpu_fast_path(case):
+    rng = np.random.default_rng(len(case))
+    V, N, B = 60, 50000, 1000
+    row = rounded((rng.standard_normal(V) * 1.5).astype(np.float32), "bfloat16")
+    p = SamplingParams(seed=77, **CHI2[case])
+    history = ([1, 2, 3, 9], [4, 4, 10])
+    want = filtered_probs(row[None], [p], [history])[0]
+    state = RequestSampling(p, history[0], V, 77, (), p.bad_words)
+    for t in history[1]:
+        state.on_token(t)
+    be, logits = backend("bfloat16"), dev(np.repeat(row[None], B, axis=0), "bfloat16")
+    counts = np.zeros(V)
+    for start in range(0, N, B):
+        counts += np.bincount(draw(be, logits, [state] * B, True, start), minlength=V)
+    assert counts[want == 0].sum() == 0
+    live = want > 0
+    expected = want[live] * N
+    chi2 = ((counts[live] - expected) ** 2 / expected).sum()
+    df = live.sum() - 1
+    assert chi2 < df * (1 - 2 / (9 * df) + 3.719 * np.sqrt(2 / (9 * df))) ** 3
