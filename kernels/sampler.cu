@@ -635,7 +635,7 @@ struct FilterSmem {
     unsigned long long ms[NB];       // per-digit W sums
     unsigned long long best;         // packed (key, ~index) of the best candidate (max pass, sample pass)
     unsigned long long sel_above;
-    unsigned sel, nh, nan;
+    unsigned sel, nh, nan, nq, klo, khi;
     float M, L;
 };
 
@@ -771,20 +771,177 @@ __device__ unsigned select_key(const T* row, int V, const unsigned* bits, const 
     return prefix;
 }
 
-// The row's threshold tau (keep z >= tau), given M (max z, a number or +inf) and the min-p cut c (or -inf).
+// The row's threshold tau (keep z >= tau), given M (max z, a number or +inf) and the min-p cut c (or -inf);
+// sel(c, mass, k) is a select_key over the row (its rows or its histogram, see select_key16).
+template <typename S>
+__device__ float threshold(S sel, int V, float t, unsigned k, float p, float c) {
+    const bool div = t != 1.f;
+    if (k > 0 && k < (unsigned)V) {
+        const float yk = key_float(sel(c, false, k));
+        c = fmaxf(c, div ? yk / t : yk);
+    }
+    if (p < 1.f) {
+        const float ys = key_float(sel(c, true, 0u));
+        c = fmaxf(c, div ? ys / t : ys);
+    }
+    return c;
+}
 template <typename T>
 __device__ float threshold(const T* row, int V, const unsigned* bits, const int* htok, const float* hy, int nh,
                            float t, unsigned k, float p, float c, float M, FilterSmem& s) {
     const bool div = t != 1.f;
-    if (k > 0 && k < (unsigned)V) {
-        const float yk = key_float(select_key(row, V, bits, htok, hy, nh, t, div, c, M, false, k, p, s));
-        c = fmaxf(c, div ? yk / t : yk);
+    return threshold([&](float cc, bool mass, unsigned kk) {
+        return select_key(row, V, bits, htok, hy, nh, t, div, cc, M, mass, kk, p, s);
+    }, V, t, k, p, c);
+}
+
+// ---- the 16-bit fast path (bf16 / fp16 logits): one pass builds the row's full histogram -------------------
+// A 16-bit logit has 65,536 possible values, so a count per value (packed two to a 32-bit word: 128 KB of shared
+// memory) holds everything the selects need: the counts, and the masses as count * W(value), exact integers. The
+// row is read twice in all: once for that histogram (and the max), once to gather the few tokens that can win
+// the Gumbel draw. Every select level scans histogram bins, never the row: the bins whose 32-bit key matches the
+// level's prefix are one interval of 16-bit keys (the map is monotone), found by binary search. A value held by
+// 65,536 or more tokens would overflow its 16-bit count: the decoded total then falls short of the row's token
+// count, and the row takes the general route (select_key over the row).
+__device__ __forceinline__ unsigned key16(unsigned u) {  // order key of 16 raw bits; -0 folded onto +0
+    return u == 0x8000u ? 0x8000u : (u & 0x8000u) ? (~u & 0xffffu) : (u | 0x8000u);
+}
+template <typename T>
+__device__ __forceinline__ float val16(unsigned k) {  // the value whose key16 is k
+    union { unsigned short u; T t; } c;
+    c.u = (unsigned short)((k & 0x8000u) ? (k & 0x7fffu) : (~k & 0xffffu));
+    return to_f32(c.t);
+}
+template <typename T>
+__device__ __forceinline__ unsigned key16_of(float v) {
+    union { unsigned short u; T t; } c;
+    c.t = from_f32<T>(v);
+    return key16(c.u);
+}
+__device__ __forceinline__ unsigned bin_count(const unsigned* hist, unsigned k) {
+    return (hist[k >> 1] >> ((k & 1u) << 4)) & 0xffffu;
+}
+
+// fn(i, raw 16 bits) over the row's tokens whose bitmap bit is clear (use_bits: the row has history), in
+// ascending order per thread; 16-byte loads, U of them in flight per thread.
+template <typename F>
+__device__ __forceinline__ void scan16(const unsigned short* rb, int V, const unsigned* bits, bool use_bits, F fn) {
+    if (V % 8 == 0 && reinterpret_cast<size_t>(rb) % 16 == 0) {
+        constexpr int U = 4;
+        const int G = V / 8;
+        const uint4* p = reinterpret_cast<const uint4*>(rb);
+        for (int g0 = threadIdx.x; g0 < G; g0 += U * blockDim.x) {
+            uint4 c[U];
+#pragma unroll
+            for (int j = 0; j < U; j++) {
+                const int g = g0 + j * blockDim.x;
+                c[j] = g < G ? p[g] : make_uint4(0u, 0u, 0u, 0u);
+            }
+#pragma unroll
+            for (int j = 0; j < U; j++) {
+                const int g = g0 + j * blockDim.x;
+                if (g >= G) break;
+                const unsigned hb = use_bits ? (bits[g >> 2] >> ((g & 3) * 8)) & 0xffu : 0u;
+                const unsigned w[4] = {c[j].x, c[j].y, c[j].z, c[j].w};
+#pragma unroll
+                for (int q = 0; q < 8; q++)
+                    if (!((hb >> q) & 1u)) fn(8 * g + q, (w[q >> 1] >> ((q & 1) * 16)) & 0xffffu);
+            }
+        }
+    } else {
+        for (int i = threadIdx.x; i < V; i += blockDim.x)
+            if (!use_bits || !((bits[i >> 5] >> (i & 31)) & 1u)) fn(i, (unsigned)rb[i]);
     }
-    if (p < 1.f) {
-        const float ys = key_float(select_key(row, V, bits, htok, hy, nh, t, div, c, M, true, 0u, p, s));
-        c = fmaxf(c, div ? ys / t : ys);
+}
+
+// The first 16-bit key k in [lo, 65536) with pred(k) (pred false then true over that interval), or 65536.
+template <typename P>
+__device__ __forceinline__ unsigned lower_bound16(unsigned lo, P pred) {
+    unsigned hi = 0x10000u;
+    while (lo < hi) {
+        const unsigned mid = (lo + hi) >> 1;
+        if (pred(mid)) hi = mid; else lo = mid + 1;
     }
-    return c;
+    return lo;
+}
+
+// select_key's twin over the histogram: the same levels, digits and picks, so the same key.
+template <typename T>
+__device__ unsigned select_key16(const unsigned* hist, const float* hy, int nh, float t, bool div, float c, float M,
+                                 bool mass, unsigned k, float p, FilterSmem& s) {
+    unsigned prefix = 0, pmask = 0;
+    unsigned long long above = 0;
+    double target = 0.0;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    for (int level = 0; level < 4; level++) {
+        const int shift = 24 - 8 * level;
+        for (int b = threadIdx.x; b < NB; b += blockDim.x) { s.cnt[b] = 0; s.ms[b] = 0; }
+        if (threadIdx.x == 0) {  // the interval of 16-bit keys whose 32-bit key matches the prefix
+            const unsigned top = prefix | ~pmask;
+            // from -inf's key: below it lie negative NaNs, whose fp32 conversion need not keep their order
+            s.klo = lower_bound16(key16_of<T>(NEG_INF), [&](unsigned q) { return ord_key(val16<T>(q)) >= prefix; });
+            s.khi = lower_bound16(s.klo, [&](unsigned q) { return ord_key(val16<T>(q)) > top; });
+        }
+        __syncthreads();
+        const unsigned klo = s.klo, khi = s.khi;  // [klo, khi)
+        if (klo < khi) {
+            // Words of the interval, a contiguous chunk per warp, lane-interleaved (no bank conflicts); a lane's
+            // keys ascend, so its digits do not decrease: runs of one digit are summed, then added once.
+            const unsigned w0 = klo >> 1, w1 = (khi + 1) >> 1, per = ((w1 - w0 + nw - 1) / nw + 31) & ~31u;
+            const unsigned a0 = w0 + warp * per, a1 = min(w1, a0 + per);
+            unsigned cd = NB, cc = 0;
+            unsigned long long cm = 0;
+            auto flush = [&]() {
+                if (cc) atomicAdd(&s.cnt[cd], cc);
+                if (cm) atomicAdd(&s.ms[cd], cm);
+            };
+            for (unsigned w = a0 + lane; w < a1; w += 32) {
+                const unsigned hw = hist[w];
+                if (!hw) continue;
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const unsigned kk = 2 * w + h, n = (hw >> (16 * h)) & 0xffffu;
+                    if (!n || kk < klo || kk >= khi) continue;
+                    const float y = val16<T>(kk), z = div ? y / t : y;
+                    if (mass && !(z >= c)) continue;
+                    const unsigned d = (ord_key(y) >> shift) & (NB - 1);
+                    if (d != cd) { flush(); cd = d; cc = 0; cm = 0; }
+                    cc += n;
+                    if (mass) cm += (unsigned long long)n * weight(z, M);
+                }
+            }
+            flush();
+        }
+        __syncthreads();
+        auto add = [&](bool valid, float y) {  // a history entry, as in select_key
+            const unsigned key = ord_key(y);
+            valid = valid && (key & pmask) == prefix;
+            unsigned long long w = 0;
+            if (valid && mass) {
+                const float z = div ? y / t : y;
+                valid = z >= c;
+                w = valid ? weight(z, M) : 0ull;
+            }
+            hist_add(valid, (key >> shift) & (NB - 1), w, mass, s);
+        };
+        for (int h0 = 0; h0 < nh; h0 += blockDim.x) {
+            const int h = h0 + threadIdx.x;
+            add(h < nh, h < nh ? hy[h] : 0.f);
+        }
+        __syncthreads();
+        if (mass && level == 0) {
+            unsigned long long tot = 0;
+            for (int b = 0; b < NB; b++) tot += s.ms[b];
+            target = (double)p * (double)tot;
+        }
+        pick_digit(s, mass, above, k, target);
+        const unsigned d = s.sel;
+        above = s.sel_above;
+        prefix |= d << shift;
+        pmask |= (NB - 1u) << shift;
+        __syncthreads();
+    }
+    return prefix;
 }
 
 // The largest y of the row and history as a candidate key (lowest index among equals); s.nan: a NaN was seen.
@@ -896,17 +1053,59 @@ filter_sample(const T* __restrict__ logits, int V, const float* __restrict__ tem
     __syncthreads();
     const int nh = min((int)s.nh, HIST_CAP);
 
-    // 2. max, cut, thresholds
-    row_max(row, V, bits, hy, htok, nh, s);
+    // 2. max, cut, thresholds. 16-bit logits: one pass builds the row's histogram and finds the max (section 6b).
+    unsigned* hist = reinterpret_cast<unsigned*>(hy + HIST_CAP);  // 16-bit logits: 2^15 words, then the queue
+    const unsigned short* rb = reinterpret_cast<const unsigned short*>(row);
+    bool h16 = false;
+    unsigned kneg = 0;  // key16 of -inf (keys below it are NaNs)
+    if constexpr (sizeof(T) == 2) {
+        const unsigned kpos = key16_of<T>(-NEG_INF);
+        kneg = key16_of<T>(NEG_INF);
+        for (int w = threadIdx.x; w < 0x8000; w += blockDim.x) hist[w] = 0;
+        if (threadIdx.x == 0) { s.best = 0; s.nan = 0; s.nq = 0; }
+        __syncthreads();
+        int bk = -1, bi = 0;
+        scan16(rb, V, bits, nh > 0, [&](int i, unsigned u) {
+            const unsigned k = key16(u);
+            atomicAdd(hist + (k >> 1), 1u << ((k & 1u) << 4));
+            if ((int)k > bk) { bk = (int)k; bi = i; }  // a thread's tokens ascend: the first of its max
+        });
+        __syncthreads();
+        unsigned tot = 0;
+        bool nan = false;
+        for (int w = threadIdx.x; w < 0x8000; w += blockDim.x) {
+            const unsigned hw = hist[w];
+            if (!hw) continue;
+            tot += (hw & 0xffffu) + (hw >> 16);
+            nan |= ((hw & 0xffffu) && (2u * w < kneg || 2u * w > kpos)) || ((hw >> 16) && (2u * w + 1 < kneg || 2u * w + 1 > kpos));
+        }
+        unsigned long long b = bk >= 0 ? cand_key(val16<T>((unsigned)bk), bi) : 0ull;
+        for (int h = threadIdx.x; h < nh; h += blockDim.x) { nan |= isnan(hy[h]); b = max(b, cand_key(hy[h], htok[h])); }
+        for (int o = 16; o > 0; o >>= 1) {
+            b = max(b, __shfl_xor_sync(0xffffffffu, b, o));
+            tot += __shfl_xor_sync(0xffffffffu, tot, o);
+        }
+        if (__any_sync(0xffffffffu, nan) && (threadIdx.x & 31) == 0) s.nan = 1;
+        if ((threadIdx.x & 31) == 0) { atomicMax(&s.best, b); atomicAdd(&s.nq, tot); }
+        __syncthreads();
+        h16 = s.nq == (unsigned)(V - nh);  // else a count overflowed: the general route
+    }
+    if (!h16) row_max(row, V, bits, hy, htok, nh, s);
     if (s.nan) { if (threadIdx.x == 0) out[r] = -1; return; }
     const unsigned long long mk = s.best;
     const float My = key_float((unsigned)(mk >> 32));
     const int iM = (int)~(unsigned)mk;
     const bool greedy = !(t > 0.f), div = !greedy && t != 1.f;
     if (greedy || !(My > NEG_INF)) { if (threadIdx.x == 0) out[r] = My > NEG_INF ? iM : 0; return; }
-    const float M = div ? My / t : My, mp = min_p[r];
+    const float M = div ? My / t : My, mp = min_p[r], p = top_p[r];
+    const unsigned k = (unsigned)max(top_k[r], 0);
     float tau = mp > 0.f ? M + logf(mp) : NEG_INF;
-    tau = threshold(row, V, bits, htok, hy, nh, t, (unsigned)max(top_k[r], 0), top_p[r], tau, M, s);
+    if constexpr (sizeof(T) == 2)
+        if (h16)
+            tau = threshold([&](float cc, bool mass, unsigned kk) {
+                return select_key16<T>(hist, hy, nh, t, div, cc, M, mass, kk, p, s);
+            }, V, t, k, p, tau);
+    if (!h16) tau = threshold(row, V, bits, htok, hy, nh, t, k, p, tau, M, s);
 
     // 3. Gumbel-max over the survivors
     const unsigned k0 = seeds[2 * r], k1 = seeds[2 * r + 1], pos = (unsigned)positions[r];
@@ -914,15 +1113,45 @@ filter_sample(const T* __restrict__ logits, int V, const float* __restrict__ tem
         return z + gumbel(noise_word(sel4(coarse_call(i, pos, k0, k1), (i >> 2) & 3), sel4(fine_call(i, pos, k0, k1), i & 3), i & 3));
     };
     const float L = key_of(iM, M);
-    if (threadIdx.x == 0) s.best = cand_key(L, iM);
+    auto can_win = [&](float y) {
+        const float z = div ? y / t : y;
+        return !(z < tau || z + G_MAX < L);
+    };
+    if (threadIdx.x == 0) {
+        s.best = cand_key(L, iM);
+        s.nq = 0;
+        // 16-bit logits: the least key that can win (can_win is monotone in the value, and false below it)
+        if (h16) s.klo = lower_bound16(kneg, [&](unsigned q) { return can_win(val16<T>(q)); });
+    }
     __syncthreads();
     unsigned long long b = 0;
     auto consider = [&](int i, float y) {
+        if (!can_win(y)) return;
         const float z = div ? y / t : y;
-        if (z < tau || z + G_MAX < L) return;
         b = max(b, cand_key(key_of(i, z), i));
     };
-    scan_row(row, V, bits, [&](bool valid, int i, float y) { if (valid) consider(i, y); });
+    if (h16) {
+        // The tokens that can win are queued (the histogram is done with: its memory holds the queue), then
+        // drawn for spread over every thread: their Philox calls do not run divergently inside the row's loop.
+        if constexpr (sizeof(T) == 2) {
+            constexpr unsigned QCAP = 0x4000;  // (token, value) pairs in the histogram's 128 KB
+            int* qtok = reinterpret_cast<int*>(hist);
+            float* qy = reinterpret_cast<float*>(hist + QCAP);
+            const unsigned kmin = s.klo;
+            scan16(rb, V, bits, nh > 0, [&](int i, unsigned u) {
+                const unsigned kk = key16(u);
+                if (kk < kmin) return;
+                const float y = val16<T>(kk);
+                const unsigned slot = atomicAdd(&s.nq, 1u);
+                if (slot < QCAP) { qtok[slot] = i; qy[slot] = y; } else consider(i, y);
+            });
+            __syncthreads();
+            const int nq = (int)min(s.nq, QCAP);
+            for (int j = threadIdx.x; j < nq; j += blockDim.x) consider(qtok[j], qy[j]);
+        }
+    } else {
+        scan_row(row, V, bits, [&](bool valid, int i, float y) { if (valid) consider(i, y); });
+    }
     for (int h = threadIdx.x; h < nh; h += blockDim.x) consider(htok[h], hy[h]);
     for (int o = 16; o > 0; o >>= 1) b = max(b, __shfl_xor_sync(0xffffffffu, b, o));
     if ((threadIdx.x & 31) == 0) atomicMax(&s.best, b);

@@ -165,7 +165,9 @@ class CudaSamplerKernels:
             raise ValueError(f"filter_sample: V = {V} is above the fast path's {VOCAB_CAP} (the gate sends it slow)")
         if not R or not V:
             return
-        smem = 4 * ((V + 31) // 32) + 8 * HIST_CAP  # the history bitmap, then HIST_CAP (token, value) pairs
+        # the history bitmap, HIST_CAP (token, value) pairs, and for 16-bit logits the row's histogram (a 16-bit
+        # count per value, 128 KB)
+        smem = 4 * ((V + 31) // 32) + 8 * HIST_CAP + (4 << 15 if logits.dtype.itemsize == 2 else 0)
         f = self._fn("filter_sample", ct)
         if smem > SMEM_DEFAULT and self._optin.get(ct, 0) < smem:
             f.max_dynamic_shared_size_bytes = smem  # opt in once per instantiation (cudaFuncSetAttribute)
