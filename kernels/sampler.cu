@@ -19,14 +19,11 @@
 // per 16 tokens) rules them out: a far token's byte passes with odds 1/256, so ~1 group of 4 in 64 needs its
 // fine call.
 //
-// top_k_top_p semantics: top-k keeps every value >= the k-th largest (ties at the k-th value kept); top-p then
-// runs over the survivors, p = softmax(survivors): token v is kept iff the mass of the survivors strictly greater
-// than x_v is < top_p (the boundary token and everything tied with it are kept; the max always is). The
-// threshold is found without sorting the vocabulary: a radix select over order-preserving uint32 keys of the
-// fp32 values (digits of 12, 12, 8 bits, a histogram per pass in shared memory), weighted by counts (top-k) or
-// by probability mass exp(x - max) (top-p). When top-k's first pass leaves <= CAND_CAP candidates, they are
-// gathered into shared memory and sorted there, and top-p runs on that sorted list.
-//
+// top_k_top_p and filter_sample follow one threshold rule (section 6, and kernels/sampler.py's docstring): top-k
+// keeps every value >= the k-th largest (ties kept); top-p keeps the survivors whose fixed-point mass strictly
+// above is < top_p * their total. The thresholds come from radix selects over order keys, never a sort: on a
+// 16-bit row's histogram (the fast path), or on a candidate list gathered after a coarse histogram (the fp32 route).
+
 // Workspaces (ws, counters, rowmax) hold one entry per row, start at zero, and the kernels leave them zeroed
 // (the last block of a row resets them), so any launch can be captured in a CUDA graph and replayed.
 #include "dtype.cuh"
@@ -635,7 +632,8 @@ struct FilterSmem {
     unsigned long long ms[NB];       // per-digit W sums
     unsigned long long best;         // packed (key, ~index) of the best candidate (max pass, sample pass)
     unsigned long long sel_above;
-    unsigned sel, nh, nan, nq, klo, khi;
+    unsigned long long tot;          // select_key, mass: the W-mass of its level 0 (every survivor it saw)
+    unsigned sel, nh, nan, nq, nl, klo, khi;
     float M, L;
 };
 
@@ -650,19 +648,24 @@ __device__ __forceinline__ unsigned long long cand_key(float v, int i) {
 }
 
 // fn(valid, i, value) over the row's tokens, by every thread the same number of times (warp-uniform, so fn may
-// use warp intrinsics); `bits` (or null): tokens whose bit is set are history, valid = false for them.
-template <typename T, typename F>
+// use warp intrinsics); `bits` (or null): tokens whose bit is set are history, valid = false for them. U loads
+// of 4 values (16 bytes for fp32) in flight per thread: one load at a time leaves a pass latency-bound.
+constexpr int SCAN_LOADS = 4;
+template <int U = SCAN_LOADS, typename T, typename F>
 __device__ __forceinline__ void scan_row(const T* row, int V, const unsigned* bits, F fn) {
     const bool vec = V % 4 == 0 && reinterpret_cast<size_t>(row) % (4 * sizeof(T)) == 0;
     const int G = (V + 3) / 4;
-    for (int g0 = 0; g0 < G; g0 += blockDim.x) {
-        const int g = g0 + threadIdx.x;
-        float a[4];
-        load4(row, g, V, vec, a);  // past the end: -inf, no load
+    for (int g0 = threadIdx.x; g0 - (int)threadIdx.x < G; g0 += U * blockDim.x) {
+        float a[U][4];
 #pragma unroll
-        for (int q = 0; q < 4; q++) {
-            const int i = 4 * g + q;
-            fn(i < V && !(bits && (bits[i >> 5] >> (i & 31) & 1u)), i, a[q]);
+        for (int j = 0; j < U; j++) load4(row, g0 + j * blockDim.x, V, vec, a[j]);  // past the end: -inf
+#pragma unroll
+        for (int j = 0; j < U; j++) {
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                const int i = 4 * (g0 + j * blockDim.x) + q;
+                fn(i < V && !(bits && (bits[i >> 5] >> (i & 31) & 1u)), i, a[j][q]);
+            }
         }
     }
 }
@@ -715,10 +718,13 @@ __device__ void pick_digit(FilterSmem& s, bool mass, unsigned long long above, u
 
 // The radix select: returns the 32-bit key of the k-th largest y (mass false) or of y* (mass true: survivors are
 // z >= c, target = p * S). hist: nh history tokens/values (shared memory) and their bitmap, or none.
-template <typename T>
+// RL: the levels that scan the row (default: 2 for bf16, else 4); 0 selects over the entries hy alone (the fp32
+// route's candidate list). S: the survivors' W-mass when the entries do not hold every survivor (0: their own).
+template <typename T, int RL = -1>
 __device__ unsigned select_key(const T* row, int V, const unsigned* bits, const int* htok, const float* hy, int nh,
-                               float t, bool div, float c, float M, bool mass, unsigned k, float p, FilterSmem& s) {
-    constexpr int ROW_LEVELS = IsBf16<T>::value ? 2 : 4;
+                               float t, bool div, float c, float M, bool mass, unsigned k, float p, FilterSmem& s,
+                               unsigned long long S = 0) {
+    constexpr int ROW_LEVELS = RL >= 0 ? RL : IsBf16<T>::value ? 2 : 4;
     unsigned prefix = 0, pmask = 0, group_n = 0;
     unsigned long long above = 0;
     double target = 0.0;
@@ -758,7 +764,8 @@ __device__ unsigned select_key(const T* row, int V, const unsigned* bits, const 
         if (mass && level == 0) {
             unsigned long long tot = 0;
             for (int b = 0; b < NB; b++) tot += s.ms[b];
-            target = (double)p * (double)tot;
+            target = (double)p * (double)(S ? S : tot);
+            if (threadIdx.x == 0) s.tot = tot;
         }
         pick_digit(s, mass, above, k, target);
         const unsigned d = s.sel;
@@ -944,41 +951,210 @@ __device__ unsigned select_key16(const unsigned* hist, const float* hy, int nh, 
     return prefix;
 }
 
+// ---- the fp32 route (fp32 logits, the FP32 path's copy, and 16-bit rows whose histogram overflowed) -----------
+// Pass 1 (row_max) finds the max and a coarse histogram: the count of each CBITS-bit prefix of the 32-bit order
+// key (sign, exponent, 3 mantissa bits). Every filter keeps an upper set, so the tokens whose prefix is at or above
+// a bin `blo` hold everything the selects need whenever
+//   top-k: blo = the bin of the k-th largest y, so the list holds the top k (and every survivor z >= y_k / T);
+//   top-p alone: blo = the lowest bin whose tokens from the top fit the list; y* is in the list iff the list's
+//     W-mass G reaches the target p * S (a token below the list has mass above it >= G), S from pass 2's sums;
+// pass 2 (gather) copies those tokens, (y, index), into shared memory (CAND_MAX of them), and the radix selects
+// run on that list (select_key with no row level): the same digits and picks on the same keys, so the same tau.
+// Where the list cannot be used (over CAND_MAX tokens, G short of the target, or a division's rounding letting a
+// token below the list survive), the general route runs select_key over the row: slower, the same tau. Rows:
+// FP32 path: pass 1, pass 2, then the mask pass (3 row passes); fast path on fp32 logits: pass 1, pass 2, and the
+// Gumbel draw over the list (2 row passes; min-p alone, or the general route: the draw scans the row).
+constexpr int CBITS = 12, CBINS = 1 << CBITS, CSHIFT = 32 - CBITS;
+constexpr int CAND_MAX = 14336;  // list entries: the histogram + (value, index) pairs fill 2^15 words (128 KB)
+constexpr unsigned NEG_KEY = 0x007fffffu;  // ord_key(-inf); its bin holds -inf alone (lower bins: NaNs)
+static_assert(CBINS + 2 * CAND_MAX == 0x8000, "the list's shared memory is the 16-bit histogram's");
+static_assert(CBINS == 4 * FILTER_THREADS, "reach: four bins a thread");
+
 // The largest y of the row and history as a candidate key (lowest index among equals); s.nan: a NaN was seen.
+// ch (or null): also the coarse histogram of the order keys (see above).
 template <typename T>
 __device__ void row_max(const T* row, int V, const unsigned* bits, const float* hy, const int* htok, int nh,
-                        FilterSmem& s) {
+                        FilterSmem& s, unsigned* ch = nullptr) {
     if (threadIdx.x == 0) { s.best = 0; s.nan = 0; }
+    if (ch) for (int b = threadIdx.x; b < CBINS; b += blockDim.x) ch[b] = 0;
     __syncthreads();
     unsigned long long b = 0;
     bool nan = false;
-    scan_row(row, V, bits, [&](bool valid, int i, float y) {
-        if (!valid) return;
+    unsigned ninf = 0;  // -inf tokens (min-p's masked ones: often most of the row) are counted in registers
+    auto add = [&](int i, float y) {
         nan |= isnan(y);
         b = max(b, cand_key(y, i));
-    });
-    for (int h = threadIdx.x; h < nh; h += blockDim.x) { nan |= isnan(hy[h]); b = max(b, cand_key(hy[h], htok[h])); }
-    for (int o = 16; o > 0; o >>= 1) b = max(b, __shfl_xor_sync(0xffffffffu, b, o));
+        if (ch) {
+            const unsigned key = ord_key(y);
+            if (key == NEG_KEY) ninf++; else atomicAdd(ch + (key >> CSHIFT), 1u);
+        }
+    };
+    scan_row(row, V, bits, [&](bool valid, int i, float y) { if (valid) add(i, y); });
+    for (int h = threadIdx.x; h < nh; h += blockDim.x) add(htok[h], hy[h]);
+    for (int o = 16; o > 0; o >>= 1) {
+        b = max(b, __shfl_xor_sync(0xffffffffu, b, o));
+        ninf += __shfl_xor_sync(0xffffffffu, ninf, o);
+    }
     if (__any_sync(0xffffffffu, nan) && (threadIdx.x & 31) == 0) s.nan = 1;
-    if ((threadIdx.x & 31) == 0) atomicMax(&s.best, b);
+    if ((threadIdx.x & 31) == 0) {
+        atomicMax(&s.best, b);
+        if (ch && ninf) atomicAdd(ch + (NEG_KEY >> CSHIFT), ninf);
+    }
     __syncthreads();
 }
 
+// row_max out of line, for filter_sample on fp32 logits: inlined, its registers overflow the kernel's 64.
+template <typename T>
+__device__ __noinline__ void row_max_apart(const T* row, int V, const unsigned* bits, const float* hy, const int* htok,
+                                           int nh, FilterSmem& s, unsigned* ch) {
+    row_max(row, V, bits, hy, htok, nh, s, ch);
+}
+
+// The highest bin b where the count cumulated from the top bin reaches n: s.sel = b (CBINS if the total is below n),
+// s.klo = the count of bins >= b.
+__device__ void reach(const unsigned* ch, unsigned n, FilterSmem& s) {
+    const int b0 = CBINS - 1 - 4 * threadIdx.x;  // this thread's 4 bins, descending
+    unsigned loc = 0;
+#pragma unroll
+    for (int j = 0; j < 4; j++) loc += ch[b0 - j];
+    unsigned total;
+    unsigned run = block_excl_scan(loc, s.cnt, total);
+    if (threadIdx.x == 0) s.sel = CBINS;
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const unsigned next = run + ch[b0 - j];
+        if (run < n && next >= n) { s.sel = b0 - j; s.klo = next; }  // one thread, one bin
+        run = next;
+    }
+    __syncthreads();
+}
+
+// Pass 2: the tokens (row and history) whose bin is >= blo, as (y, index) into (ly, li), s.nl of them (at most
+// CAND_MAX by pass 1's counts); with sum_w, returns S, the W-mass of the row's survivors z >= c (else 0).
+template <typename T>
+__device__ unsigned long long gather(const T* row, int V, const unsigned* bits, const int* htok, const float* hy,
+                                     int nh, unsigned blo, bool sum_w, float t, bool div, float c, float M, float* ly,
+                                     int* li, FilterSmem& s) {
+    if (threadIdx.x == 0) s.nl = 0;
+    __syncthreads();
+    const unsigned lane = threadIdx.x & 31;
+    unsigned long long w = 0;
+    auto add = [&](bool valid, int i, float y) {  // warp-uniform: one shared atomic per warp that has takers
+        if (valid && sum_w) {
+            const float z = div ? y / t : y;
+            if (z >= c) w += weight(z, M);
+        }
+        const bool take = valid && (ord_key(y) >> CSHIFT) >= blo;
+        const unsigned m = __ballot_sync(0xffffffffu, take);
+        if (!m) return;
+        unsigned base = 0;
+        if (lane == (unsigned)(__ffs(m) - 1)) base = atomicAdd(&s.nl, (unsigned)__popc(m));
+        base = __shfl_sync(0xffffffffu, base, __ffs(m) - 1) + __popc(m & ((1u << lane) - 1));
+        if (take && base < CAND_MAX) { ly[base] = y; li[base] = i; }
+    };
+    scan_row(row, V, bits, add);
+    for (int h0 = 0; h0 < nh; h0 += blockDim.x) {
+        const int h = h0 + threadIdx.x;
+        add(h < nh, h < nh ? htok[h] : 0, h < nh ? hy[h] : 0.f);
+    }
+    return block_reduce(w, s.ms, [](unsigned long long a, unsigned long long b2) { return a + b2; });
+}
+
+// The row's tau by the list (see above; ch: pass 1's histogram), or false where the list cannot be used: then the
+// caller runs the general route. listed: every survivor z >= tau is in the list (ly, li: s.nl entries), so the
+// draw may run over it alone.
+template <typename T>
+__device__ __noinline__ bool threshold_list(const T* row, int V, const unsigned* bits, const int* htok, const float* hy, int nh,
+                               float t, unsigned k, float p, float M, const unsigned* ch, float* ly, int* li,
+                               FilterSmem& s, float& tau, bool& listed) {
+    const bool div = t != 1.f, pon = p < 1.f;
+    bool kon = k > 0 && k < (unsigned)V;
+    listed = false;
+    unsigned blo = 0;
+    if (kon) {
+        reach(ch, k, s);
+        blo = s.sel;
+        kon = blo != (NEG_KEY >> CSHIFT);  // the k-th largest is -inf: top-k keeps every token
+        if (kon && s.klo > CAND_MAX) return false;
+    }
+    if (!kon) {
+        if (!pon) return true;
+        reach(ch, CAND_MAX + 1, s);
+        blo = s.sel == CBINS ? 0 : s.sel + 1;
+    }
+    // pass 2; top-k bounds the survivors to the list, so S only matters for top-p alone
+    const unsigned long long S = gather(row, V, bits, htok, hy, nh, blo, !kon, t, div, tau, M, ly, li, s);
+    const int n = (int)s.nl;
+    const float ync = blo ? key_float((blo << CSHIFT) - 1) : NEG_INF;  // the largest y below the list
+    auto outside = [&](float cc) { return blo > 0 && (div ? ync / t : ync) >= cc; };  // may it survive z >= cc?
+    auto sel = [&](float cc, bool mass, unsigned kk) {
+        return key_float(select_key<T, 0>(row, V, bits, li, ly, n, t, div, cc, M, mass, kk, p, s, S));
+    };
+    float c = tau;
+    if (kon) {
+        const float yk = sel(c, false, k);
+        c = fmaxf(c, div ? yk / t : yk);
+    }
+    if (pon) {
+        if (kon && outside(c)) return false;  // a division's tie below the list: S would miss it
+        const float ys = sel(c, true, 0u);
+        if (!kon && (double)s.tot < (double)p * (double)S) return false;  // y* may lie below the list
+        c = fmaxf(c, div ? ys / t : ys);
+    }
+    listed = !outside(c);
+    tau = c;
+    return true;
+}
+
 // FP32 path: in place on the processed copy x (z values); rows with top-k and top-p both off return at once.
+// Dynamic shared memory: the list (CBINS + 2 * CAND_MAX words).
 template <typename F>  // F = float only (a template so CuPy looks every kernel up the same way)
 __global__ void __launch_bounds__(FILTER_THREADS)
 top_k_top_p(F* __restrict__ x, int V, const int* __restrict__ top_k, const float* __restrict__ top_p) {
     __shared__ FilterSmem s;
+    extern __shared__ unsigned dyn[];
     const int r = blockIdx.x, k = top_k[r];
     const float p = top_p[r];
     if (!(k > 0 && k < V) && !(p < 1.f)) return;
     float* row = x + (size_t)r * V;
-    row_max(row, V, nullptr, nullptr, nullptr, 0, s);
+    unsigned* ch = dyn;
+    float* ly = reinterpret_cast<float*>(ch + CBINS);
+    int* li = reinterpret_cast<int*>(ly + CAND_MAX);
+    row_max(row, V, nullptr, nullptr, nullptr, 0, s, ch);
     const float M = key_float((unsigned)(s.best >> 32));
     if (s.nan || !(M > NEG_INF)) return;  // a NaN row samples -1; an all -inf row has nothing to mask
-    const float tau = threshold(row, V, nullptr, nullptr, nullptr, 0, 1.f, (unsigned)max(k, 0), p, NEG_INF, M, s);
-    for (int i = threadIdx.x; i < V; i += blockDim.x)
-        if (row[i] < tau) row[i] = NEG_INF;
+    bool listed;
+    float tau = NEG_INF;
+    if (!threshold_list(row, V, nullptr, nullptr, nullptr, 0, 1.f, (unsigned)max(k, 0), p, M, ch, ly, li, s, tau,
+                        listed))
+        tau = threshold(row, V, nullptr, nullptr, nullptr, 0, 1.f, (unsigned)max(k, 0), p, NEG_INF, M, s);
+    if (!(tau > NEG_INF)) return;
+    // the mask pass: SCAN_LOADS 16-byte loads in flight per thread; a quad is stored only if it changed
+    if (V % 4 == 0 && reinterpret_cast<size_t>(row) % 16 == 0) {
+        float4* q4 = reinterpret_cast<float4*>(row);
+        const int G = V / 4;
+        for (int g0 = threadIdx.x; g0 < G; g0 += SCAN_LOADS * blockDim.x) {
+            float4 a[SCAN_LOADS];
+#pragma unroll
+            for (int j = 0; j < SCAN_LOADS; j++) if (g0 + j * (int)blockDim.x < G) a[j] = q4[g0 + j * blockDim.x];
+#pragma unroll
+            for (int j = 0; j < SCAN_LOADS; j++) {
+                const int g = g0 + j * blockDim.x;
+                if (g >= G) break;
+                float4 v = a[j];
+                const bool ch4 = v.x < tau || v.y < tau || v.z < tau || v.w < tau;
+                if (v.x < tau) v.x = NEG_INF;
+                if (v.y < tau) v.y = NEG_INF;
+                if (v.z < tau) v.z = NEG_INF;
+                if (v.w < tau) v.w = NEG_INF;
+                if (ch4) q4[g] = v;
+            }
+        }
+    } else {
+        for (int i = threadIdx.x; i < V; i += blockDim.x)
+            if (row[i] < tau) row[i] = NEG_INF;
+    }
 }
 
 // Binary search of token t in the sorted tokens[lo, hi): its index, or -1.
@@ -1090,7 +1266,14 @@ filter_sample(const T* __restrict__ logits, int V, const float* __restrict__ tem
         __syncthreads();
         h16 = s.nq == (unsigned)(V - nh);  // else a count overflowed: the general route
     }
-    if (!h16) row_max(row, V, bits, hy, htok, nh, s);
+    // fp32 logits: the fp32 route, its coarse histogram and list in the same memory (see threshold_list); a 16-bit
+    // row whose histogram overflowed (65,536 equal values: a list would not hold them) takes the general route
+    unsigned* ch = hist;
+    float* ly = reinterpret_cast<float*>(ch + CBINS);
+    int* li = reinterpret_cast<int*>(ly + CAND_MAX);
+    const bool lists = sizeof(T) == 4 && t > 0.f && ((top_k[r] > 0 && top_k[r] < V) || top_p[r] < 1.f);
+    if constexpr (sizeof(T) == 4) row_max_apart(row, V, bits, hy, htok, nh, s, lists ? ch : nullptr);
+    else if (!h16) row_max(row, V, bits, hy, htok, nh, s);
     if (s.nan) { if (threadIdx.x == 0) out[r] = -1; return; }
     const unsigned long long mk = s.best;
     const float My = key_float((unsigned)(mk >> 32));
@@ -1105,7 +1288,13 @@ filter_sample(const T* __restrict__ logits, int V, const float* __restrict__ tem
             tau = threshold([&](float cc, bool mass, unsigned kk) {
                 return select_key16<T>(hist, hy, nh, t, div, cc, M, mass, kk, p, s);
             }, V, t, k, p, tau);
-    if (!h16) tau = threshold(row, V, bits, htok, hy, nh, t, k, p, tau, M, s);
+    bool listed = false;
+    if (!h16) {
+        bool done = false;
+        if constexpr (sizeof(T) == 4)
+            done = lists && threshold_list(row, V, bits, htok, hy, nh, t, k, p, M, ch, ly, li, s, tau, listed);
+        if (!done) tau = threshold(row, V, bits, htok, hy, nh, t, k, p, tau, M, s);
+    }
 
     // 3. Gumbel-max over the survivors
     const unsigned k0 = seeds[2 * r], k1 = seeds[2 * r + 1], pos = (unsigned)positions[r];
@@ -1130,6 +1319,10 @@ filter_sample(const T* __restrict__ logits, int V, const float* __restrict__ tem
         const float z = div ? y / t : y;
         b = max(b, cand_key(key_of(i, z), i));
     };
+    // the draw's lists: the 16-bit queue or the fp32 route's list, then the history unless the list holds it
+    const int* di = li;
+    const float* dv = ly;
+    int dn = listed ? (int)s.nl : 0;
     if (h16) {
         // The tokens that can win are queued (the histogram is done with: its memory holds the queue), then
         // drawn for spread over every thread: their Philox calls do not run divergently inside the row's loop.
@@ -1146,13 +1339,16 @@ filter_sample(const T* __restrict__ logits, int V, const float* __restrict__ tem
                 if (slot < QCAP) { qtok[slot] = i; qy[slot] = y; } else consider(i, y);
             });
             __syncthreads();
-            const int nq = (int)min(s.nq, QCAP);
-            for (int j = threadIdx.x; j < nq; j += blockDim.x) consider(qtok[j], qy[j]);
+            di = qtok;
+            dv = qy;
+            dn = (int)min(s.nq, QCAP);
         }
-    } else {
-        scan_row(row, V, bits, [&](bool valid, int i, float y) { if (valid) consider(i, y); });
+    } else if (!listed) {
+        // one load in flight: the draw's Philox state fills the registers (min-p alone, or the general route)
+        scan_row<1>(row, V, bits, [&](bool valid, int i, float y) { if (valid) consider(i, y); });
     }
-    for (int h = threadIdx.x; h < nh; h += blockDim.x) consider(htok[h], hy[h]);
+    const int nx = dn + (listed ? 0 : nh);
+    for (int j = threadIdx.x; j < nx; j += blockDim.x) consider(j < dn ? di[j] : htok[j - dn], j < dn ? dv[j] : hy[j - dn]);
     for (int o = 16; o > 0; o >>= 1) b = max(b, __shfl_xor_sync(0xffffffffu, b, o));
     if ((threadIdx.x & 31) == 0) atomicMax(&s.best, b);
     __syncthreads();
