@@ -1058,7 +1058,9 @@ __device__ unsigned long long gather(const T* row, int V, const unsigned* bits, 
         const int h = h0 + threadIdx.x;
         add(h < nh, h < nh ? htok[h] : 0, h < nh ? hy[h] : 0.f);
     }
-    return block_reduce(w, s.ms, [](unsigned long long a, unsigned long long b2) { return a + b2; });
+    w = block_reduce(w, s.ms, [](unsigned long long a, unsigned long long b2) { return a + b2; });
+    __syncthreads();  // every thread has read s.ms (the reduction's scratch) before a select clears it
+    return w;
 }
 
 // The row's tau by the list (see above; ch: pass 1's histogram), or false where the list cannot be used: then the
@@ -1306,6 +1308,7 @@ filter_sample(const T* __restrict__ logits, int V, const float* __restrict__ tem
         const float z = div ? y / t : y;
         return !(z < tau || z + G_MAX < L);
     };
+    __syncthreads();  // every thread has read s.best (the max): a row without a select has had no barrier since
     if (threadIdx.x == 0) {
         s.best = cand_key(L, iM);
         s.nq = 0;
