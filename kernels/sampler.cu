@@ -19,14 +19,11 @@
 // per 16 tokens) rules them out: a far token's byte passes with odds 1/256, so ~1 group of 4 in 64 needs its
 // fine call.
 //
-// top_k_top_p semantics: top-k keeps every value >= the k-th largest (ties at the k-th value kept); top-p then
-// runs over the survivors, p = softmax(survivors): token v is kept iff the mass of the survivors strictly greater
-// than x_v is < top_p (the boundary token and everything tied with it are kept; the max always is). The
-// threshold is found without sorting the vocabulary: a radix select over order-preserving uint32 keys of the
-// fp32 values (digits of 12, 12, 8 bits, a histogram per pass in shared memory), weighted by counts (top-k) or
-// by probability mass exp(x - max) (top-p). When top-k's first pass leaves <= CAND_CAP candidates, they are
-// gathered into shared memory and sorted there, and top-p runs on that sorted list.
-//
+// top_k_top_p and filter_sample follow one threshold rule (section 6, and kernels/sampler.py's docstring): top-k
+// keeps every value >= the k-th largest (ties kept); top-p keeps the survivors whose fixed-point mass strictly
+// above is < top_p * their total. The thresholds come from radix selects over order keys, never a sort: on a
+// 16-bit row's histogram (the fast path), or on a candidate list gathered after a coarse histogram (the fp32 route).
+
 // Workspaces (ws, counters, rowmax) hold one entry per row, start at zero, and the kernels leave them zeroed
 // (the last block of a row resets them), so any launch can be captured in a CUDA graph and replayed.
 #include "dtype.cuh"
@@ -635,7 +632,8 @@ struct FilterSmem {
     unsigned long long ms[NB];       // per-digit W sums
     unsigned long long best;         // packed (key, ~index) of the best candidate (max pass, sample pass)
     unsigned long long sel_above;
-    unsigned sel, nh, nan;
+    unsigned long long tot;          // select_key, mass: the W-mass of its level 0 (every survivor it saw)
+    unsigned sel, nh, nan, nq, nl, klo, khi;
     float M, L;
 };
 
@@ -650,19 +648,24 @@ __device__ __forceinline__ unsigned long long cand_key(float v, int i) {
 }
 
 // fn(valid, i, value) over the row's tokens, by every thread the same number of times (warp-uniform, so fn may
-// use warp intrinsics); `bits` (or null): tokens whose bit is set are history, valid = false for them.
-template <typename T, typename F>
+// use warp intrinsics); `bits` (or null): tokens whose bit is set are history, valid = false for them. U loads
+// of 4 values (16 bytes for fp32) in flight per thread: one load at a time leaves a pass latency-bound.
+constexpr int SCAN_LOADS = 4;
+template <int U = SCAN_LOADS, typename T, typename F>
 __device__ __forceinline__ void scan_row(const T* row, int V, const unsigned* bits, F fn) {
     const bool vec = V % 4 == 0 && reinterpret_cast<size_t>(row) % (4 * sizeof(T)) == 0;
     const int G = (V + 3) / 4;
-    for (int g0 = 0; g0 < G; g0 += blockDim.x) {
-        const int g = g0 + threadIdx.x;
-        float a[4];
-        load4(row, g, V, vec, a);  // past the end: -inf, no load
+    for (int g0 = threadIdx.x; g0 - (int)threadIdx.x < G; g0 += U * blockDim.x) {
+        float a[U][4];
 #pragma unroll
-        for (int q = 0; q < 4; q++) {
-            const int i = 4 * g + q;
-            fn(i < V && !(bits && (bits[i >> 5] >> (i & 31) & 1u)), i, a[q]);
+        for (int j = 0; j < U; j++) load4(row, g0 + j * blockDim.x, V, vec, a[j]);  // past the end: -inf
+#pragma unroll
+        for (int j = 0; j < U; j++) {
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                const int i = 4 * (g0 + j * blockDim.x) + q;
+                fn(i < V && !(bits && (bits[i >> 5] >> (i & 31) & 1u)), i, a[j][q]);
+            }
         }
     }
 }
@@ -715,10 +718,13 @@ __device__ void pick_digit(FilterSmem& s, bool mass, unsigned long long above, u
 
 // The radix select: returns the 32-bit key of the k-th largest y (mass false) or of y* (mass true: survivors are
 // z >= c, target = p * S). hist: nh history tokens/values (shared memory) and their bitmap, or none.
-template <typename T>
+// RL: the levels that scan the row (default: 2 for bf16, else 4); 0 selects over the entries hy alone (the fp32
+// route's candidate list). S: the survivors' W-mass when the entries do not hold every survivor (0: their own).
+template <typename T, int RL = -1>
 __device__ unsigned select_key(const T* row, int V, const unsigned* bits, const int* htok, const float* hy, int nh,
-                               float t, bool div, float c, float M, bool mass, unsigned k, float p, FilterSmem& s) {
-    constexpr int ROW_LEVELS = IsBf16<T>::value ? 2 : 4;
+                               float t, bool div, float c, float M, bool mass, unsigned k, float p, FilterSmem& s,
+                               unsigned long long S = 0) {
+    constexpr int ROW_LEVELS = RL >= 0 ? RL : IsBf16<T>::value ? 2 : 4;
     unsigned prefix = 0, pmask = 0, group_n = 0;
     unsigned long long above = 0;
     double target = 0.0;
@@ -758,7 +764,8 @@ __device__ unsigned select_key(const T* row, int V, const unsigned* bits, const 
         if (mass && level == 0) {
             unsigned long long tot = 0;
             for (int b = 0; b < NB; b++) tot += s.ms[b];
-            target = (double)p * (double)tot;
+            target = (double)p * (double)(S ? S : tot);
+            if (threadIdx.x == 0) s.tot = tot;
         }
         pick_digit(s, mass, above, k, target);
         const unsigned d = s.sel;
@@ -771,57 +778,385 @@ __device__ unsigned select_key(const T* row, int V, const unsigned* bits, const 
     return prefix;
 }
 
-// The row's threshold tau (keep z >= tau), given M (max z, a number or +inf) and the min-p cut c (or -inf).
-template <typename T>
-__device__ float threshold(const T* row, int V, const unsigned* bits, const int* htok, const float* hy, int nh,
-                           float t, unsigned k, float p, float c, float M, FilterSmem& s) {
+// The row's threshold tau (keep z >= tau), given M (max z, a number or +inf) and the min-p cut c (or -inf);
+// sel(c, mass, k) is a select_key over the row (its rows or its histogram, see select_key16).
+template <typename S>
+__device__ float threshold(S sel, int V, float t, unsigned k, float p, float c) {
     const bool div = t != 1.f;
     if (k > 0 && k < (unsigned)V) {
-        const float yk = key_float(select_key(row, V, bits, htok, hy, nh, t, div, c, M, false, k, p, s));
+        const float yk = key_float(sel(c, false, k));
         c = fmaxf(c, div ? yk / t : yk);
     }
     if (p < 1.f) {
-        const float ys = key_float(select_key(row, V, bits, htok, hy, nh, t, div, c, M, true, 0u, p, s));
+        const float ys = key_float(sel(c, true, 0u));
         c = fmaxf(c, div ? ys / t : ys);
     }
     return c;
 }
+template <typename T>
+__device__ float threshold(const T* row, int V, const unsigned* bits, const int* htok, const float* hy, int nh,
+                           float t, unsigned k, float p, float c, float M, FilterSmem& s) {
+    const bool div = t != 1.f;
+    return threshold([&](float cc, bool mass, unsigned kk) {
+        return select_key(row, V, bits, htok, hy, nh, t, div, cc, M, mass, kk, p, s);
+    }, V, t, k, p, c);
+}
+
+// ---- the 16-bit fast path (bf16 / fp16 logits): one pass builds the row's full histogram -------------------
+// A 16-bit logit has 65,536 possible values, so a count per value (packed two to a 32-bit word: 128 KB of shared
+// memory) holds everything the selects need: the counts, and the masses as count * W(value), exact integers. The
+// row is read twice in all: once for that histogram (and the max), once to gather the few tokens that can win
+// the Gumbel draw. Every select level scans histogram bins, never the row: the bins whose 32-bit key matches the
+// level's prefix are one interval of 16-bit keys (the map is monotone), found by binary search. A value held by
+// 65,536 or more tokens would overflow its 16-bit count: the decoded total then falls short of the row's token
+// count, and the row takes the general route (select_key over the row).
+__device__ __forceinline__ unsigned key16(unsigned u) {  // order key of 16 raw bits; -0 folded onto +0
+    return u == 0x8000u ? 0x8000u : (u & 0x8000u) ? (~u & 0xffffu) : (u | 0x8000u);
+}
+template <typename T>
+__device__ __forceinline__ float val16(unsigned k) {  // the value whose key16 is k
+    union { unsigned short u; T t; } c;
+    c.u = (unsigned short)((k & 0x8000u) ? (k & 0x7fffu) : (~k & 0xffffu));
+    return to_f32(c.t);
+}
+template <typename T>
+__device__ __forceinline__ unsigned key16_of(float v) {
+    union { unsigned short u; T t; } c;
+    c.t = from_f32<T>(v);
+    return key16(c.u);
+}
+__device__ __forceinline__ unsigned bin_count(const unsigned* hist, unsigned k) {
+    return (hist[k >> 1] >> ((k & 1u) << 4)) & 0xffffu;
+}
+
+// fn(i, raw 16 bits) over the row's tokens whose bitmap bit is clear (use_bits: the row has history), in
+// ascending order per thread; 16-byte loads, U of them in flight per thread.
+template <typename F>
+__device__ __forceinline__ void scan16(const unsigned short* rb, int V, const unsigned* bits, bool use_bits, F fn) {
+    if (V % 8 == 0 && reinterpret_cast<size_t>(rb) % 16 == 0) {
+        constexpr int U = 4;
+        const int G = V / 8;
+        const uint4* p = reinterpret_cast<const uint4*>(rb);
+        for (int g0 = threadIdx.x; g0 < G; g0 += U * blockDim.x) {
+            uint4 c[U];
+#pragma unroll
+            for (int j = 0; j < U; j++) {
+                const int g = g0 + j * blockDim.x;
+                c[j] = g < G ? p[g] : make_uint4(0u, 0u, 0u, 0u);
+            }
+#pragma unroll
+            for (int j = 0; j < U; j++) {
+                const int g = g0 + j * blockDim.x;
+                if (g >= G) break;
+                const unsigned hb = use_bits ? (bits[g >> 2] >> ((g & 3) * 8)) & 0xffu : 0u;
+                const unsigned w[4] = {c[j].x, c[j].y, c[j].z, c[j].w};
+#pragma unroll
+                for (int q = 0; q < 8; q++)
+                    if (!((hb >> q) & 1u)) fn(8 * g + q, (w[q >> 1] >> ((q & 1) * 16)) & 0xffffu);
+            }
+        }
+    } else {
+        for (int i = threadIdx.x; i < V; i += blockDim.x)
+            if (!use_bits || !((bits[i >> 5] >> (i & 31)) & 1u)) fn(i, (unsigned)rb[i]);
+    }
+}
+
+// The first 16-bit key k in [lo, 65536) with pred(k) (pred false then true over that interval), or 65536.
+template <typename P>
+__device__ __forceinline__ unsigned lower_bound16(unsigned lo, P pred) {
+    unsigned hi = 0x10000u;
+    while (lo < hi) {
+        const unsigned mid = (lo + hi) >> 1;
+        if (pred(mid)) hi = mid; else lo = mid + 1;
+    }
+    return lo;
+}
+
+// select_key's twin over the histogram: the same levels, digits and picks, so the same key.
+template <typename T>
+__device__ unsigned select_key16(const unsigned* hist, const float* hy, int nh, float t, bool div, float c, float M,
+                                 bool mass, unsigned k, float p, FilterSmem& s) {
+    unsigned prefix = 0, pmask = 0;
+    unsigned long long above = 0;
+    double target = 0.0;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    for (int level = 0; level < 4; level++) {
+        const int shift = 24 - 8 * level;
+        for (int b = threadIdx.x; b < NB; b += blockDim.x) { s.cnt[b] = 0; s.ms[b] = 0; }
+        if (threadIdx.x == 0) {  // the interval of 16-bit keys whose 32-bit key matches the prefix
+            const unsigned top = prefix | ~pmask;
+            // from -inf's key: below it lie negative NaNs, whose fp32 conversion need not keep their order
+            s.klo = lower_bound16(key16_of<T>(NEG_INF), [&](unsigned q) { return ord_key(val16<T>(q)) >= prefix; });
+            s.khi = lower_bound16(s.klo, [&](unsigned q) { return ord_key(val16<T>(q)) > top; });
+        }
+        __syncthreads();
+        const unsigned klo = s.klo, khi = s.khi;  // [klo, khi)
+        if (klo < khi) {
+            // Words of the interval, a contiguous chunk per warp, lane-interleaved (no bank conflicts); a lane's
+            // keys ascend, so its digits do not decrease: runs of one digit are summed, then added once.
+            const unsigned w0 = klo >> 1, w1 = (khi + 1) >> 1, per = ((w1 - w0 + nw - 1) / nw + 31) & ~31u;
+            const unsigned a0 = w0 + warp * per, a1 = min(w1, a0 + per);
+            unsigned cd = NB, cc = 0;
+            unsigned long long cm = 0;
+            auto flush = [&]() {
+                if (cc) atomicAdd(&s.cnt[cd], cc);
+                if (cm) atomicAdd(&s.ms[cd], cm);
+            };
+            for (unsigned w = a0 + lane; w < a1; w += 32) {
+                const unsigned hw = hist[w];
+                if (!hw) continue;
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const unsigned kk = 2 * w + h, n = (hw >> (16 * h)) & 0xffffu;
+                    if (!n || kk < klo || kk >= khi) continue;
+                    const float y = val16<T>(kk), z = div ? y / t : y;
+                    if (mass && !(z >= c)) continue;
+                    const unsigned d = (ord_key(y) >> shift) & (NB - 1);
+                    if (d != cd) { flush(); cd = d; cc = 0; cm = 0; }
+                    cc += n;
+                    if (mass) cm += (unsigned long long)n * weight(z, M);
+                }
+            }
+            flush();
+        }
+        __syncthreads();
+        auto add = [&](bool valid, float y) {  // a history entry, as in select_key
+            const unsigned key = ord_key(y);
+            valid = valid && (key & pmask) == prefix;
+            unsigned long long w = 0;
+            if (valid && mass) {
+                const float z = div ? y / t : y;
+                valid = z >= c;
+                w = valid ? weight(z, M) : 0ull;
+            }
+            hist_add(valid, (key >> shift) & (NB - 1), w, mass, s);
+        };
+        for (int h0 = 0; h0 < nh; h0 += blockDim.x) {
+            const int h = h0 + threadIdx.x;
+            add(h < nh, h < nh ? hy[h] : 0.f);
+        }
+        __syncthreads();
+        if (mass && level == 0) {
+            unsigned long long tot = 0;
+            for (int b = 0; b < NB; b++) tot += s.ms[b];
+            target = (double)p * (double)tot;
+        }
+        pick_digit(s, mass, above, k, target);
+        const unsigned d = s.sel;
+        above = s.sel_above;
+        prefix |= d << shift;
+        pmask |= (NB - 1u) << shift;
+        __syncthreads();
+    }
+    return prefix;
+}
+
+// ---- the fp32 route (fp32 logits, the FP32 path's copy, and 16-bit rows whose histogram overflowed) -----------
+// Pass 1 (row_max) finds the max and a coarse histogram: the count of each CBITS-bit prefix of the 32-bit order
+// key (sign, exponent, 3 mantissa bits). Every filter keeps an upper set, so the tokens whose prefix is at or above
+// a bin `blo` hold everything the selects need whenever
+//   top-k: blo = the bin of the k-th largest y, so the list holds the top k (and every survivor z >= y_k / T);
+//   top-p alone: blo = the lowest bin whose tokens from the top fit the list; y* is in the list iff the list's
+//     W-mass G reaches the target p * S (a token below the list has mass above it >= G), S from pass 2's sums;
+// pass 2 (gather) copies those tokens, (y, index), into shared memory (CAND_MAX of them), and the radix selects
+// run on that list (select_key with no row level): the same digits and picks on the same keys, so the same tau.
+// Where the list cannot be used (over CAND_MAX tokens, G short of the target, or a division's rounding letting a
+// token below the list survive), the general route runs select_key over the row: slower, the same tau. Rows:
+// FP32 path: pass 1, pass 2, then the mask pass (3 row passes); fast path on fp32 logits: pass 1, pass 2, and the
+// Gumbel draw over the list (2 row passes; min-p alone, or the general route: the draw scans the row).
+constexpr int CBITS = 12, CBINS = 1 << CBITS, CSHIFT = 32 - CBITS;
+constexpr int CAND_MAX = 14336;  // list entries: the histogram + (value, index) pairs fill 2^15 words (128 KB)
+constexpr unsigned NEG_KEY = 0x007fffffu;  // ord_key(-inf); its bin holds -inf alone (lower bins: NaNs)
+static_assert(CBINS + 2 * CAND_MAX == 0x8000, "the list's shared memory is the 16-bit histogram's");
+static_assert(CBINS == 4 * FILTER_THREADS, "reach: four bins a thread");
 
 // The largest y of the row and history as a candidate key (lowest index among equals); s.nan: a NaN was seen.
+// ch (or null): also the coarse histogram of the order keys (see above).
 template <typename T>
 __device__ void row_max(const T* row, int V, const unsigned* bits, const float* hy, const int* htok, int nh,
-                        FilterSmem& s) {
+                        FilterSmem& s, unsigned* ch = nullptr) {
     if (threadIdx.x == 0) { s.best = 0; s.nan = 0; }
+    if (ch) for (int b = threadIdx.x; b < CBINS; b += blockDim.x) ch[b] = 0;
     __syncthreads();
     unsigned long long b = 0;
     bool nan = false;
-    scan_row(row, V, bits, [&](bool valid, int i, float y) {
-        if (!valid) return;
+    unsigned ninf = 0;  // -inf tokens (min-p's masked ones: often most of the row) are counted in registers
+    auto add = [&](int i, float y) {
         nan |= isnan(y);
         b = max(b, cand_key(y, i));
-    });
-    for (int h = threadIdx.x; h < nh; h += blockDim.x) { nan |= isnan(hy[h]); b = max(b, cand_key(hy[h], htok[h])); }
-    for (int o = 16; o > 0; o >>= 1) b = max(b, __shfl_xor_sync(0xffffffffu, b, o));
+        if (ch) {
+            const unsigned key = ord_key(y);
+            if (key == NEG_KEY) ninf++; else atomicAdd(ch + (key >> CSHIFT), 1u);
+        }
+    };
+    scan_row(row, V, bits, [&](bool valid, int i, float y) { if (valid) add(i, y); });
+    for (int h = threadIdx.x; h < nh; h += blockDim.x) add(htok[h], hy[h]);
+    for (int o = 16; o > 0; o >>= 1) {
+        b = max(b, __shfl_xor_sync(0xffffffffu, b, o));
+        ninf += __shfl_xor_sync(0xffffffffu, ninf, o);
+    }
     if (__any_sync(0xffffffffu, nan) && (threadIdx.x & 31) == 0) s.nan = 1;
-    if ((threadIdx.x & 31) == 0) atomicMax(&s.best, b);
+    if ((threadIdx.x & 31) == 0) {
+        atomicMax(&s.best, b);
+        if (ch && ninf) atomicAdd(ch + (NEG_KEY >> CSHIFT), ninf);
+    }
     __syncthreads();
 }
 
+// row_max out of line, for filter_sample on fp32 logits: inlined, its registers overflow the kernel's 64.
+template <typename T>
+__device__ __noinline__ void row_max_apart(const T* row, int V, const unsigned* bits, const float* hy, const int* htok,
+                                           int nh, FilterSmem& s, unsigned* ch) {
+    row_max(row, V, bits, hy, htok, nh, s, ch);
+}
+
+// The highest bin b where the count cumulated from the top bin reaches n: s.sel = b (CBINS if the total is below n),
+// s.klo = the count of bins >= b.
+__device__ void reach(const unsigned* ch, unsigned n, FilterSmem& s) {
+    const int b0 = CBINS - 1 - 4 * threadIdx.x;  // this thread's 4 bins, descending
+    unsigned loc = 0;
+#pragma unroll
+    for (int j = 0; j < 4; j++) loc += ch[b0 - j];
+    unsigned total;
+    unsigned run = block_excl_scan(loc, s.cnt, total);
+    if (threadIdx.x == 0) s.sel = CBINS;
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const unsigned next = run + ch[b0 - j];
+        if (run < n && next >= n) { s.sel = b0 - j; s.klo = next; }  // one thread, one bin
+        run = next;
+    }
+    __syncthreads();
+}
+
+// Pass 2: the tokens (row and history) whose bin is >= blo, as (y, index) into (ly, li), s.nl of them (at most
+// CAND_MAX by pass 1's counts); with sum_w, returns S, the W-mass of the row's survivors z >= c (else 0).
+template <typename T>
+__device__ unsigned long long gather(const T* row, int V, const unsigned* bits, const int* htok, const float* hy,
+                                     int nh, unsigned blo, bool sum_w, float t, bool div, float c, float M, float* ly,
+                                     int* li, FilterSmem& s) {
+    if (threadIdx.x == 0) s.nl = 0;
+    __syncthreads();
+    const unsigned lane = threadIdx.x & 31;
+    unsigned long long w = 0;
+    auto add = [&](bool valid, int i, float y) {  // warp-uniform: one shared atomic per warp that has takers
+        if (valid && sum_w) {
+            const float z = div ? y / t : y;
+            if (z >= c) w += weight(z, M);
+        }
+        const bool take = valid && (ord_key(y) >> CSHIFT) >= blo;
+        const unsigned m = __ballot_sync(0xffffffffu, take);
+        if (!m) return;
+        unsigned base = 0;
+        if (lane == (unsigned)(__ffs(m) - 1)) base = atomicAdd(&s.nl, (unsigned)__popc(m));
+        base = __shfl_sync(0xffffffffu, base, __ffs(m) - 1) + __popc(m & ((1u << lane) - 1));
+        if (take && base < CAND_MAX) { ly[base] = y; li[base] = i; }
+    };
+    scan_row(row, V, bits, add);
+    for (int h0 = 0; h0 < nh; h0 += blockDim.x) {
+        const int h = h0 + threadIdx.x;
+        add(h < nh, h < nh ? htok[h] : 0, h < nh ? hy[h] : 0.f);
+    }
+    w = block_reduce(w, s.ms, [](unsigned long long a, unsigned long long b2) { return a + b2; });
+    __syncthreads();  // every thread has read s.ms (the reduction's scratch) before a select clears it
+    return w;
+}
+
+// The row's tau by the list (see above; ch: pass 1's histogram), or false where the list cannot be used: then the
+// caller runs the general route. listed: every survivor z >= tau is in the list (ly, li: s.nl entries), so the
+// draw may run over it alone.
+template <typename T>
+__device__ __noinline__ bool threshold_list(const T* row, int V, const unsigned* bits, const int* htok, const float* hy, int nh,
+                               float t, unsigned k, float p, float M, const unsigned* ch, float* ly, int* li,
+                               FilterSmem& s, float& tau, bool& listed) {
+    const bool div = t != 1.f, pon = p < 1.f;
+    bool kon = k > 0 && k < (unsigned)V;
+    listed = false;
+    unsigned blo = 0;
+    if (kon) {
+        reach(ch, k, s);
+        blo = s.sel;
+        kon = blo != (NEG_KEY >> CSHIFT);  // the k-th largest is -inf: top-k keeps every token
+        if (kon && s.klo > CAND_MAX) return false;
+    }
+    if (!kon) {
+        if (!pon) return true;
+        reach(ch, CAND_MAX + 1, s);
+        blo = s.sel == CBINS ? 0 : s.sel + 1;
+    }
+    // pass 2; top-k bounds the survivors to the list, so S only matters for top-p alone
+    const unsigned long long S = gather(row, V, bits, htok, hy, nh, blo, !kon, t, div, tau, M, ly, li, s);
+    const int n = (int)s.nl;
+    const float ync = blo ? key_float((blo << CSHIFT) - 1) : NEG_INF;  // the largest y below the list
+    auto outside = [&](float cc) { return blo > 0 && (div ? ync / t : ync) >= cc; };  // may it survive z >= cc?
+    auto sel = [&](float cc, bool mass, unsigned kk) {
+        return key_float(select_key<T, 0>(row, V, bits, li, ly, n, t, div, cc, M, mass, kk, p, s, S));
+    };
+    float c = tau;
+    if (kon) {
+        const float yk = sel(c, false, k);
+        c = fmaxf(c, div ? yk / t : yk);
+    }
+    if (pon) {
+        if (kon && outside(c)) return false;  // a division's tie below the list: S would miss it
+        const float ys = sel(c, true, 0u);
+        if (!kon && (double)s.tot < (double)p * (double)S) return false;  // y* may lie below the list
+        c = fmaxf(c, div ? ys / t : ys);
+    }
+    listed = !outside(c);
+    tau = c;
+    return true;
+}
+
 // FP32 path: in place on the processed copy x (z values); rows with top-k and top-p both off return at once.
+// Dynamic shared memory: the list (CBINS + 2 * CAND_MAX words).
 template <typename F>  // F = float only (a template so CuPy looks every kernel up the same way)
 __global__ void __launch_bounds__(FILTER_THREADS)
 top_k_top_p(F* __restrict__ x, int V, const int* __restrict__ top_k, const float* __restrict__ top_p) {
     __shared__ FilterSmem s;
+    extern __shared__ unsigned dyn[];
     const int r = blockIdx.x, k = top_k[r];
     const float p = top_p[r];
     if (!(k > 0 && k < V) && !(p < 1.f)) return;
     float* row = x + (size_t)r * V;
-    row_max(row, V, nullptr, nullptr, nullptr, 0, s);
+    unsigned* ch = dyn;
+    float* ly = reinterpret_cast<float*>(ch + CBINS);
+    int* li = reinterpret_cast<int*>(ly + CAND_MAX);
+    row_max(row, V, nullptr, nullptr, nullptr, 0, s, ch);
     const float M = key_float((unsigned)(s.best >> 32));
     if (s.nan || !(M > NEG_INF)) return;  // a NaN row samples -1; an all -inf row has nothing to mask
-    const float tau = threshold(row, V, nullptr, nullptr, nullptr, 0, 1.f, (unsigned)max(k, 0), p, NEG_INF, M, s);
-    for (int i = threadIdx.x; i < V; i += blockDim.x)
-        if (row[i] < tau) row[i] = NEG_INF;
+    bool listed;
+    float tau = NEG_INF;
+    if (!threshold_list(row, V, nullptr, nullptr, nullptr, 0, 1.f, (unsigned)max(k, 0), p, M, ch, ly, li, s, tau,
+                        listed))
+        tau = threshold(row, V, nullptr, nullptr, nullptr, 0, 1.f, (unsigned)max(k, 0), p, NEG_INF, M, s);
+    if (!(tau > NEG_INF)) return;
+    // the mask pass: SCAN_LOADS 16-byte loads in flight per thread; a quad is stored only if it changed
+    if (V % 4 == 0 && reinterpret_cast<size_t>(row) % 16 == 0) {
+        float4* q4 = reinterpret_cast<float4*>(row);
+        const int G = V / 4;
+        for (int g0 = threadIdx.x; g0 < G; g0 += SCAN_LOADS * blockDim.x) {
+            float4 a[SCAN_LOADS];
+#pragma unroll
+            for (int j = 0; j < SCAN_LOADS; j++) if (g0 + j * (int)blockDim.x < G) a[j] = q4[g0 + j * blockDim.x];
+#pragma unroll
+            for (int j = 0; j < SCAN_LOADS; j++) {
+                const int g = g0 + j * blockDim.x;
+                if (g >= G) break;
+                float4 v = a[j];
+                const bool ch4 = v.x < tau || v.y < tau || v.z < tau || v.w < tau;
+                if (v.x < tau) v.x = NEG_INF;
+                if (v.y < tau) v.y = NEG_INF;
+                if (v.z < tau) v.z = NEG_INF;
+                if (v.w < tau) v.w = NEG_INF;
+                if (ch4) q4[g] = v;
+            }
+        }
+    } else {
+        for (int i = threadIdx.x; i < V; i += blockDim.x)
+            if (row[i] < tau) row[i] = NEG_INF;
+    }
 }
 
 // Binary search of token t in the sorted tokens[lo, hi): its index, or -1.
@@ -896,17 +1231,72 @@ filter_sample(const T* __restrict__ logits, int V, const float* __restrict__ tem
     __syncthreads();
     const int nh = min((int)s.nh, HIST_CAP);
 
-    // 2. max, cut, thresholds
-    row_max(row, V, bits, hy, htok, nh, s);
+    // 2. max, cut, thresholds. 16-bit logits: one pass builds the row's histogram and finds the max (section 6b).
+    unsigned* hist = reinterpret_cast<unsigned*>(hy + HIST_CAP);  // 16-bit logits: 2^15 words, then the queue
+    const unsigned short* rb = reinterpret_cast<const unsigned short*>(row);
+    bool h16 = false;
+    unsigned kneg = 0;  // key16 of -inf (keys below it are NaNs)
+    if constexpr (sizeof(T) == 2) {
+        const unsigned kpos = key16_of<T>(-NEG_INF);
+        kneg = key16_of<T>(NEG_INF);
+        for (int w = threadIdx.x; w < 0x8000; w += blockDim.x) hist[w] = 0;
+        if (threadIdx.x == 0) { s.best = 0; s.nan = 0; s.nq = 0; }
+        __syncthreads();
+        int bk = -1, bi = 0;
+        scan16(rb, V, bits, nh > 0, [&](int i, unsigned u) {
+            const unsigned k = key16(u);
+            atomicAdd(hist + (k >> 1), 1u << ((k & 1u) << 4));
+            if ((int)k > bk) { bk = (int)k; bi = i; }  // a thread's tokens ascend: the first of its max
+        });
+        __syncthreads();
+        unsigned tot = 0;
+        bool nan = false;
+        for (int w = threadIdx.x; w < 0x8000; w += blockDim.x) {
+            const unsigned hw = hist[w];
+            if (!hw) continue;
+            tot += (hw & 0xffffu) + (hw >> 16);
+            nan |= ((hw & 0xffffu) && (2u * w < kneg || 2u * w > kpos)) || ((hw >> 16) && (2u * w + 1 < kneg || 2u * w + 1 > kpos));
+        }
+        unsigned long long b = bk >= 0 ? cand_key(val16<T>((unsigned)bk), bi) : 0ull;
+        for (int h = threadIdx.x; h < nh; h += blockDim.x) { nan |= isnan(hy[h]); b = max(b, cand_key(hy[h], htok[h])); }
+        for (int o = 16; o > 0; o >>= 1) {
+            b = max(b, __shfl_xor_sync(0xffffffffu, b, o));
+            tot += __shfl_xor_sync(0xffffffffu, tot, o);
+        }
+        if (__any_sync(0xffffffffu, nan) && (threadIdx.x & 31) == 0) s.nan = 1;
+        if ((threadIdx.x & 31) == 0) { atomicMax(&s.best, b); atomicAdd(&s.nq, tot); }
+        __syncthreads();
+        h16 = s.nq == (unsigned)(V - nh);  // else a count overflowed: the general route
+    }
+    // fp32 logits: the fp32 route, its coarse histogram and list in the same memory (see threshold_list); a 16-bit
+    // row whose histogram overflowed (65,536 equal values: a list would not hold them) takes the general route
+    unsigned* ch = hist;
+    float* ly = reinterpret_cast<float*>(ch + CBINS);
+    int* li = reinterpret_cast<int*>(ly + CAND_MAX);
+    const bool lists = sizeof(T) == 4 && t > 0.f && ((top_k[r] > 0 && top_k[r] < V) || top_p[r] < 1.f);
+    if constexpr (sizeof(T) == 4) row_max_apart(row, V, bits, hy, htok, nh, s, lists ? ch : nullptr);
+    else if (!h16) row_max(row, V, bits, hy, htok, nh, s);
     if (s.nan) { if (threadIdx.x == 0) out[r] = -1; return; }
     const unsigned long long mk = s.best;
     const float My = key_float((unsigned)(mk >> 32));
     const int iM = (int)~(unsigned)mk;
     const bool greedy = !(t > 0.f), div = !greedy && t != 1.f;
     if (greedy || !(My > NEG_INF)) { if (threadIdx.x == 0) out[r] = My > NEG_INF ? iM : 0; return; }
-    const float M = div ? My / t : My, mp = min_p[r];
+    const float M = div ? My / t : My, mp = min_p[r], p = top_p[r];
+    const unsigned k = (unsigned)max(top_k[r], 0);
     float tau = mp > 0.f ? M + logf(mp) : NEG_INF;
-    tau = threshold(row, V, bits, htok, hy, nh, t, (unsigned)max(top_k[r], 0), top_p[r], tau, M, s);
+    if constexpr (sizeof(T) == 2)
+        if (h16)
+            tau = threshold([&](float cc, bool mass, unsigned kk) {
+                return select_key16<T>(hist, hy, nh, t, div, cc, M, mass, kk, p, s);
+            }, V, t, k, p, tau);
+    bool listed = false;
+    if (!h16) {
+        bool done = false;
+        if constexpr (sizeof(T) == 4)
+            done = lists && threshold_list(row, V, bits, htok, hy, nh, t, k, p, M, ch, ly, li, s, tau, listed);
+        if (!done) tau = threshold(row, V, bits, htok, hy, nh, t, k, p, tau, M, s);
+    }
 
     // 3. Gumbel-max over the survivors
     const unsigned k0 = seeds[2 * r], k1 = seeds[2 * r + 1], pos = (unsigned)positions[r];
@@ -914,16 +1304,54 @@ filter_sample(const T* __restrict__ logits, int V, const float* __restrict__ tem
         return z + gumbel(noise_word(sel4(coarse_call(i, pos, k0, k1), (i >> 2) & 3), sel4(fine_call(i, pos, k0, k1), i & 3), i & 3));
     };
     const float L = key_of(iM, M);
-    if (threadIdx.x == 0) s.best = cand_key(L, iM);
+    auto can_win = [&](float y) {
+        const float z = div ? y / t : y;
+        return !(z < tau || z + G_MAX < L);
+    };
+    __syncthreads();  // every thread has read s.best (the max): a row without a select has had no barrier since
+    if (threadIdx.x == 0) {
+        s.best = cand_key(L, iM);
+        s.nq = 0;
+        // 16-bit logits: the least key that can win (can_win is monotone in the value, and false below it)
+        if (h16) s.klo = lower_bound16(kneg, [&](unsigned q) { return can_win(val16<T>(q)); });
+    }
     __syncthreads();
     unsigned long long b = 0;
     auto consider = [&](int i, float y) {
+        if (!can_win(y)) return;
         const float z = div ? y / t : y;
-        if (z < tau || z + G_MAX < L) return;
         b = max(b, cand_key(key_of(i, z), i));
     };
-    scan_row(row, V, bits, [&](bool valid, int i, float y) { if (valid) consider(i, y); });
-    for (int h = threadIdx.x; h < nh; h += blockDim.x) consider(htok[h], hy[h]);
+    // the draw's lists: the 16-bit queue or the fp32 route's list, then the history unless the list holds it
+    const int* di = li;
+    const float* dv = ly;
+    int dn = listed ? (int)s.nl : 0;
+    if (h16) {
+        // The tokens that can win are queued (the histogram is done with: its memory holds the queue), then
+        // drawn for spread over every thread: their Philox calls do not run divergently inside the row's loop.
+        if constexpr (sizeof(T) == 2) {
+            constexpr unsigned QCAP = 0x4000;  // (token, value) pairs in the histogram's 128 KB
+            int* qtok = reinterpret_cast<int*>(hist);
+            float* qy = reinterpret_cast<float*>(hist + QCAP);
+            const unsigned kmin = s.klo;
+            scan16(rb, V, bits, nh > 0, [&](int i, unsigned u) {
+                const unsigned kk = key16(u);
+                if (kk < kmin) return;
+                const float y = val16<T>(kk);
+                const unsigned slot = atomicAdd(&s.nq, 1u);
+                if (slot < QCAP) { qtok[slot] = i; qy[slot] = y; } else consider(i, y);
+            });
+            __syncthreads();
+            di = qtok;
+            dv = qy;
+            dn = (int)min(s.nq, QCAP);
+        }
+    } else if (!listed) {
+        // one load in flight: the draw's Philox state fills the registers (min-p alone, or the general route)
+        scan_row<1>(row, V, bits, [&](bool valid, int i, float y) { if (valid) consider(i, y); });
+    }
+    const int nx = dn + (listed ? 0 : nh);
+    for (int j = threadIdx.x; j < nx; j += blockDim.x) consider(j < dn ? di[j] : htok[j - dn], j < dn ? dv[j] : hy[j - dn]);
     for (int o = 16; o > 0; o >>= 1) b = max(b, __shfl_xor_sync(0xffffffffu, b, o));
     if ((threadIdx.x & 31) == 0) atomicMax(&s.best, b);
     __syncthreads();

@@ -277,3 +277,11 @@ def test_bench_sampler_cpu(capsys):
     assert "| 3 | default model's settings, 256-token histories, fast path | fast |" in out
     assert "| 3 | top-p 0.95 + penalties, 256-token histories, fast path off | slow |" in out
     assert "| HBM bytes/step (least) | roofline µs |" in out
+
+
+def test_sampler_modes_sample_unless_greedy():
+    """A mode without a temperature would run greedy (SamplingParams' default), whatever its name says."""
+    from toolkit.sampler.params import SamplingParams
+
+    for name, (params, *_) in MODES.items():
+        assert (SamplingParams(**params).temperature > 0) == ("greedy" not in name), name

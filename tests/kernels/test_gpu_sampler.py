@@ -168,8 +168,10 @@ def test_processing_ops_match_twin(B, V):
 def topkp_cases(rng, B, V):
     k = rng.choice(np.int32([0, -1, 1, 20, 50, 1000, 5000, V]), B)
     p = rng.choice(np.float32([1.0, 0.9, 0.5, 0.95, 0.2]), B)
-    n = min(B, 4)
-    k[:n], p[:n] = [50, 0, 50, 5000][:n], [0.9, 0.9, 1.0, 0.8][:n]
+    # the last two take the fp32 route's general route at V = 151,936: top-k beyond the list, and a top-p mass the
+    # list's 14,336 tokens fall short of
+    n = min(B, 6)
+    k[:n], p[:n] = [50, 0, 50, 5000, 20000, 0][:n], [0.9, 0.9, 1.0, 0.8, 1.0, 0.999][:n]
     return k.astype(np.int32), p.astype(np.float32)
 
 

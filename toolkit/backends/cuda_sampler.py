@@ -24,6 +24,7 @@ ROW_CHUNK = 4096     # sampler.cu: ROW_CHUNK (values per temperature / min_p blo
 SEL_THREADS = 1024   # sampler.cu: SEL_THREADS (logprobs: one block per row)
 FILTER_THREADS = 1024  # sampler.cu: FILTER_THREADS (top_k_top_p and filter_sample: one block per row)
 SMEM_DEFAULT = 48 * 1024  # above this a kernel opts in to more dynamic shared memory
+LIST_BYTES = 4 << 15  # sampler.cu: the 16-bit histogram, or the fp32 route's coarse histogram and candidate list
 MAX_LOGPROBS = 20
 I32, F32, U32 = np.dtype(np.int32), np.dtype(np.float32), np.dtype(np.uint32)
 _CTYPE_OF = {np.dtype(np.float32): "float", np.dtype(np.float16): "__half", np.dtype(np.uint16): "__nv_bfloat16"}
@@ -40,7 +41,7 @@ class CudaSamplerKernels:
             raise ValueError(f"unsupported dtype {dtype!r}; choose one of {sorted(CTYPES)}")
         self.cp, self.dtype = cupy, dtype
         self._fns = {}
-        self._optin = {}  # ctype -> filter_sample's dynamic shared memory opted in
+        self._optin = {}  # (kernel, ctype) -> the dynamic shared memory opted in
         self._rows = 0
         self._ws = self._counters = self._rowmax = None
 
@@ -147,7 +148,8 @@ class CudaSamplerKernels:
         self._arr("top_k_top_p", "top_k", top_k, I32, (R,))
         self._arr("top_k_top_p", "top_p", top_p, F32, (R,))
         if R and V:
-            self._fn("top_k_top_p")((R,), (FILTER_THREADS,), (x, _i32(V), top_k, top_p))
+            self._big("top_k_top_p", "float", LIST_BYTES)((R,), (FILTER_THREADS,), (x, _i32(V), top_k, top_p),
+                                                         shared_mem=LIST_BYTES)
 
     def filter_sample(self, logits, temperature, top_k, top_p, min_p, rep, freq, pres, sample_temp, seeds, positions,
                       bias_off, bias_tok, bias_val, pen_off, pen_tok, pen_cnt, ban_off, ban_tok, ban_val, out):
@@ -165,14 +167,19 @@ class CudaSamplerKernels:
             raise ValueError(f"filter_sample: V = {V} is above the fast path's {VOCAB_CAP} (the gate sends it slow)")
         if not R or not V:
             return
-        smem = 4 * ((V + 31) // 32) + 8 * HIST_CAP  # the history bitmap, then HIST_CAP (token, value) pairs
-        f = self._fn("filter_sample", ct)
-        if smem > SMEM_DEFAULT and self._optin.get(ct, 0) < smem:
-            f.max_dynamic_shared_size_bytes = smem  # opt in once per instantiation (cudaFuncSetAttribute)
-            self._optin[ct] = smem
-        f((R,), (FILTER_THREADS,), (logits, _i32(V), temperature, top_k, top_p, min_p, rep, freq, pres, sample_temp,
-                                    seeds, positions, bias_off, bias_tok, bias_val, pen_off, pen_tok, pen_cnt, ban_off,
-                                    ban_tok, ban_val, out), shared_mem=smem)
+        # the history bitmap, HIST_CAP (token, value) pairs, and the row's 16-bit histogram or fp32 list (128 KB)
+        smem = 4 * ((V + 31) // 32) + 8 * HIST_CAP + LIST_BYTES
+        self._big("filter_sample", ct, smem)((R,), (FILTER_THREADS,), (
+            logits, _i32(V), temperature, top_k, top_p, min_p, rep, freq, pres, sample_temp, seeds, positions, bias_off,
+            bias_tok, bias_val, pen_off, pen_tok, pen_cnt, ban_off, ban_tok, ban_val, out), shared_mem=smem)
+
+    def _big(self, name, ct, smem):
+        """The kernel, opted in (once per instantiation: cudaFuncSetAttribute) to smem bytes of dynamic shared memory."""
+        f = self._fn(name, ct)
+        if smem > SMEM_DEFAULT and self._optin.get((name, ct), 0) < smem:
+            f.max_dynamic_shared_size_bytes = smem
+            self._optin[(name, ct)] = smem
+        return f
 
     def logprobs(self, logits, sampled, n, top_ids, top_lp, sampled_lp, sampled_rank):
         ct, (R, V) = self._logits("logprobs", logits)

@@ -38,8 +38,8 @@ MODES = {  # name -> (params of every row, fast path switch, logits shape, promp
     "default model's settings, 256-token histories, fast path off": (DEFAULT, False, "llm", 256),
     "top-p 0.95, fast path": (dict(temperature=1.0, top_p=0.95), True, "llm", 1),
     "top-p 0.95, fast path off": (dict(temperature=1.0, top_p=0.95), False, "llm", 1),
-    "top-p 0.95 + penalties, 256-token histories, fast path": (dict(top_p=0.95, **PENALTIES), True, "llm", 256),
-    "top-p 0.95 + penalties, 256-token histories, fast path off": (dict(top_p=0.95, **PENALTIES), False, "llm", 256),
+    "top-p 0.95 + penalties, 256-token histories, fast path": (dict(temperature=1.0, top_p=0.95, **PENALTIES), True, "llm", 256),
+    "top-p 0.95 + penalties, 256-token histories, fast path off": (dict(temperature=1.0, top_p=0.95, **PENALTIES), False, "llm", 256),
 }
 HBM_BYTES_PER_S = 4.8e12  # the H200's nominal HBM bandwidth: the roofline the bytes below are set against
 
