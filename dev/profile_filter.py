@@ -1,14 +1,14 @@
-"""Where filter_sample (the sampler's fast path with processing) spends its time, stage by stage: a copy of
-kernels/sampler.cu with clock64() stamps at the stage boundaries of row 0's block (thread 0, after the barriers
-that end each stage), run through `bench sampler`'s cases. No hardware counters needed.
+"""Where filter_sample (the sampler's fast path with processing) spends its time, stage by stage and select level
+by level: a copy of kernels/sampler.cu with clock64() stamps at the stage boundaries of row 0's block (thread 0,
+after the barriers that end each stage), run through `bench sampler`'s cases. No hardware counters needed.
 
-    PYTHONPATH=. python3 dev/profile_filter.py [--batch 1,128]
+    PYTHONPATH=. python3 dev/profile_filter.py [--batch 1,128] [--variant lane_chunks|no_chunk_max]
 
-Prints, per setting and batch, the kernel's event-timed µs and the µs between stamps (at the SM clock), plus the
-16-bit queue's length (tokens that can win the draw). An edit that no longer matches the source stops the run.
+Prints, per setting and batch, the kernel's graph-timed µs and the µs between stamps (at the SM clock), the
+16-bit queue's length (tokens that can win the draw) and each select level's interval search, bin scan and digit
+pick. --variant times an edited copy (VARIANTS: the designs measured against); a stale edit stops the run.
 """
 import argparse
-import statistics
 
 import numpy as np
 
@@ -54,8 +54,26 @@ def edited(src: str, variant: str) -> str:
     return src
 
 
+LEVEL = "if (threadIdx.x == 0 && blockIdx.x == 0 && g_nl < 64) g_lv[g_nl++] = clock64();"
+LEVEL_STAGES = [  # inside select_key16, per level: start, the interval found, the bins scanned, the digit picked
+    ("        for (int b = threadIdx.x; b < NB; b += blockDim.x) { s.cnt[b] = 0; s.ms[b] = 0; }\n", True),
+    ("        const unsigned klo = s.klo, khi = s.khi;  // [klo, khi)\n", True),
+    ("        auto add = [&](bool valid, float y) {  // a history entry, as in select_key\n", True),
+    ("        pmask |= (NB - 1u) << shift;\n", False),
+]
+
+
 def stamped(src: str) -> str:
-    head = "__device__ unsigned long long g_stamp[16];\n__device__ unsigned g_queue;\n"
+    head = "__device__ unsigned long long g_stamp[16], g_lv[64];\n__device__ unsigned g_queue, g_nl;\n"
+    a = src.index("__device__ unsigned select_key16(")
+    b = src.index("\n}\n", a)
+    body = src[a:b]
+    for anchor, before in LEVEL_STAGES:
+        if body.count(anchor) != 1:
+            raise SystemExit(f"stale anchor in select_key16: {anchor!r}")
+        stamp = "        " + LEVEL + "\n"
+        body = body.replace(anchor, stamp + anchor if before else anchor + stamp)
+    src = src[:a] + body + src[b:]
     for n, (anchor, before, _) in enumerate(STAGES):
         if src.count(anchor) != 1:
             raise SystemExit(f"stale anchor for stage {n}: {anchor!r}")
@@ -89,9 +107,12 @@ def main():
             g = mod.get_global("g_stamp")
             stamps = cp.ndarray((16,), cp.uint64, g)
             q = cp.ndarray((1,), cp.uint32, mod.get_global("g_queue"))
+            lv = cp.ndarray((64,), cp.uint64, mod.get_global("g_lv"))
+            nl = cp.ndarray((1,), cp.uint32, mod.get_global("g_nl"))
             runs = []
             for _ in range(5):
                 stamps[:] = 0
+                nl[:] = 0
                 row2 = bench_case(be, a.vocab, B, params, fast, shape, 2, 1, history)
                 s = stamps.get().astype(np.int64)
                 runs.append([(s[i + 1] - s[i]) / khz * 1e3 if s[i + 1] and s[i] else float("nan")
@@ -103,6 +124,12 @@ def main():
                 print(f"filter_sample<bf16>: {fn.num_regs} registers, {fn.local_size_bytes} bytes local (spills)")
             print(f"B={B:4d} {mode}: kernel {row['graph_us']:.1f} µs/step (graph); queue {int(q.get()[0])}; {parts}")
             del row2
+            n, t = int(nl.get()[0]), lv.get().astype(np.int64)
+            # the last run's first launch: 4 levels a select (top-k, then top-p), 4 stamps a level
+            per = 4 * ((0 < params.get("top_k", 0) < a.vocab) + (params.get("top_p", 1.0) < 1.0))
+            levels = [t[i:i + 4] for i in range(0, min(n, 4 * per), 4)]
+            print("   select levels (interval, bins, pick µs): " + "; ".join(
+                "/".join(f"{(y - x) / khz * 1e3:.1f}" for x, y in zip(lv4[:-1], lv4[1:])) for lv4 in levels))
 
 
 if __name__ == "__main__":
