@@ -682,6 +682,15 @@ __device__ __forceinline__ void hist_add(bool valid, unsigned d, unsigned long l
     if (leader) atomicAdd(&s.cnt[d], (unsigned)__popc(peers));
 }
 
+// The W-mass of every digit, summed by warp 0: pick_digit, the one reader of the target, runs there (every thread
+// summing all 256 was 8,192 broadcast loads a block). Integer sums: the same total in any order.
+__device__ __forceinline__ unsigned long long digit_mass(const FilterSmem& s) {
+    unsigned long long m = 0;
+    for (int b = threadIdx.x; b < NB; b += 32) m += s.ms[b];
+    for (int o = 16; o > 0; o >>= 1) m += __shfl_xor_sync(0xffffffffu, m, o);
+    return m;
+}
+
 // Warp 0 picks the digit (see the rule): counts: where the count from the top reaches k; mass: the lowest
 // non-empty digit whose mass above is < target. Lane l holds digits 255 - 8l .. 248 - 8l. s.sel, s.sel_above.
 __device__ void pick_digit(FilterSmem& s, bool mass, unsigned long long above, unsigned k, double target) {
@@ -761,9 +770,8 @@ __device__ unsigned select_key(const T* row, int V, const unsigned* bits, const 
             add(h < nh, h < nh ? hy[h] : 0.f);
         }
         __syncthreads();
-        if (mass && level == 0) {
-            unsigned long long tot = 0;
-            for (int b = 0; b < NB; b++) tot += s.ms[b];
+        if (mass && level == 0 && threadIdx.x < 32) {
+            const unsigned long long tot = digit_mass(s);
             target = (double)p * (double)(S ? S : tot);
             if (threadIdx.x == 0) s.tot = tot;
         }
@@ -952,11 +960,7 @@ __device__ unsigned select_key16(const unsigned* hist, const float* hy, int nh, 
             add(h < nh, h < nh ? hy[h] : 0.f);
         }
         __syncthreads();
-        if (mass && level == 0) {
-            unsigned long long tot = 0;
-            for (int b = 0; b < NB; b++) tot += s.ms[b];
-            target = (double)p * (double)tot;
-        }
+        if (mass && level == 0 && threadIdx.x < 32) target = (double)p * (double)digit_mass(s);
         pick_digit(s, mass, above, k, target);
         const unsigned d = s.sel;
         above = s.sel_above;
