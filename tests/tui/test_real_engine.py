@@ -14,18 +14,18 @@ from tui.session import ChatSession
 QWEN2 = Path(__file__).resolve().parents[1] / "fixtures" / "qwen2"
 
 
-def greedy_app(device: str, max_tokens: int, kv_cache_tokens: int) -> ChatApp:
-    """The app loading the qwen2 fixture on `device`, greedy replies of max_tokens."""
+def chat_app(device: str, max_tokens: int, kv_cache_tokens: int, **sampling) -> ChatApp:
+    """The app loading the qwen2 fixture on `device`, replies of max_tokens: greedy unless `sampling` says."""
     def load():
         session = ChatSession.open(QWEN2, device=device, max_context=256, kv_cache_tokens=kv_cache_tokens)
-        session.configure(params=SamplingParams(max_tokens=max_tokens, temperature=0.0))
+        session.configure(params=SamplingParams(max_tokens=max_tokens, **{"temperature": 0.0, **sampling}))
         return session
 
     return ChatApp(load)
 
 
 async def test_chat_on_the_cpu_engine():
-    app = greedy_app("cpu", max_tokens=4, kv_cache_tokens=2048)
+    app = chat_app("cpu", max_tokens=4, kv_cache_tokens=2048)
     async with app.run_test(size=(150, 45)) as pilot:
         await wait_until(pilot, lambda: app.session is not None and app.panel is not None, timeout=60)
         await pilot.pause()
@@ -53,7 +53,7 @@ async def test_chat_on_the_gpu_engine_with_toggles():
     from tui.app import TOGGLE_KEYS
     from tui.timings_panel import TimingsPanel
 
-    app = greedy_app("cuda", max_tokens=8, kv_cache_tokens=4096)
+    app = chat_app("cuda", max_tokens=8, kv_cache_tokens=4096)
     async with app.run_test(size=(150, 45)) as pilot:
         await wait_until(pilot, lambda: app.session is not None and app.panel is not None, timeout=120)
         await pilot.pause()
@@ -69,4 +69,30 @@ async def test_chat_on_the_gpu_engine_with_toggles():
         assert any(r.toggle == "sampler_fast_path" and r.shape.kind == "decode" and r.shape.batch == 1
                    for r in panel.stats.ab_rows())
         assert app.session.header["device"] == "cuda"
+        await pilot.press("ctrl+q")
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+async def test_ctrl_f_with_the_default_models_settings_changes_the_bytes_line(device):
+    """The default model's settings (T 0.8, top-k 40, top-p 0.95, repetition penalty 1.1) sample on the fast path,
+    with nothing materialised; ctrl+f switches to the FP32 path, and the panel's bytes line shows its copy."""
+    from textual.widgets import Static
+    from tui.app import TOGGLE_KEYS
+    from tui.timings_panel import TimingsPanel, fmt_bytes
+
+    app = chat_app(device, max_tokens=6, kv_cache_tokens=4096, temperature=0.8, top_k=40, top_p=0.95,
+                     repetition_penalty=1.1, seed=3)
+    async with app.run_test(size=(150, 45)) as pilot:
+        await wait_until(pilot, lambda: app.session is not None and app.panel is not None, timeout=120)
+        await pilot.pause()
+        await ask(pilot, "hello there")
+        panel = app.query_one(TimingsPanel)
+        bytes_line = lambda: str(app.query_one("#tp-bw", Static).content).split("\n")[-1]  # noqa: E731
+        assert panel.stats.last_sampler[0] == "fast" and bytes_line() == "sampler materialised 0 B/step"
+        await pilot.press(TOGGLE_KEYS["sampler_fast_path"])
+        await wait_until(pilot, lambda: app.session.engine.options.sampler_fast_path is False)
+        await ask(pilot, "and again")
+        await pilot.pause()
+        assert panel.stats.last_sampler[0] == "slow" and panel.stats.sampler_bytes > 0
+        assert bytes_line() == f"sampler materialised {fmt_bytes(panel.stats.sampler_bytes)}/step"
         await pilot.press("ctrl+q")
