@@ -10,7 +10,7 @@ from toolkit.engine.options import EngineOptions
 from tui.app import FAST_PATH_ALIAS, TOGGLE_KEYS, WIDE_AT, ChatApp, ErrorScreen, Note, ReplyGroup, UserMessage, \
     toggle_keys
 from tui.help import HelpScreen
-from tui.settings import SettingsModal
+from tui.settings import Settings, SettingsModal
 from tui.timings_panel import TimingsPanel
 
 SIZE = (150, 45)
@@ -250,8 +250,7 @@ async def test_clear_regenerate_and_palette_commands():
         await pilot.press("ctrl+l")
         await pilot.pause()
         assert app.session.messages == [] and not app.query(UserMessage)
-        from tui.app import ChatCommands
-        titles = [t for t, _, _ in ChatCommands(app.screen)._commands()]
+        titles = [c.title for c in app.get_system_commands(app.screen)]
         assert [t for t in titles if t.startswith("Toggle")] == \
             [f"Toggle {n.replace('_', ' ')} (runs on)" for n in CPU_TOGGLES]
         assert {"System prompt", "Clear conversation", "Regenerate last reply", "Keys"} <= set(titles)
@@ -314,7 +313,7 @@ async def test_the_fast_path_reason_is_on_screen_at_80x24():
         assert "not applicable: temperature 0.7" in line + under
         assert app.panel.stats.last_sampler == ("slow", "temperature 0.7")
         # greedy sampling: the fast path applies, and the reason goes
-        app._apply_settings(app._settings().__class__(SamplingParams(max_tokens=512, temperature=0.0), 1, ""))
+        app._apply_settings(Settings(SamplingParams(max_tokens=512, temperature=0.0), 1, ""))
         await redrawn(pilot)
         assert "not applicable" not in "".join(fast_path_line(app))
         await ask(pilot, "again")
@@ -337,8 +336,7 @@ async def test_the_header_and_palette_show_what_ran_not_what_was_asked():
         assert "cuda graphs       off" in text and "pdl               off (asked on)" in text
         assert app.session.options.pdl is True  # asked for
         assert app.panel.state("pdl") is False and app.panel.stats.last_options.pdl is False  # ran
-        from tui.app import ChatCommands
-        titles = [t for t, _, _ in ChatCommands(app.screen)._commands()]
+        titles = [c.title for c in app.get_system_commands(app.screen)]
         assert "Toggle pdl (runs off, asked on)" in titles and "Toggle cuda graphs (runs off)" in titles
         await pilot.press("ctrl+o")
         engine = str(app.screen.query_one("#settings-engine", Static).content)
