@@ -68,10 +68,6 @@ class Turn:
                 self.errors[i] = out.error
         return i
 
-    @property
-    def done(self) -> bool:
-        return all(f is not None for f in self.finish)
-
 
 class ChatSession:
     def __init__(self, worker, *, model_name: str = "model", system: str = "", peak_gbps: float | None = None,
