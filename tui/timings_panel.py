@@ -14,8 +14,6 @@ brought up to date at most ~15 times a second.
 """
 from __future__ import annotations
 
-import time
-
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
@@ -165,7 +163,6 @@ class TimingsPanel(Widget):
         self.fast_path_why = None  # why the sampler fast path does not apply (None: it does, or unknown)
         self._pending = {}  # toggle -> steps recorded when it was asked for (it takes effect at the next step)
         self._dirty = True
-        self._last_flush = 0.0
         self._ab_keys = ()
 
     # ---- composition
@@ -209,11 +206,11 @@ class TimingsPanel(Widget):
         elif step.sampler_path == "slow" and step.sampler_why and step.sampler_why != "switched off":
             if not (self.fast_path_why and step.sampler_why in self.fast_path_why):
                 self.fast_path_why = step.sampler_why  # keep the fuller list the settings gave, if it says so
-        self._changed()
+        self._dirty = True
 
     def set_context_use(self, used: int, total: int) -> None:
         self.context_use = (used, total)
-        self._changed()
+        self._dirty = True
 
     def set_requested(self, requested, expected) -> None:
         """The user asked for `requested`, which this backend runs as `expected`, from the next step on."""
@@ -224,16 +221,16 @@ class TimingsPanel(Widget):
                     getattr(expected, name) != getattr(self.expected, name):
                 self._pending[name] = self.stats.steps
         self.requested, self.expected = requested, expected
-        self._changed()
+        self._dirty = True
 
     def set_fast_path_note(self, why: str | None) -> None:
         """Why the sampler fast path will not apply under the sampling parameters now set (None: it will)."""
         self.fast_path_why = why
-        self._changed()
+        self._dirty = True
 
     def set_compact(self, compact: bool) -> None:
         self.set_class(compact, "-compact")
-        self._changed()
+        self._dirty = True
 
     @property
     def compact(self) -> bool:
@@ -269,11 +266,6 @@ class TimingsPanel(Widget):
         return line
 
     # ---- refresh at most ~15 Hz
-    def _changed(self) -> None:
-        self._dirty = True
-        if time.monotonic() - self._last_flush >= REFRESH_S:
-            self.flush()
-
     def _tick(self) -> None:
         if self._dirty:
             self.flush()
@@ -283,7 +275,6 @@ class TimingsPanel(Widget):
         if not self.is_mounted:
             return
         self._dirty = False
-        self._last_flush = time.monotonic()
         s = self.stats
         self._update_header()
         self.query_one("#tp-summary", Static).update(
@@ -295,18 +286,15 @@ class TimingsPanel(Widget):
         self.query_one("#tp-ms-label", Static).update(
             f"ms/step\nnow {fmt_ms(s.current_ms)}" + (f" · batch {s.current_batch}" if s.current_batch > 1 else ""))
         self.query_one("#tp-tps", Digits).update(fmt_rate(s.decode_tps))
-        text = f"tok/s\nnow {fmt_rate(s.current_tps)}"
-        if self.batch_tps is not None:
-            text += f" · batch {fmt_rate(self.batch_tps)}"
-        self.query_one("#tp-tps-label", Static).update(text)
+        batch = "" if self.batch_tps is None else f" · batch {fmt_rate(self.batch_tps)}"
+        self.query_one("#tp-tps-label", Static).update(f"tok/s\nnow {fmt_rate(s.current_tps)}{batch}")
         cached = f" · {s.prefill_cached} reused" if s.prefill_cached else ""
         self.query_one("#tp-prefill", Static).update("prefill -" if s.prefill_ms is None else (
             f"prefill {fmt_ms(s.prefill_ms)} ms · {s.prefill_tokens} tok · {fmt_rate(s.prefill_tps)} tok/s{cached}"))
         recent = s.recent
         spark = self.query_one("#tp-spark", Sparkline)
         spark.data = recent
-        width = spark.size.width or 0
-        line = marks_line(len(recent), width, [p for p, _ in s.toggle_marks]) if width else ""
+        line = marks_line(len(recent), spark.size.width, [p for p, _ in s.toggle_marks])
         self.query_one("#tp-marks", Static).update(Text(line.rstrip() or " "))
         self._update_ab()
         self._update_phases()
