@@ -80,11 +80,7 @@ class LoadFailed(Message):
 class ReplyChunk(Message):
     turn: Turn
     outputs: tuple
-
-
-@dataclass
-class ReplyDone(Message):
-    turn: Turn
+    done: bool = False  # the last one: every reply has ended
 
 
 # -- the app ------------------------------------------------------------------------------------------------
@@ -181,19 +177,16 @@ class ChatApp(App):
 
     async def on_loaded(self, message: Loaded) -> None:
         s = self.session = message.session
-        toggles = s.toggles
-        self.panel = TimingsPanel(s.header, toggles, s.peak_gbps, s.engine.weight_bytes,
-                                  keys={n: TOGGLE_KEYS[n] for n in toggles},
-                                  implied=implied_off(s.engine.backend, toggles),
-                                  requested=s.options, expected=s.effective(), id="timings")
+        self.panel = TimingsPanel(s.header, s.toggles, s.peak_gbps, s.engine.weight_bytes, keys=TOGGLE_KEYS,
+                                  implied=implied_off(s.engine.backend, s.toggles), requested=s.options,
+                                  expected=s.effective(), id="timings")
         side = self.query_one("#side")
         await side.remove_children()
         await side.mount(self.panel)
         self._relayout()
-        self.panel.set_context_use(0, s.engine.max_context)
         self.panel.set_fast_path_note(s.fast_path_why())
         mode = "chat template" if s.chat_mode else "no chat template: plain continuation"
-        await self._note(f"{s.model_name} ({mode}) · {getattr(s.engine, 'device_note', '')} · F1: keys")
+        await self._note(f"{s.model_name} ({mode}) · {s.engine.device_note} · F1: keys")
         self._prompt(None)
 
     def _prompt(self, busy: str | None) -> None:
@@ -307,9 +300,7 @@ class ChatApp(App):
             if now - last >= FLUSH_S:
                 self.post_message(ReplyChunk(turn, tuple(buf)))
                 buf, last = [], now
-        if buf:
-            self.post_message(ReplyChunk(turn, tuple(buf)))
-        self.post_message(ReplyDone(turn))
+        self.post_message(ReplyChunk(turn, tuple(buf), done=True))
 
     async def on_reply_chunk(self, message: ReplyChunk) -> None:
         turn, group, panel = message.turn, self._group, self.panel
@@ -329,11 +320,11 @@ class ChatApp(App):
         st = turn.stats[0]
         if st is not None:
             panel.set_context_use(st.prompt_tokens + st.generated_tokens, self.session.engine.max_context)
+        if message.done:
+            await self._end(turn)
 
-    async def on_reply_done(self, message: ReplyDone) -> None:
-        turn = message.turn
-        if turn is not self.turn:
-            return
+    async def _end(self, turn: Turn) -> None:
+        """Every reply has ended: the final render, the errors and numbers, then the next queued message."""
         await self._group.finish(turn.texts)
         chosen = self._group.active
         self.session.finish(turn, chosen)

@@ -65,10 +65,9 @@ def step_shape(step) -> Shape:
     return Shape(KIND_ORDER.get(step.kind, 3), step.n_seqs, size, step.kind)
 
 
-def implied_off(backend, names=None) -> dict:
+def implied_off(backend, names: tuple) -> dict:
     """{toggle: toggles that switching it off also switches off on this backend} (PDL needs CUDA graphs), from
     EngineOptions.effective, so the A/B comparison of the first leaves the others free."""
-    names = tuple(EngineOptions.names() if names is None else names)
     on = EngineOptions().effective(backend)
     out = {}
     for n in names:

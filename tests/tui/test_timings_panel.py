@@ -148,9 +148,9 @@ def test_ab_holds_the_other_toggles_alike():
 
 def test_ab_leaves_free_what_a_toggle_implies():
     """PDL runs only in CUDA graphs: graphs off means PDL off too, and the graphs comparison still holds."""
-    implied = implied_off(GPU)
+    implied = implied_off(GPU, ON.names())
     assert implied["cuda_graphs"] == {"pdl"} and implied["pdl"] == frozenset()
-    assert implied_off(SimpleNamespace(name="cpu", dtype="float32")) == {n: frozenset() for n in ON.names()}
+    assert implied_off(SimpleNamespace(name="cpu", dtype="float32"), ON.names()) == {n: frozenset() for n in ON.names()}
     s = StepStats(implied=implied)
     s.add(decode(gpu=5.0, opts=ON, graph=True))
     s.add(decode(gpu=8.0, opts=ON.with_(cuda_graphs=False, pdl=False)))
@@ -212,7 +212,8 @@ class PanelApp(App):
 
     def compose(self) -> ComposeResult:
         yield TimingsPanel(HEADER, self.names, peak_gbps=100.0, weight_bytes=1_000_000_000, keys=KEYS,
-                           requested=self.requested, expected=self.expected, implied=implied_off(GPU), id="panel")
+                           requested=self.requested, expected=self.expected, implied=implied_off(GPU, ON.names()),
+                           id="panel")
 
 
 def text(widget) -> str:
