@@ -48,26 +48,23 @@ def _show(value) -> str:
     return str(value)
 
 
+PARSERS = {int: (int, "an integer"), float: (float, "a number"),
+           tuple: (lambda text: tuple(int(x) for x in text.replace(",", " ").split()), "integers separated by commas")}
+
+
 def _parse(name: str, tp, text: str):
     base, optional = _kind(tp)
     text = text.strip()
     if not text:
         if optional:
             return None
-        if base is tuple:
-            return ()
-        raise ValueError(f"{name}: a value is needed")
+        if base is not tuple:  # an empty tuple is a value
+            raise ValueError(f"{name}: a value is needed")
+    parse, what = PARSERS.get(base, (str, "text"))
     try:
-        if base is int:
-            return int(text)
-        if base is float:
-            return float(text)
-        if base is tuple:
-            return tuple(int(x) for x in text.replace(",", " ").split())
+        return parse(text)
     except ValueError:
-        what = {int: "an integer", float: "a number", tuple: "integers separated by commas"}[base]
         raise ValueError(f"{name}: expected {what}, got {text!r}") from None
-    return text
 
 
 class SettingsModal(ModalScreen[Settings | None]):
