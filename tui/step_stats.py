@@ -128,7 +128,9 @@ class StepStats:
         self.sampler_bytes = None  # the last decode step's, where StepTiming reports it
         self.last_options = None  # the options the last step ran with (what ran, not what was asked)
         self.last_sampler = None  # (path, why) of the last step that recorded a sampler path
-        self._run_key, self._run_ms, self._run_tokens, self._run_steps = None, 0.0, 0, 0  # the decode run
+        # The decode run: steps since the options or batch size last changed, so that mean_decode_ms and
+        # decode_tps show the configuration now running (the A/B comparison keeps everything).
+        self._run_key, self._run_ms, self._run_tokens, self._run_steps = None, 0.0, 0, 0
         self._recent = deque(maxlen=WINDOW)  # decode step ms
         self._marks = []  # (absolute decode step number, label)
         self._pending = []  # labels for the next decode step's mark
