@@ -23,9 +23,8 @@ from dataclasses import dataclass
 from functools import partial
 
 from textual import on, work
-from textual.app import App, ComposeResult
+from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
-from textual.command import DiscoveryHit, Hit, Hits, Provider
 from textual.css.query import NoMatches
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.message import Message
@@ -81,45 +80,7 @@ class LoadFailed(Message):
 class ReplyChunk(Message):
     turn: Turn
     outputs: tuple
-
-
-@dataclass
-class ReplyDone(Message):
-    turn: Turn
-
-
-# -- the command palette ------------------------------------------------------------------------------------
-class ChatCommands(Provider):
-    """One command per toggle this backend can run (with the state it ran with), and the app's commands."""
-
-    def _commands(self):
-        app = self.app
-        if not isinstance(app, ChatApp) or app.session is None or app.panel is None:
-            return []
-        cmds = []
-        for name in app.session.toggles:
-            ran, asked = app.panel.state(name), getattr(app.session.options, name)
-            state = ("on" if ran else "off") + ("" if ran == asked else f", asked {'on' if asked else 'off'}")
-            cmds.append((f"Toggle {label(name)} (runs {state})", partial(app.action_toggle, name),
-                         EngineOptions.help(name)))
-        cmds += [("System prompt", app.action_system, "edit the system prompt"),
-                 ("Clear conversation", app.action_clear, "start a new conversation"),
-                 ("Regenerate last reply", app.action_regenerate, "run the last prompt again"),
-                 ("Settings", app.action_settings, "sampling parameters, parallel replies, system prompt"),
-                 ("Keys", app.action_help, "every key"),
-                 ("Timing details", app.action_details, "show or hide the timing details")]
-        return cmds
-
-    async def discover(self) -> Hits:
-        for title, callback, help_text in self._commands():
-            yield DiscoveryHit(title, callback, help=help_text)
-
-    async def search(self, query: str) -> Hits:
-        matcher = self.matcher(query)
-        for title, callback, help_text in self._commands():
-            score = matcher.match(title)
-            if score > 0:
-                yield Hit(score, matcher.highlight(title), callback, help=help_text)
+    done: bool = False  # the last one: every reply has ended
 
 
 # -- the app ------------------------------------------------------------------------------------------------
@@ -138,7 +99,6 @@ class ChatApp(App):
     #main.-narrow #side.-details { height: 1fr; max-height: 100%; }
     #loading { padding: 0 1; color: $text-muted; }
     """
-    COMMANDS = App.COMMANDS | {ChatCommands}
     BINDINGS = [
         Binding("ctrl+q", "quit", "quit", priority=True),
         Binding("ctrl+c", "quit", "quit", show=False, priority=True),
@@ -185,16 +145,12 @@ class ChatApp(App):
         self._load()
 
     # -- layout ------------------------------------------------------------------------------------------
-    @property
-    def narrow(self) -> bool:
-        return self.size.width < WIDE_AT
-
     def on_resize(self) -> None:
         self._relayout()
 
     def _relayout(self) -> None:
         """Beside the chat from WIDE_AT columns on, else under it and compact; ctrl+t overrides the details."""
-        narrow = self.narrow
+        narrow = self.size.width < WIDE_AT
         details = self.details if self.details is not None else not narrow
         try:
             main, side = self.query_one("#main"), self.query_one("#side")
@@ -221,19 +177,16 @@ class ChatApp(App):
 
     async def on_loaded(self, message: Loaded) -> None:
         s = self.session = message.session
-        toggles = s.toggles
-        self.panel = TimingsPanel(s.header, toggles, s.peak_gbps, s.engine.weight_bytes,
-                                  keys={n: TOGGLE_KEYS[n] for n in toggles},
-                                  implied=implied_off(s.engine.backend, toggles),
-                                  requested=s.options, expected=s.effective(), id="timings")
+        self.panel = TimingsPanel(s.header, s.toggles, s.peak_gbps, s.engine.weight_bytes, keys=TOGGLE_KEYS,
+                                  implied=implied_off(s.engine.backend, s.toggles), requested=s.options,
+                                  expected=s.effective(), id="timings")
         side = self.query_one("#side")
         await side.remove_children()
         await side.mount(self.panel)
         self._relayout()
-        self.panel.set_context_use(0, s.engine.max_context)
         self.panel.set_fast_path_note(s.fast_path_why())
         mode = "chat template" if s.chat_mode else "no chat template: plain continuation"
-        await self._note(f"{s.model_name} ({mode}) · {getattr(s.engine, 'device_note', '')} · F1: keys")
+        await self._note(f"{s.model_name} ({mode}) · {s.engine.device_note} · F1: keys")
         self._prompt(None)
 
     def _prompt(self, busy: str | None) -> None:
@@ -246,7 +199,25 @@ class ChatApp(App):
             prompt.focus()
         self.refresh_bindings()
 
-    # -- keys --------------------------------------------------------------------------------------------
+    # -- keys and the command palette --------------------------------------------------------------------
+    def get_system_commands(self, screen):
+        """The palette's commands: Textual's, one per toggle this backend can run (with the state it ran with),
+        and the app's."""
+        yield from super().get_system_commands(screen)
+        if self.session is None or self.panel is None:
+            return
+        for name in self.session.toggles:
+            ran, asked = self.panel.state(name), getattr(self.session.options, name)
+            state = ("on" if ran else "off") + ("" if ran == asked else f", asked {'on' if asked else 'off'}")
+            yield SystemCommand(f"Toggle {label(name)} (runs {state})", EngineOptions.help(name),
+                                partial(self.action_toggle, name))
+        yield SystemCommand("System prompt", "edit the system prompt", self.action_system)
+        yield SystemCommand("Clear conversation", "start a new conversation", self.action_clear)
+        yield SystemCommand("Regenerate last reply", "run the last prompt again", self.action_regenerate)
+        yield SystemCommand("Settings", "sampling parameters, parallel replies, system prompt", self.action_settings)
+        yield SystemCommand("Keys", "every key", self.action_help)
+        yield SystemCommand("Timing details", "show or hide the timing details", self.action_details)
+
     def help_rows(self) -> list:
         """(keys, what) for every key the app answers to now: the toggles this backend can run, then the rest."""
         toggles = self.session.toggles if self.session is not None else ()
@@ -329,9 +300,7 @@ class ChatApp(App):
             if now - last >= FLUSH_S:
                 self.post_message(ReplyChunk(turn, tuple(buf)))
                 buf, last = [], now
-        if buf:
-            self.post_message(ReplyChunk(turn, tuple(buf)))
-        self.post_message(ReplyDone(turn))
+        self.post_message(ReplyChunk(turn, tuple(buf), done=True))
 
     async def on_reply_chunk(self, message: ReplyChunk) -> None:
         turn, group, panel = message.turn, self._group, self.panel
@@ -351,16 +320,15 @@ class ChatApp(App):
         st = turn.stats[0]
         if st is not None:
             panel.set_context_use(st.prompt_tokens + st.generated_tokens, self.session.engine.max_context)
+        if message.done:
+            await self._end(turn)
 
-    async def on_reply_done(self, message: ReplyDone) -> None:
-        turn = message.turn
-        if turn is not self.turn:
-            return
+    async def _end(self, turn: Turn) -> None:
+        """Every reply has ended: the final render, the errors and numbers, then the next queued message."""
         await self._group.finish(turn.texts)
         chosen = self._group.active
         self.session.finish(turn, chosen)
-        errors = sorted({e for e in turn.errors if e})
-        for e in errors:
+        for e in sorted({e for e in turn.errors if e}):
             await self._note(f"error: {e}", error=True)
         st = turn.stats[chosen]
         if st is not None and not all(turn.errors):
@@ -408,13 +376,6 @@ class ChatApp(App):
         self.details = self.panel.compact  # compact now: show the details
         self._relayout()
 
-    def _settings(self) -> Settings:
-        s = self.session
-        return Settings(s.params, s.replies, s.system)
-
-    def _engine_line(self) -> str:
-        return " · ".join(f"{label(n)} {'on' if self.panel.state(n) else 'off'}" for n in self.session.toggles)
-
     def _apply_settings(self, result: Settings | None) -> None:
         if result is None:
             return
@@ -422,7 +383,9 @@ class ChatApp(App):
         self.panel.set_fast_path_note(self.session.fast_path_why())
 
     def action_settings(self, focus: str | None = None) -> None:
-        self.push_screen(SettingsModal(self._settings(), focus=focus, engine=self._engine_line()), self._apply_settings)
+        s = self.session
+        engine = " · ".join(f"{label(n)} {'on' if self.panel.state(n) else 'off'}" for n in s.toggles)
+        self.push_screen(SettingsModal(Settings(s.params, s.replies, s.system), focus, engine), self._apply_settings)
 
     def action_system(self) -> None:
         self.action_settings("system")

@@ -9,16 +9,6 @@ from textual.screen import ModalScreen
 from textual.widgets import Static
 
 
-def keys_table(rows) -> Table:
-    """rows: (keys, what) pairs."""
-    table = Table(box=None, show_header=False, padding=(0, 2, 0, 0), expand=False)
-    table.add_column(style="bold", no_wrap=True)
-    table.add_column()
-    for keys, what in rows:
-        table.add_row(keys, what)
-    return table
-
-
 class HelpScreen(ModalScreen[None]):
     """All keys; Esc, F1, ?, q or Enter closes it."""
 
@@ -31,16 +21,21 @@ class HelpScreen(ModalScreen[None]):
     """
     BINDINGS = [Binding("escape,f1,question_mark,q,enter", "close", "close")]
 
-    def __init__(self, rows, title: str = "Keys (they work while typing; Esc closes)"):
+    def __init__(self, rows):
+        """rows: (keys, what) pairs."""
         super().__init__()
         self.rows = list(rows)
-        self.title_text = title
 
     def compose(self) -> ComposeResult:
+        table = Table(box=None, show_header=False, padding=(0, 2, 0, 0), expand=False)
+        table.add_column(style="bold", no_wrap=True)
+        table.add_column()
+        for keys, what in self.rows:
+            table.add_row(keys, what)
         with Vertical():
-            yield Static(self.title_text, id="help-title")
+            yield Static("Keys (they work while typing; Esc closes)", id="help-title")
             with VerticalScroll(id="help-keys"):
-                yield Static(keys_table(self.rows), id="help-table")
+                yield Static(table, id="help-table")
 
     def action_close(self) -> None:
         self.dismiss(None)

@@ -21,31 +21,14 @@ from __future__ import annotations
 import dataclasses
 import queue
 import threading
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from toolkit.engine import SamplingParams
 from toolkit.engine.options import EngineOptions
-from toolkit.errors import ToolkitError
 from toolkit.sampler.batch import vocab_limit
-from toolkit.sampler.params import load_generation_config
 
-MAX_REPLIES = 256
 DEFAULT_MAX_TOKENS = 512
-
-
-def sampling_fields() -> list[tuple[str, type, object]]:
-    """(name, type, default) of every SamplingParams field; a field a later issue adds shows up here by itself."""
-    hints = typing.get_type_hints(SamplingParams)
-    return [(f.name, hints.get(f.name, type(f.default)), f.default) for f in dataclasses.fields(SamplingParams)]
-
-
-def default_params(model_dir) -> SamplingParams:
-    """The model's generation_config.json sampling defaults (toolkit/sampler/params.py, vLLM's rules), with a
-    chat-sized reply length."""
-    defaults = load_generation_config(model_dir) if model_dir is not None else {}
-    return SamplingParams(**{"max_tokens": DEFAULT_MAX_TOKENS, **defaults})
 
 
 def fast_path_note(params: SamplingParams, vocab_size: int | None = None) -> str | None:
@@ -58,7 +41,6 @@ def fast_path_note(params: SamplingParams, vocab_size: int | None = None) -> str
 class Turn:
     """One prompt and its N replies, as they arrive."""
     user_text: str
-    prompt_ids: list
     handles: list
     texts: list = field(default_factory=list)
     finish: list = field(default_factory=list)  # finish_reason per reply (None while running)
@@ -86,21 +68,16 @@ class Turn:
                 self.errors[i] = out.error
         return i
 
-    @property
-    def done(self) -> bool:
-        return all(f is not None for f in self.finish)
-
 
 class ChatSession:
-    def __init__(self, worker, *, model_dir=None, params: SamplingParams | None = None, replies: int = 1,
-                 system: str = "", peak_gbps: float | None = None, model_name: str | None = None,
+    def __init__(self, worker, *, model_name: str = "model", system: str = "", peak_gbps: float | None = None,
                  special_in_content: bool = False):
         """`worker`: an EngineWorker (or anything with submit_many/cancel/set_options/close and `.engine`)."""
         self.worker, self.engine = worker, worker.engine
-        self.model_dir = model_dir
-        self.model_name = model_name or (Path(model_dir).name if model_dir else "model")
-        self.params = params or default_params(model_dir)
-        self.replies = replies
+        self.model_name = model_name
+        # generation_config.json's sampling defaults (build_engine read them), with a chat-sized reply length
+        self.params = SamplingParams(**{"max_tokens": DEFAULT_MAX_TOKENS, **self.engine.generation_defaults})
+        self.replies = 1
         self.system = system
         self.peak_gbps = peak_gbps
         self.options = self.engine.options
@@ -123,8 +100,8 @@ class ChatSession:
         if engine.backend.name == "cuda":
             from toolkit.bench.env import peak_gbps
             peak = peak_gbps("cuda", None)[0]
-        return cls(EngineWorker(engine), model_dir=model_dir, system=system, peak_gbps=peak,
-                   special_in_content=special_in_content)
+        return cls(EngineWorker(engine), model_name=Path(model_dir).name if model_dir else "model", system=system,
+                   peak_gbps=peak, special_in_content=special_in_content)
 
     # -- what the panel header shows ---------------------------------------------------------------------
     @property
@@ -143,18 +120,16 @@ class ChatSession:
         cfg = getattr(self.engine, "cfg", None)
         return fast_path_note(self.params, getattr(cfg, "vocab_size", None))
 
-    def effective(self, options=None):
+    def effective(self):
         """The options as this backend runs them (a toggle it cannot run reads as off)."""
-        return (options or self.options).effective(self.engine.backend)
+        return self.options.effective(self.engine.backend)
 
     # -- settings -----------------------------------------------------------------------------------------
     def configure(self, params: SamplingParams | None = None, replies: int | None = None,
                   system: str | None = None):
         if params is not None:
             self.params, self._seed = params, params.seed
-        if replies is not None:
-            if not 1 <= replies <= MAX_REPLIES:
-                raise ToolkitError(f"parallel replies must be between 1 and {MAX_REPLIES}, got {replies}")
+        if replies is not None:  # the settings modal checked it against its MAX_REPLIES
             self.replies = replies
         if system is not None:
             self.system = system
@@ -167,12 +142,10 @@ class ChatSession:
     def clear(self):
         self.messages, self.transcript, self._last_piece, self._dropped = [], "", "", 0
 
-    def _reserve(self) -> int:
-        return max(1, min(self.params.max_tokens, self.engine.max_context // 2))
-
     def _prompt(self, user_text: str) -> tuple:
         """(prompt ids, a note when old history had to go to fit the context, else None)."""
-        e, reserve = self.engine, self._reserve()
+        e = self.engine
+        reserve = max(1, min(self.params.max_tokens, e.max_context // 2))  # room for the reply
         if not self.chat_mode:
             ids = e.tokenizer.encode(self.transcript + user_text)
             keep = max(1, e.max_context - reserve - 1)
@@ -202,7 +175,7 @@ class ChatSession:
         handles = self.worker.submit_many([(ids, dataclasses.replace(self.params, seed=s)) for s in seeds])
         if self._seed is not None:  # a fresh but reproducible draw each turn
             self._seed = (self._seed + self.replies) % 2 ** 64
-        return Turn(user_text, ids, handles, note=note)
+        return Turn(user_text, handles, note=note)
 
     def stream(self, turn: Turn, cancelled=lambda: False, poll_s: float = 0.05):
         """Every reply's outputs, merged in arrival order, until each has its final output (worker thread).

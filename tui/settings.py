@@ -21,9 +21,7 @@ from textual.widgets import Button, Input, Label, Static, Switch
 from toolkit.engine import SamplingParams
 from toolkit.errors import ToolkitError
 
-from .session import MAX_REPLIES, sampling_fields
-
-
+MAX_REPLIES = 256
 NO_ROW = {"stop", "bad_words", "logit_bias"}
 
 
@@ -35,13 +33,11 @@ class Settings:
 
 
 def _kind(tp) -> tuple[type, bool]:
-    """(base type, optional) of a field annotation: int, float, bool, tuple or str, and whether None is allowed."""
-    args = typing.get_args(tp)
-    if typing.get_origin(tp) in (typing.Union, types.UnionType):
-        rest = [a for a in args if a is not type(None)]
-        return (rest[0] if rest else str), len(rest) < len(args)
-    origin = typing.get_origin(tp) or tp
-    return (origin if isinstance(origin, type) else str), False
+    """(base type, optional) of a field annotation: int, float, bool, tuple or another (text), and whether None is
+    allowed."""
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):  # X | None
+        return next(a for a in typing.get_args(tp) if a is not type(None)), True
+    return typing.get_origin(tp) or tp, False
 
 
 def _show(value) -> str:
@@ -52,26 +48,23 @@ def _show(value) -> str:
     return str(value)
 
 
+PARSERS = {int: (int, "an integer"), float: (float, "a number"),
+           tuple: (lambda text: tuple(int(x) for x in text.replace(",", " ").split()), "integers separated by commas")}
+
+
 def _parse(name: str, tp, text: str):
     base, optional = _kind(tp)
     text = text.strip()
     if not text:
         if optional:
             return None
-        if base is tuple:
-            return ()
-        raise ValueError(f"{name}: a value is needed")
+        if base is not tuple:  # an empty tuple is a value
+            raise ValueError(f"{name}: a value is needed")
+    parse, what = PARSERS.get(base, (str, "text"))
     try:
-        if base is int:
-            return int(text)
-        if base is float:
-            return float(text)
-        if base is tuple:
-            return tuple(int(x) for x in text.replace(",", " ").split())
+        return parse(text)
     except ValueError:
-        what = {int: "an integer", float: "a number", tuple: "integers separated by commas"}[base]
         raise ValueError(f"{name}: expected {what}, got {text!r}") from None
-    return text
 
 
 class SettingsModal(ModalScreen[Settings | None]):
@@ -97,7 +90,8 @@ class SettingsModal(ModalScreen[Settings | None]):
         self.settings = settings
         self.engine = engine
         self._focus = focus
-        self._fields = [f for f in sampling_fields() if f[0] not in NO_ROW]
+        hints = typing.get_type_hints(SamplingParams)
+        self._fields = [(f.name, hints[f.name]) for f in dataclasses.fields(SamplingParams) if f.name not in NO_ROW]
 
     def compose(self) -> ComposeResult:
         p = self.settings.params
@@ -107,23 +101,19 @@ class SettingsModal(ModalScreen[Settings | None]):
                 yield Static(f"engine, as it ran: {self.engine} (F1 lists their keys)", id="settings-engine",
                              markup=False)
             with VerticalScroll(id="settings-form"):
-                for name, tp, _ in self._fields:
-                    base, _ = _kind(tp)
-                    with Horizontal(classes="row"):
-                        yield Label(name.replace("_", " "))
-                        if base is bool:
-                            yield Switch(value=bool(getattr(p, name)), id=f"f-{name}")
-                        else:
-                            kind = {int: "integer", float: "number"}.get(base, "text")
-                            yield Input(_show(getattr(p, name)), type=kind, id=f"f-{name}",
-                                        placeholder="blank: none" if _kind(tp)[1] else "")
-                with Horizontal(classes="row"):
-                    yield Label("parallel replies")
-                    yield Input(str(self.settings.replies), type="integer", id="f-replies",
-                                placeholder=f"1 to {MAX_REPLIES}")
-                with Horizontal(classes="row"):
-                    yield Label("system prompt")
-                    yield Input(self.settings.system, id="f-system", placeholder="none")
+                for name, tp in self._fields:
+                    base, optional = _kind(tp)
+                    if base is bool:
+                        field = Switch(value=bool(getattr(p, name)), id=f"f-{name}")
+                    else:
+                        kind = {int: "integer", float: "number"}.get(base, "text")
+                        field = Input(_show(getattr(p, name)), type=kind, id=f"f-{name}",
+                                      placeholder="blank: none" if optional else "")
+                    yield Horizontal(Label(name.replace("_", " ")), field, classes="row")
+                yield Horizontal(Label("parallel replies"), Input(str(self.settings.replies), type="integer",
+                                 id="f-replies", placeholder=f"1 to {MAX_REPLIES}"), classes="row")
+                yield Horizontal(Label("system prompt"), Input(self.settings.system, id="f-system", placeholder="none"),
+                                 classes="row")
             yield Static("", id="settings-error")
             with Horizontal(id="settings-buttons"):
                 yield Button("Save", variant="primary", id="save")
@@ -135,7 +125,7 @@ class SettingsModal(ModalScreen[Settings | None]):
     def values(self) -> Settings:
         """The form as Settings; raises ValueError with a message fit for the user."""
         kw = {}
-        for name, tp, _ in self._fields:
+        for name, tp in self._fields:
             w = self.query_one(f"#f-{name}")
             kw[name] = w.value if isinstance(w, Switch) else _parse(name, tp, w.value)
         try:

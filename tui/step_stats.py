@@ -37,17 +37,6 @@ def sampler_bytes(step):
     return step.sampler_bytes if step.sampler_path else None
 
 
-def is_eager(step) -> bool:
-    return bool(step.sections_ms) and not step.graph
-
-
-def _pow2_at_least(n: int, smallest: int) -> int:
-    b = smallest
-    while b < n:
-        b *= 2
-    return b
-
-
 @dataclass(frozen=True, order=True)
 class Shape:
     """What a step's time depends on besides the toggles: kind, batch size (requests in the step) and size.
@@ -64,7 +53,7 @@ class Shape:
     @property
     def label(self) -> str:
         if self.kind == "decode":
-            return f"dec b{self.batch} c{self.size}" if self.size else f"dec b{self.batch} c?"
+            return f"dec b{self.batch} c{self.size or '?'}"
         return f"{'pre' if self.kind == 'prefill' else 'mix'} b{self.batch} t{self.size}"
 
 
@@ -72,14 +61,13 @@ def step_shape(step) -> Shape:
     if step.kind == "decode":
         size = step.context_bucket
     else:
-        size = _pow2_at_least(step.n_tokens + step.cached_tokens, MIN_PROMPT_BUCKET)
+        size = max(MIN_PROMPT_BUCKET, 1 << (step.n_tokens + step.cached_tokens - 1).bit_length())
     return Shape(KIND_ORDER.get(step.kind, 3), step.n_seqs, size, step.kind)
 
 
-def implied_off(backend, names=None) -> dict:
+def implied_off(backend, names: tuple) -> dict:
     """{toggle: toggles that switching it off also switches off on this backend} (PDL needs CUDA graphs), from
     EngineOptions.effective, so the A/B comparison of the first leaves the others free."""
-    names = tuple(EngineOptions.names() if names is None else names)
     on = EngineOptions().effective(backend)
     out = {}
     for n in names:
@@ -88,16 +76,11 @@ def implied_off(backend, names=None) -> dict:
     return out
 
 
-def _mean(total: float, n: int):
-    return total / n if n else None
-
-
+@dataclass(slots=True)
 class _Acc:
     """Running sum and count."""
-    __slots__ = ("total", "n")
-
-    def __init__(self):
-        self.total, self.n = 0.0, 0
+    total: float = 0.0
+    n: int = 0
 
     def add(self, v: float):
         self.total += v
@@ -105,7 +88,7 @@ class _Acc:
 
     @property
     def mean(self):
-        return _mean(self.total, self.n)
+        return self.total / self.n if self.n else None
 
 
 @dataclass(frozen=True)
@@ -118,8 +101,6 @@ class ABRow:
     on_ms: float
     off_n: int
     off_ms: float
-    on_sampler_ms: float | None
-    off_sampler_ms: float | None
 
     @property
     def key(self) -> str:
@@ -132,21 +113,12 @@ class ABRow:
 
 
 class StepStats:
-    """Aggregates of the steps seen so far (pure Python).
+    """Aggregates of the steps seen so far: decode numbers from "decode" steps, prefill numbers from the others
+    ("prefill", "mixed")."""
 
-    Decode numbers come from steps with kind "decode"; prefill numbers from the
-    other steps ("prefill", "mixed"). `mean_decode_ms` and `decode_tps` are over
-    the decode steps since the options or the batch size last changed, so they
-    show the configuration now running; the A/B comparison keeps everything.
-    """
-
-    def __init__(self, option_names=None, window: int = WINDOW, implied: dict | None = None):
+    def __init__(self, option_names=None, implied: dict | None = None):
         self.option_names = tuple(EngineOptions.names() if option_names is None else option_names)
-        self.window = window
         self.implied = dict(implied or {})
-        self.reset()
-
-    def reset(self) -> None:
         self.steps = 0  # all steps added
         self.decode_steps = 0
         self.current_ms = self.current_tps = None  # the last decode step
@@ -156,13 +128,15 @@ class StepStats:
         self.sampler_bytes = None  # the last decode step's, where StepTiming reports it
         self.last_options = None  # the options the last step ran with (what ran, not what was asked)
         self.last_sampler = None  # (path, why) of the last step that recorded a sampler path
-        self._run_key, self._run_ms, self._run_tokens, self._run_steps = None, 0.0, 0, 0  # the decode run
-        self._recent = deque(maxlen=self.window)  # decode step ms
-        self._marks = deque()  # (absolute decode step number, label)
+        # The decode run: steps since the options or batch size last changed, so that mean_decode_ms and
+        # decode_tps show the configuration now running (the A/B comparison keeps everything).
+        self._run_key, self._run_ms, self._run_tokens, self._run_steps = None, 0.0, 0, 0
+        self._recent = deque(maxlen=WINDOW)  # decode step ms
+        self._marks = []  # (absolute decode step number, label)
         self._pending = []  # labels for the next decode step's mark
-        self._phases = {"decode": deque(maxlen=self.window), "prefill": deque(maxlen=self.window)}
+        self._phases = {"decode": deque(maxlen=WINDOW), "prefill": deque(maxlen=WINDOW)}
         self._phase_order = {}  # every phase seen, in first-seen order (a dict as an ordered set)
-        # toggle -> (shape, the other toggles' states) -> {True: (step, sampler), False: (step, sampler)}
+        # toggle -> (shape, the other toggles' states) -> {True: step ms, False: step ms}
         self._ab = {name: {} for name in self.option_names}
 
     # ---- input
@@ -171,13 +145,14 @@ class StepStats:
         ms = step_ms(step)
         decode = step.kind == "decode"
         opts = step.options
-        if opts is not None and self.last_options is not None and opts != self.last_options:
-            for name in self.option_names:
-                old, new = getattr(self.last_options, name, None), getattr(opts, name, None)
-                if old != new and new is not None:
-                    self.mark(f"{name} {'on' if new else 'off'}")
         if opts is not None:
+            if self.last_options is not None and opts != self.last_options:
+                for name in self.option_names:
+                    old, new = getattr(self.last_options, name, None), getattr(opts, name, None)
+                    if old != new and new is not None:
+                        self.mark(f"{name} {'on' if new else 'off'}")
             self.last_options = opts
+            self._add_ab(step, opts, ms)
         if step.sampler_path:
             self.last_sampler = (step.sampler_path, step.sampler_why)
         if decode:
@@ -186,25 +161,18 @@ class StepStats:
             self.prefill_ms = ms
             self.prefill_tokens, self.prefill_cached = step.n_tokens, step.cached_tokens
             self.prefill_tps = step.n_tokens / ms * 1e3 if ms > 0 else None
-        if is_eager(step):
+        if step.sections_ms and not step.graph:  # graph replays have no sections
             phases = {**step.sections_ms, HOST: step.other_ms, DETOKENIZE: step.detokenize_ms}
             self._phase_order.update(dict.fromkeys(phases))
             self._phases["decode" if decode else "prefill"].append(phases)
-        if opts is not None:
-            self._add_ab(step, opts, ms)
 
     def _add_ab(self, step, opts, ms: float) -> None:
         shape = step_shape(step)
         state = {n: bool(getattr(opts, n)) for n in self.option_names if getattr(opts, n, None) is not None}
-        sampling = step.sampler_ms
         for name, value in state.items():
             free = self.implied.get(name, frozenset()) | {name}
             others = tuple((n, v) for n, v in state.items() if n not in free)
-            sides = self._ab[name].setdefault((shape, others), {True: (_Acc(), _Acc()), False: (_Acc(), _Acc())})
-            acc, smp = sides[value]
-            acc.add(ms)
-            if sampling is not None:
-                smp.add(sampling)
+            self._ab[name].setdefault((shape, others), {True: _Acc(), False: _Acc()})[value].add(ms)
 
     def _add_decode(self, step, ms: float) -> None:
         self.decode_steps += 1
@@ -224,9 +192,6 @@ class StepStats:
         if self._pending:
             self._marks.append((self.decode_steps - 1, ", ".join(self._pending)))
             self._pending = []
-        first = self.decode_steps - len(self._recent)
-        while self._marks and self._marks[0][0] < first:
-            self._marks.popleft()
 
     def mark(self, label: str) -> None:
         """Mark the next decode step on the sparkline (a toggle takes effect at the next step)."""
@@ -236,7 +201,7 @@ class StepStats:
     # ---- outputs
     @property
     def mean_decode_ms(self):
-        return _mean(self._run_ms, self._run_steps)
+        return self._run_ms / self._run_steps if self._run_steps else None
 
     @property
     def decode_tps(self):
@@ -244,12 +209,12 @@ class StepStats:
 
     @property
     def recent(self) -> list:
-        """The last `window` decode step times (ms), oldest first."""
+        """The last WINDOW decode step times (ms), oldest first."""
         return list(self._recent)
 
     @property
     def toggle_marks(self) -> list:
-        """[(index into `recent`, label)] where a toggle took effect."""
+        """[(index into `recent`, label)] where a toggle took effect (marks older than `recent` are left out)."""
         first = self.decode_steps - len(self._recent)
         return [(i - first, label) for i, label in self._marks if i >= first]
 
@@ -259,11 +224,8 @@ class StepStats:
         return [k for k in self._phase_order if k not in tail] + [k for k in tail if k in self._phase_order]
 
     def phase_means(self, kind: str = "decode") -> dict:
-        """Mean ms of each phase over the last `window` eager steps of `kind` ("decode" or "prefill").
-
-        Graph replays have no sections and are left out. A phase is averaged
-        over the steps that report it.
-        """
+        """Mean ms of each phase over the last WINDOW eager steps of `kind` ("decode" or "prefill"), each over the
+        steps that report it."""
         acc = {}
         for phases in self._phases[kind]:
             for k, v in phases.items():
@@ -275,24 +237,18 @@ class StepStats:
         the other toggles that were off in it only where they tell it from another group of the same shape."""
         rows = []
         for name in self.option_names:
-            groups = sorted(self._ab[name].items(), key=lambda kv: (kv[0][0], kv[0][1]))
+            groups = sorted(self._ab[name].items())  # by (shape, others): keys never tie
             varies = {}  # shape -> the other toggles seen both ways among its groups
             for (shape, others), _ in groups:
                 seen = varies.setdefault(shape, {})
                 for n, v in others:
                     seen.setdefault(n, set()).add(v)
             for (shape, others), sides in groups:
-                (on, on_smp), (off, off_smp) = sides[True], sides[False]
+                on, off = sides[True], sides[False]
                 if on.n and off.n:
                     off_named = tuple(n for n, v in others if not v and len(varies[shape][n]) > 1)
-                    rows.append(ABRow(name, shape, off_named, on.n, on.mean, off.n, off.mean, on_smp.mean,
-                                      off_smp.mean))
+                    rows.append(ABRow(name, shape, off_named, on.n, on.mean, off.n, off.mean))
         return rows
-
-    def seen(self, name: str) -> dict:
-        """{True: steps run with `name` on, False: off}, over every shape (how far a comparison has come)."""
-        groups = self._ab.get(name, {}).values()
-        return {v: sum(sides[v][0].n for sides in groups) for v in (True, False)}
 
     def weights_gbps(self, weight_bytes: int):
         """GB/s of weights read: one full read of the weights per mean decode step."""

@@ -14,16 +14,12 @@ brought up to date at most ~15 times a second.
 """
 from __future__ import annotations
 
-import time
-from fractions import Fraction
-
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
+from textual.renderables.sparkline import Sparkline as SparklineBars
 from textual.widget import Widget
 from textual.widgets import DataTable, Digits, Sparkline, Static
-
-from toolkit.engine.options import EngineOptions
 
 from .step_stats import StepStats
 
@@ -73,34 +69,23 @@ def key_label(key: str) -> str:
 
 
 def sparkline_columns(n: int, width: int) -> list:
-    """For each column of a Textual Sparkline `width` wide over `n` values, the value indices it shows.
-
-    Mirrors textual.renderables.sparkline.Sparkline's bucketing, so marks drawn
-    under the sparkline line up with the bars.
-    """
-    if n == 0 or width <= 0:
-        return [[] for _ in range(max(width, 0))]
-    if n == 1:
-        return [[0] for _ in range(width)]
-    f = Fraction(n, width)
-    buckets = [range(int(f * b), int(f * (b + 1))) for b in range(width)]
-    buckets = [b for b in buckets if len(b)]
+    """For each column of a Textual Sparkline `width` wide over `n` values, the value indices it shows: its own
+    buckets, picked per column as its renderer does, so marks drawn under the sparkline line up with the bars."""
+    if n < 2 or width <= 0:  # the renderer fills every column with the one value, if any
+        return [list(range(n)) for _ in range(max(width, 0))]
+    buckets = list(SparklineBars._buckets(list(range(n)), width))
     cols, idx, step = [], 0.0, len(buckets) / width
     for _ in range(width):
-        cols.append(list(buckets[int(idx)]))
+        cols.append(buckets[int(idx)])
         idx += step
     return cols
 
 
 def marks_line(n: int, width: int, positions) -> str:
     """A line of `width` characters with "▲" under the first column that shows each marked index."""
-    cols = sparkline_columns(n, width)
-    out = [" "] * width
-    for p in positions:
-        c = next((c for c, idx in enumerate(cols) if p in idx), None)
-        if c is not None:
-            out[c] = "▲"
-    return "".join(out)
+    cols = [[]] + sparkline_columns(n, width)  # columns show runs of indices: the first is where the last did not
+    return "".join("▲" if any(p in col and p not in prev for p in positions) else " "
+                   for prev, col in zip(cols, cols[1:]))
 
 
 # ---------------------------------------------------------------- the widget
@@ -112,6 +97,16 @@ AB_CAPTION = ("A/B, like with like: mean ms/step with the toggle on and off, ove
               "(dec b4 c512: decode, batch 4, context bucket 512; pre b1 t64: prefill, 1 prompt, <= 64 tokens) "
               "and the other toggles alike; off/on > 1: the toggle saves time.")
 AB_EMPTY = "No comparison yet: flip a toggle, then run the same kind of step again."
+
+
+def put_row(table: DataTable, key: str, cells: dict) -> None:
+    """Add the row (cells in column order), or update the cells that changed."""
+    if key not in table.rows:
+        table.add_row(*cells.values(), key=key)
+        return
+    for col, v in cells.items():
+        if table.get_cell(key, col) != v:
+            table.update_cell(key, col, v, update_width=True)
 
 
 def ab_cells(row) -> dict:
@@ -149,29 +144,25 @@ class TimingsPanel(Widget):
     TimingsPanel #tp-ab { margin-top: 0; }
     """
 
-    def __init__(self, header: dict, option_names: tuple = None, peak_gbps: float | None = None,
-                 weight_bytes: int = 0, keys: dict | None = None, implied: dict | None = None,
-                 requested=None, expected=None, **kw):
+    def __init__(self, header: dict, option_names: tuple, peak_gbps: float | None, weight_bytes: int, keys: dict,
+                 implied: dict, requested, expected, **kw):
         """`option_names`: the toggles this backend can run (the others are never shown); `keys`: name -> the
         key that flips it; `requested`/`expected`: the options asked for and as this backend runs them (what
         the header shows until the first step says what ran)."""
         super().__init__(**kw)
-        self.header = dict(header)
-        self.option_names = tuple(EngineOptions.names() if option_names is None else option_names)
-        self.keys = dict(keys or {})
+        self.header = header
+        self.option_names = tuple(option_names)
+        self.keys = keys
         self.peak_gbps = peak_gbps
         self.weight_bytes = weight_bytes
         self.stats = StepStats(self.option_names, implied=implied)
         self.batch_tps = None
-        self.context_use = (0, self.header.get("context") or 0)
-        self.requested = requested if requested is not None else EngineOptions()
-        self.expected = expected if expected is not None else self.requested
+        self.context_use = (0, header.get("context") or 0)
+        self.requested, self.expected = requested, expected
         self._start = self.expected  # what the engine was set to run when the panel began (before any step)
         self.fast_path_why = None  # why the sampler fast path does not apply (None: it does, or unknown)
         self._pending = {}  # toggle -> steps recorded when it was asked for (it takes effect at the next step)
         self._dirty = True
-        self._last_flush = 0.0
-        self._phase_rows = set()
         self._ab_keys = ()
 
     # ---- composition
@@ -215,11 +206,11 @@ class TimingsPanel(Widget):
         elif step.sampler_path == "slow" and step.sampler_why and step.sampler_why != "switched off":
             if not (self.fast_path_why and step.sampler_why in self.fast_path_why):
                 self.fast_path_why = step.sampler_why  # keep the fuller list the settings gave, if it says so
-        self._changed()
+        self._dirty = True
 
     def set_context_use(self, used: int, total: int) -> None:
         self.context_use = (used, total)
-        self._changed()
+        self._dirty = True
 
     def set_requested(self, requested, expected) -> None:
         """The user asked for `requested`, which this backend runs as `expected`, from the next step on."""
@@ -230,16 +221,16 @@ class TimingsPanel(Widget):
                     getattr(expected, name) != getattr(self.expected, name):
                 self._pending[name] = self.stats.steps
         self.requested, self.expected = requested, expected
-        self._changed()
+        self._dirty = True
 
     def set_fast_path_note(self, why: str | None) -> None:
         """Why the sampler fast path will not apply under the sampling parameters now set (None: it will)."""
         self.fast_path_why = why
-        self._changed()
+        self._dirty = True
 
     def set_compact(self, compact: bool) -> None:
         self.set_class(compact, "-compact")
-        self._changed()
+        self._dirty = True
 
     @property
     def compact(self) -> bool:
@@ -255,12 +246,9 @@ class TimingsPanel(Widget):
         true of it (a change asked for that the next step makes; a request this setup runs otherwise; why the
         fast path does not apply: on the same line where `width` holds it, else right under the name)."""
         name_w = max(len(label(n)) for n in self.option_names)
-        key_w = max((len(key_label(self.keys[n])) for n in self.option_names if n in self.keys), default=0)
+        key_w = max(len(key_label(self.keys[n])) for n in self.option_names)
         ran, wanted, next_ = self.state(name), getattr(self.requested, name), getattr(self.expected, name)
-        line = Text()
-        if key_w:
-            line.append(f"{key_label(self.keys.get(name, '')):<{key_w}} ", "bold")
-        line.append(f"{label(name):<{name_w}} ")
+        line = Text.assemble((f"{key_label(self.keys[name]):<{key_w}} ", "bold"), f"{label(name):<{name_w}} ")
         line.append("on " if ran else "off", "bold green" if ran else "bold red")
         # A step already running when the toggle was asked for still ran the old state: one step of grace.
         pending = name in self._pending and self.stats.steps <= self._pending[name] + 1
@@ -271,18 +259,13 @@ class TimingsPanel(Widget):
         if name == "sampler_fast_path" and self.fast_path_why:
             reason = f"not applicable: {self.fast_path_why}"
             if width and line.cell_len + 1 + len(reason) > width:
-                line.append("\n" + " " * (key_w + 1 if key_w else 0))
+                line.append("\n" + " " * (key_w + 1))
             else:
                 line.append(" ")
             line.append(reason, "yellow")
         return line
 
     # ---- refresh at most ~15 Hz
-    def _changed(self) -> None:
-        self._dirty = True
-        if time.monotonic() - self._last_flush >= REFRESH_S:
-            self.flush()
-
     def _tick(self) -> None:
         if self._dirty:
             self.flush()
@@ -292,7 +275,6 @@ class TimingsPanel(Widget):
         if not self.is_mounted:
             return
         self._dirty = False
-        self._last_flush = time.monotonic()
         s = self.stats
         self._update_header()
         self.query_one("#tp-summary", Static).update(
@@ -304,18 +286,15 @@ class TimingsPanel(Widget):
         self.query_one("#tp-ms-label", Static).update(
             f"ms/step\nnow {fmt_ms(s.current_ms)}" + (f" · batch {s.current_batch}" if s.current_batch > 1 else ""))
         self.query_one("#tp-tps", Digits).update(fmt_rate(s.decode_tps))
-        text = f"tok/s\nnow {fmt_rate(s.current_tps)}"
-        if self.batch_tps is not None:
-            text += f" · batch {fmt_rate(self.batch_tps)}"
-        self.query_one("#tp-tps-label", Static).update(text)
+        batch = "" if self.batch_tps is None else f" · batch {fmt_rate(self.batch_tps)}"
+        self.query_one("#tp-tps-label", Static).update(f"tok/s\nnow {fmt_rate(s.current_tps)}{batch}")
         cached = f" · {s.prefill_cached} reused" if s.prefill_cached else ""
         self.query_one("#tp-prefill", Static).update("prefill -" if s.prefill_ms is None else (
             f"prefill {fmt_ms(s.prefill_ms)} ms · {s.prefill_tokens} tok · {fmt_rate(s.prefill_tps)} tok/s{cached}"))
         recent = s.recent
         spark = self.query_one("#tp-spark", Sparkline)
         spark.data = recent
-        width = spark.size.width or 0
-        line = marks_line(len(recent), width, [p for p, _ in s.toggle_marks]) if width else ""
+        line = marks_line(len(recent), spark.size.width, [p for p, _ in s.toggle_marks])
         self.query_one("#tp-marks", Static).update(Text(line.rstrip() or " "))
         self._update_ab()
         self._update_phases()
@@ -342,16 +321,9 @@ class TimingsPanel(Widget):
         total = sum(v for v in dec.values() if v is not None)
         for name in s.phases():
             ms = dec.get(name)
-            cells = {"ms": fmt_ms(ms),
-                     "share": f"{100 * ms / total:.0f}" if ms is not None and total > 0 else "-",
-                     "prefill": fmt_ms(pre.get(name))}
-            if name not in self._phase_rows:
-                table.add_row(name, cells["ms"], cells["share"], cells["prefill"], key=name)
-                self._phase_rows.add(name)
-            else:
-                for col, v in cells.items():
-                    if table.get_cell(name, col) != v:
-                        table.update_cell(name, col, v, update_width=True)
+            put_row(table, name, {"phase": name, "ms": fmt_ms(ms),
+                                  "share": f"{100 * ms / total:.0f}" if ms is not None and total > 0 else "-",
+                                  "prefill": fmt_ms(pre.get(name))})
 
     def _update_ab(self) -> None:
         table = self.query_one("#tp-ab", DataTable)
@@ -359,14 +331,8 @@ class TimingsPanel(Widget):
         keys = tuple(r.key for r in rows)
         if keys != self._ab_keys:  # a new comparison: rebuilt, so rows stay in toggle and shape order (rare)
             table.clear()
-            for r in rows:
-                cells = ab_cells(r)
-                table.add_row(*(cells[k] for k, _ in AB_COLUMNS), key=r.key)
             self._ab_keys = keys
-        else:
-            for r in rows:
-                for col, v in ab_cells(r).items():
-                    if table.get_cell(r.key, col) != v:
-                        table.update_cell(r.key, col, v, update_width=True)
+        for r in rows:
+            put_row(table, r.key, ab_cells(r))
         table.display = bool(rows)
         self.query_one("#tp-ab-caption", Static).update(AB_CAPTION if rows else AB_EMPTY)

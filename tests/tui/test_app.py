@@ -250,8 +250,7 @@ async def test_clear_regenerate_and_palette_commands():
         await pilot.press("ctrl+l")
         await pilot.pause()
         assert app.session.messages == [] and not app.query(UserMessage)
-        from tui.app import ChatCommands
-        titles = [t for t, _, _ in ChatCommands(app.screen)._commands()]
+        titles = [c.title for c in app.get_system_commands(app.screen)]
         assert [t for t in titles if t.startswith("Toggle")] == \
             [f"Toggle {n.replace('_', ' ')} (runs on)" for n in CPU_TOGGLES]
         assert {"System prompt", "Clear conversation", "Regenerate last reply", "Keys"} <= set(titles)
@@ -332,8 +331,7 @@ async def test_the_header_and_palette_show_what_ran_not_what_was_asked():
         assert "cuda graphs       off" in text and "pdl               off (asked on)" in text
         assert app.session.options.pdl is True  # asked for
         assert app.panel.state("pdl") is False and app.panel.stats.last_options.pdl is False  # ran
-        from tui.app import ChatCommands
-        titles = [t for t, _, _ in ChatCommands(app.screen)._commands()]
+        titles = [c.title for c in app.get_system_commands(app.screen)]
         assert "Toggle pdl (runs off, asked on)" in titles and "Toggle cuda graphs (runs off)" in titles
         await pilot.press("ctrl+o")
         engine = str(app.screen.query_one("#settings-engine", Static).content)

@@ -13,6 +13,7 @@ from toolkit.engine.worker import EngineWorker
 from toolkit.errors import ToolkitError
 from toolkit.engine.options import EngineOptions
 from toolkit.engine.timings import RequestStats, StepTiming
+from toolkit.sampler.params import load_generation_config
 
 from tui.session import ChatSession
 
@@ -43,7 +44,7 @@ class FakeTemplate:
 
 
 class FakeEngine:
-    def __init__(self, reply=REPLY, max_context=256, chat=True, delay=0.0, backend="cpu"):
+    def __init__(self, reply=REPLY, max_context=256, chat=True, delay=0.0, backend="cpu", model_dir=None):
         self.reply = list(reply)
         self.max_context = max_context
         self.tokenizer = FakeTokenizer()
@@ -51,6 +52,7 @@ class FakeEngine:
         self.backend = SimpleNamespace(name=backend, dtype="float32" if backend == "cpu" else "bfloat16",
                                        num_sms=132, graphs_supported=True, pdl_supported=True)
         self.cfg = SimpleNamespace(vocab_size=VOCAB)
+        self.generation_defaults = load_generation_config(model_dir) if model_dir else {}  # as build_engine
         self.weight_bytes = 50_000_000
         self.device_note = "fake device"
         self.options = EngineOptions()
@@ -146,6 +148,4 @@ class FakeEngine:
 
 
 def fake_session(**kw) -> ChatSession:
-    model_dir = kw.pop("model_dir", None)
-    engine = FakeEngine(**kw)
-    return ChatSession(EngineWorker(engine), model_dir=model_dir, model_name="fake-model")
+    return ChatSession(EngineWorker(FakeEngine(**kw)), model_name="fake-model")
