@@ -104,17 +104,6 @@ def query_means(q, query_start_loc, seq_lens, Q: int, r0: int, out):
     return out
 
 
-def row_positions(query_start_loc, seq_lens):
-    """(request, position) of every local row of the call."""
-    base = int(query_start_loc[0])
-    req, pos = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
-    for b in range(seq_lens.shape[0]):
-        n = int(query_start_loc[b + 1]) - int(query_start_loc[b])
-        req.append(np.full(n, b, np.int64))
-        pos.append(np.arange(int(seq_lens[b]) - n, int(seq_lens[b]), dtype=np.int64))
-    return np.concatenate(req), np.concatenate(pos)
-
-
 def gather_lens(query_start_loc, seq_lens, W: int, out=None):
     """Window tokens each request needs (reference A.12): q_len + min(prefix, W - 1)."""
     qlen = np.diff(query_start_loc).astype(np.int64)
@@ -196,11 +185,10 @@ def _topk(scores, row, cnt, p0, r0, R, K, out):
 def topk_blocks(scores, query_start_loc, seq_lens, R: int, K: int, Q: int = 1, r0: int = 0, out=None):
     """Query rows of topk int32 [T, K] from the scores of tile rows r0..r0+rows-1 (scores [rows, Nmax]; None: all
     tile rows, and then every query row must be short, (pos+1)//R <= K, and takes 0..n-1 without any score)."""
-    _, pos = row_positions(query_start_loc, seq_lens)
     _, row, cnt, p0 = tile_rows(query_start_loc, seq_lens, Q)
-    out = np.empty((len(pos), K), np.int32) if out is None else out
+    out = np.empty((int(cnt.sum()), K), np.int32) if out is None else out
     if scores is None:
-        if len(pos) and ((pos + 1) // R).max() > K:
+        if len(cnt) and ((p0 + cnt) // R).max() > K:  # (a tile row's last position is p0 + cnt - 1)
             raise ValueError("topk_blocks: scores are needed when a row has more than K complete blocks")
         scores = np.zeros((len(row) - r0, 1), np.float32)
     _topk(scores, row, cnt, p0, int(r0), int(R), int(K), out)
