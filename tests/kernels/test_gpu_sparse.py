@@ -44,12 +44,10 @@ def up(cp, a):
 
 def test_combine_bit_identical(cuda):
     cp, be = cuda
-    from toolkit.backends.cuda_sparse import combine_topk_swa_indices
-
     t = np.array([[1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 12]], I32)
     args = (np.array([0, 2, 3], I32), np.array([8, 10], I32), np.array([8, 10], I32))
-    c, n = combine_topk_swa_indices(cp.asarray(t), *map(cp.asarray, args), 4, 2, 4, 64, 16)
-    assert isinstance(c, cp.ndarray)
+    c, n = cp.empty((3, 128), cp.int32), cp.empty(3, cp.int32)  # T = 3 rows, K + W = 8 padded to 128
+    be._sparse.combine(cp.asarray(t), *map(cp.asarray, args), 4, 2, 4, 64, 16, c, n)  # W 4, R 2, K 4, M 64, N 16
     assert c.get()[2, :8].tolist() == [73, 74, 75, 76, 86, 87, 88, 89] and n.get().tolist() == [7, 8, 8]
     rng = np.random.default_rng(0)
     for K, W, R in ((512, 128, 4), (0, 16, 1), (7, 8, 2), (3, 5, 5)):
