@@ -70,10 +70,11 @@ def tile_union(query_start_loc, seq_lens, combined, lens, M: int, N: int, W: int
     return ublk, umask, ucount
 
 
-def tiled_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, ublk, umask, ucount, tiles: int,
-                    W: int, R: int, K: int, block_size: int, scale: float, out):
+def tiled_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, ublk, umask, ucount, W: int,
+                    R: int, K: int, block_size: int, scale: float, out):
     """out rows qsl[0]..qsl[B]-1 from the tile lists (float64 softmax per row over its allowed keys)."""
     B = seq_lens.shape[0]
+    tiles = ublk.shape[0] // max(B, 1)
     Hq, D = q.shape[1:]
     Hkv = k_cache.shape[1]
     G = Hq // Hkv

@@ -67,7 +67,7 @@ def test_tiled_equals_per_query_twin(lens, qlens, K, W, R):
     want = np.full_like(q, 7.0)
     sp.sparse_attention(q, kc, vc, tables, qsl, seq_lens, combined, clens, M, N, W, R, bs, scale, want)
     got = np.full_like(q, 7.0)
-    tc.tiled_attention(q, kc, vc, tables, qsl, seq_lens, ublk, umask, ucount, tiles, W, R, K, bs, scale, got)
+    tc.tiled_attention(q, kc, vc, tables, qsl, seq_lens, ublk, umask, ucount, W, R, K, bs, scale, got)
     rows = slice(qsl[0], qsl[-1])
     assert np.isfinite(got[rows]).all()
     # the per-query twin: float32 attention (one bound); the tiled twin: a float64 softmax rounded to float32
