@@ -63,11 +63,8 @@ def _compress(k_cache, block_tables, seq_lens, bs, R, out):
                 out[b, j, g, d] *= inv
 
 
-def compress_keys(k_cache, block_tables, seq_lens, block_size: int, R: int, n_max: int, out=None):
-    """kbar [B, n_max, Hkv, D]: block means of every request's complete blocks (zeros past seq_len // R)."""
-    B = seq_lens.shape[0]
-    Hkv, D = k_cache.shape[1:]
-    out = np.empty((B, n_max, Hkv, D), np.float32) if out is None else out
+def compress_keys(k_cache, block_tables, seq_lens, block_size: int, R: int, out):
+    """out = kbar [B, N, Hkv, D]: block means of every request's complete blocks (zeros past seq_len // R)."""
     _compress(k_cache, block_tables, seq_lens, int(block_size), int(R), out)
     return out
 

@@ -84,7 +84,7 @@ def test_indexer_and_topk(cuda, Q):
     R, K, bs = 4, 64, 16
     N = int((seq_lens // R).max())
     T = int(qsl[-1] - qsl[0])
-    kbar = sp.compress_keys(kc, tables, seq_lens, bs, R, N)
+    kbar = sp.compress_keys(kc, tables, seq_lens, bs, R, np.empty((len(seq_lens), N, *kc.shape[1:]), np.float32))
     dkbar = cp.empty(kbar.shape, cp.float32)
     be.sparse_compress_keys(dev["k"], dev["tables"], dev["seq_lens"], bs, R, dkbar)
     np.testing.assert_allclose(dkbar.get(), kbar, rtol=1e-5, atol=1e-5)

@@ -139,9 +139,7 @@ class CpuBackend:
 
     # -- sparse prefill ops (kernels/sparse_prefill.cu, kernels/sparse_prefill.py) ------------------------
     # (and kernels/combine.cu, kernels/combine.py); the driver is toolkit/model/sparse.py.
-    def sparse_compress_keys(self, k_cache, block_tables, seq_lens, block_size, R, kbar):
-        _sp.compress_keys(k_cache, block_tables, seq_lens, block_size, R, kbar.shape[1], kbar)
-
+    sparse_compress_keys = staticmethod(_sp.compress_keys)
     sparse_gather_lens = staticmethod(_sp.gather_lens)
     sparse_attention_tiled = staticmethod(_satc.tiled_attention)
 
