@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from tests.paged_cache import paged_cache
 from tests.kernels.test_sparse_kernels import pipeline, random_combine_case
+from tests.kernels.test_sparse_tiled import union_buffers
 
 from kernels import sparse_prefill as sp
 from kernels.combine import combine_topk_swa_indices as combine_twin
@@ -195,7 +196,7 @@ def test_sparse_attention_tiled(cuda, K, W, R, lens, qlens, Q):
     Q = query_tile(64, W, R) if Q is None else Q  # the union kernel reads one row per query tile's long rows
     (ublk, umask, ucount), got, tiles, cap = tiled_gpu(cp, be, dev, combined, clens, M, N, W, R, K, Q, qlens, bs,
                                                        scale, q.shape[0])
-    wb, wm, wc = tc.tile_union(qsl, seq_lens, combined, clens, M, N, W, R, K, Q, tiles, cap)
+    wb, wm, wc = tc.tile_union(qsl, seq_lens, combined, clens, M, N, W, R, K, Q, *union_buffers(len(qlens), tiles, cap))
     for b, n in enumerate(qlens):  # the union lists are bit-identical to the twin's on every existing tile
         for ti in range(b * tiles, b * tiles + tc.n_tiles(n)):
             assert ucount[ti] == wc[ti]

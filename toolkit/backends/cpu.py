@@ -141,6 +141,7 @@ class CpuBackend:
     # (and kernels/combine.cu, kernels/combine.py); the driver is toolkit/model/sparse.py.
     sparse_compress_keys = staticmethod(_sp.compress_keys)
     sparse_gather_lens = staticmethod(_sp.gather_lens)
+    sparse_tile_union = staticmethod(_satc.tile_union)
     sparse_attention_tiled = staticmethod(_satc.tiled_attention)
 
     def sparse_query_means(self, q, query_start_loc, seq_lens, Q, r0, qbar, max_tiles=None):
@@ -151,11 +152,6 @@ class CpuBackend:
 
     def sparse_topk(self, scores, query_start_loc, seq_lens, R, K, Q, r0, topk, rows=None):
         _sp.topk_blocks(None if scores is None else scores[:rows], query_start_loc, seq_lens, R, K, Q, r0, topk)
-
-    def sparse_tile_union(self, query_start_loc, seq_lens, combined, lens, M, N, W, R, K, Q, ublk, umask, ucount):
-        B = seq_lens.shape[0]
-        _satc.tile_union(query_start_loc, seq_lens, combined, lens, M, N, W, R, K, Q, ublk.shape[0] // max(B, 1),
-                         ublk.shape[1], ublk, umask, ucount)
 
     # -- timing -------------------------------------------------------------------
     def section_timer(self) -> CpuTimer:
