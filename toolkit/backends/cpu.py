@@ -47,7 +47,6 @@ class CpuTimer:
         self._t = now
 
     def laps_ms(self) -> list:
-        """(section, ms) of each lap, in order."""
         return [(section, dt * 1e3) for section, dt in self._laps]
 
 

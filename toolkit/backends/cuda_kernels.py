@@ -201,7 +201,7 @@ class CudaKernels(SkinnyGemms):
             raise ValueError(f"unsupported dtype {dtype!r}; choose one of {sorted(CTYPES)}")
         self.cp = cupy
         self.dtype = dtype
-        self.ctype = ct = CTYPES[dtype]
+        self.ctype = CTYPES[dtype]
         self.storage = np.dtype(STORAGE[dtype])
         self.itemsize = self.storage.itemsize
         self.vec = 16 // self.itemsize  # elements per 16-byte chunk
@@ -210,7 +210,6 @@ class CudaKernels(SkinnyGemms):
         self._gemm_plans = {}   # (M, N, K, swiglu, out type, split) -> gemm_skinny's launch (cuda_gemm.py)
         self.num_sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
         self._smem_optin = {}   # name -> dynamic shared memory opted in
-        self._names = {op: kernel_names(op, ct) for op in ("embedding", "rmsnorm", "rope", "activation")}
         self.pdl = False  # see with_pdl
         self._go = self._launch  # how the decode-step kernels launch
 
@@ -280,7 +279,7 @@ class CudaKernels(SkinnyGemms):
         if out.shape != (T, H):
             raise ValueError(f"embedding: out {out.shape} != ({T}, {H})")
         if T:
-            self._go(self._fn("embedding", self._names["embedding"][0]), (T,), (128,),
+            self._go(self._fn("embedding", f"embedding<{self.ctype}>"), (T,), (128,),
                      (ids, table, out, _i32(V), _i32(H)))
 
     def add_rmsnorm(self, x, residual, weight, eps, out):
@@ -295,7 +294,7 @@ class CudaKernels(SkinnyGemms):
         # One 16-byte chunk per thread covers the row in one pass (128 threads for H = 896 in bf16).
         threads = min(1024, max(32, 32 * -(-H // (32 * self.vec))))
         if rows:
-            self._go(self._fn("rmsnorm", self._names["rmsnorm"][0]), (rows,), (threads,),
+            self._go(self._fn("rmsnorm", f"add_rmsnorm<{self.ctype}>"), (rows,), (threads,),
                      (x, residual, weight, out, _f32(eps), _i32(H)))
 
     def add_rmsnorm_partials(self, parts, residual, weight, eps, out):
@@ -309,8 +308,9 @@ class CudaKernels(SkinnyGemms):
             raise ValueError(f"add_rmsnorm_partials: parts {parts.shape}, residual {residual.shape}, weight "
                              f"{weight.shape}, out {out.shape} (H a multiple of {self.vec}, 1-{PARTS_MAX} slices)")
         if rows:
-            self._go(self._fn("rmsnorm", self._names["rmsnorm"][1]), (rows,), (32 * -(-H // (32 * self.vec)),),
-                     (parts, _i32(parts.shape[0]), residual, weight, out, _f32(eps), _i32(H)))
+            self._go(self._fn("rmsnorm", f"add_rmsnorm_partials<{self.ctype}>"), (rows,),
+                     (32 * -(-H // (32 * self.vec)),), (parts, _i32(parts.shape[0]), residual, weight, out, _f32(eps),
+                                                        _i32(H)))
 
     def rope_qkv(self, qkv, bias, q_norm, k_norm, eps, cos, sin, positions, slot_mapping, n_heads, n_kv_heads,
                  q_out, k_cache, v_cache):
@@ -328,7 +328,7 @@ class CudaKernels(SkinnyGemms):
         NH, cshape = n_heads + 2 * n_kv_heads, cos.shape
         if T:
             self._go(
-                self._fn("rope", self._names["rope"][0]), (-(-T * NH // 4),), (128,),
+                self._fn("rope", f"rope_qkv<{self.ctype}>"), (-(-T * NH // 4),), (128,),
                 (qkv, bias, q_norm, k_norm, _f32(eps), cos, sin, positions, slot_mapping, _i32(T),
                  _i32(n_heads), _i32(n_kv_heads), _i32(D), _i32(cshape[0]), _i32(num_slots), q_out, k_cache,
                  v_cache))
@@ -342,7 +342,7 @@ class CudaKernels(SkinnyGemms):
         if T:
             # Grid-stride loop over 16-byte chunks: enough blocks to fill the GPU, never more than the work.
             blocks = max(1, min(-(-T * (I2 // 2) // (256 * self.vec)), 4096))
-            self._go(self._fn("activation", self._names["activation"][0]), (blocks,), (256,),
+            self._go(self._fn("activation", f"silu_mul<{self.ctype}>"), (blocks,), (256,),
                      (gate_up, out, _i32(T), _i32(I2 // 2)))
 
     def silu_mul_scaled(self, gate_up, parts, eps, out):
@@ -357,7 +357,7 @@ class CudaKernels(SkinnyGemms):
                              f"(I a multiple of {self.vec}, parts [tiles, T])")
         if T:
             blocks = -(-I // (256 * self.vec))  # a row's 16-byte chunks over blocks of 256 threads
-            self._go(self._fn("activation", self._names["activation"][1]), (blocks, T), (256,),
+            self._go(self._fn("activation", f"silu_mul_scaled<{self.ctype}>"), (blocks, T), (256,),
                      (gate_up, out, _i32(I), parts, _i32(tiles), _i32(T), _i32(16 * tiles), _f32(eps)))
 
     def gemv(self, x, w, out):
