@@ -1,5 +1,5 @@
 """SwiGLU activation, CPU twin of activation.cu: out = silu(gate) * up, silu(g) = g / (1 + exp(-g)); and its
-silu_mul_scaled form, which first applies an RMSNorm scale left over from the o projection (the plan's skinny_norm: gemm_skinny_norm).
+silu_mul_scaled form, which first applies the RMSNorm scale that gemm_skinny_norm (the plan's skinny_norm) left over.
 
 gate_up is the fused projection [T, 2I]: gate in the first I columns, up in the last I. One fused loop reads both
 halves once and writes `out` without the [T, I] temporaries a NumPy expression would allocate.

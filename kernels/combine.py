@@ -20,10 +20,6 @@ from numba import njit, prange
 ALIGN = 128  # FlashMLA's B_TOPK: combined rows are padded to a multiple of this
 
 
-def combined_width(topk: int, window: int) -> int:
-    return -(-(topk + window) // ALIGN) * ALIGN
-
-
 @njit(cache=True, nogil=True, parallel=True)
 def _combine(topk_indices, qsl, seq_lens, gather_lens, W, R, K, M, N, out, lens):
     B = seq_lens.shape[0]
@@ -59,7 +55,7 @@ def combine_topk_swa_indices(topk_indices, query_start_loc, seq_lens, gather_len
                          f"{query_start_loc.shape}, seq_lens {seq_lens.shape}, gather_lens {gather_lens.shape}")
     if compress_ratio < 1 or window_size < 1 or topk < 0:
         raise ValueError(f"combine_topk_swa_indices: W={window_size}, R={compress_ratio}, K={topk}")
-    Kc = combined_width(topk, window_size)
+    Kc = -(-(topk + window_size) // ALIGN) * ALIGN
     out = np.empty((T, Kc), np.int32) if out is None else out[:T]
     lens = np.empty(T, np.int32) if lens is None else lens[:T]
     if out.shape != (T, Kc):

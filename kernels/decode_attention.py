@@ -6,8 +6,8 @@ reuses its online-softmax `attend`: one work item per (sequence, kv head), whose
 sharing that kv head, so each K/V tile is read once per group instead of once per query head. Items run in
 parallel only when the step is big enough to pay for waking the worker threads. (The GPU needs a split-sequence,
 flash-decoding kernel only because B * Hkv items cannot fill it.) seq_lens[b] == 0 marks a padding row: out[b] = 0.
-The jitted drivers live in kernels/prefill_attention.py (`decode`), in the same file as `attend`, because numba's
-cache does not notice a change to a callee in another file (tests/kernels/test_numba_cache.py).
+The jitted entry point (`decode`, over the prefill drivers) lives beside `attend` in kernels/prefill_attention.py:
+numba's cache does not notice a change to a callee in another file (tests/kernels/test_numba_cache.py).
 """
 import numpy as np
 

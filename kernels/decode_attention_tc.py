@@ -19,13 +19,13 @@ WARPS = 4             # warps a block, each a 16-key slice of every tile (32 key
 ONE_SPLIT_TILES = 4   # decode_attention_tc.cu: a sequence of up to this many tiles is one split
 
 
-def split_chunk(length: int, n_splits: int, kt: int = KT, one_split_tiles: int = ONE_SPLIT_TILES) -> int:
-    """Keys per split (decode_split.cuh): one split up to one_split_tiles tiles, else the length spread evenly
+def split_chunk(length: int, n_splits: int) -> int:
+    """Keys per split (decode_split.cuh): one split up to ONE_SPLIT_TILES tiles, else the length spread evenly
     over the splits in whole tiles."""
-    if length <= one_split_tiles * kt:
-        return one_split_tiles * kt
+    if length <= ONE_SPLIT_TILES * KT:
+        return ONE_SPLIT_TILES * KT
     c = -(-length // n_splits)
-    return max(kt, -(-c // kt) * kt)
+    return max(KT, -(-c // KT) * KT)
 
 
 def _online(m, l, acc, s, v):

@@ -202,45 +202,26 @@ def _prefill(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, block
     return -1
 
 
-
-# Decode's drivers (kernels/decode_attention.py is their wrapper) live here, beside attend: the cached code of a
-# jitted function holds its callees' code, and numba does not notice when a callee in another file changes.
-@njit(cache=True, nogil=True, parallel=True)
-def _decode_parallel(q, k_cache, v_cache, block_tables, seq_lens, block_size, scale, out):
-    Hkv = k_cache.shape[1]
-    group = q.shape[1] // Hkv
-    for item in prange(seq_lens.shape[0] * Hkv):
-        b, kvh = item // Hkv, item % Hkv
-        attend(q, b, 1, kvh * group, group, k_cache, v_cache, kvh, block_tables[b], block_size, seq_lens[b] - 1,
-               scale, out)
-
-
-@njit(cache=True, nogil=True)
-def _decode_serial(q, k_cache, v_cache, block_tables, seq_lens, block_size, scale, out):
-    Hkv = k_cache.shape[1]
-    group = q.shape[1] // Hkv
-    for item in range(seq_lens.shape[0] * Hkv):
-        b, kvh = item // Hkv, item % Hkv
-        attend(q, b, 1, kvh * group, group, k_cache, v_cache, kvh, block_tables[b], block_size, seq_lens[b] - 1,
-               scale, out)
-
-
 @njit(cache=True, nogil=True)
 def decode(q, k_cache, v_cache, block_tables, seq_lens, block_size, scale, out, min_macs):
     """One decode step (kernels/decode_attention.py): validates (returns the first bad sequence, or -1), then runs
-    the serial or parallel driver by size. One compiled entry point: the choice costs no extra Python-level
-    dispatch on the per-token path."""
+    the prefill drivers by size, one query block per sequence (its row b, at position seq_lens[b] - 1). One
+    compiled entry point: the choice costs no extra Python-level dispatch on the per-token path."""
     bad = check_tables(block_tables, seq_lens, block_size, k_cache.shape[0])
     if bad >= 0:
         return bad
+    B = seq_lens.shape[0]
+    blocks = np.empty((B, 4), np.int64)
     keys = 0
-    for b in range(seq_lens.shape[0]):
+    for b in range(B):
+        blocks[b, 0], blocks[b, 1], blocks[b, 2], blocks[b, 3] = b, b, 1, seq_lens[b] - 1
         keys += seq_lens[b]
     if keys * q.shape[1] * q.shape[2] >= min_macs:
-        _decode_parallel(q, k_cache, v_cache, block_tables, seq_lens, block_size, scale, out)
+        _prefill_parallel(q, k_cache, v_cache, block_tables, blocks, block_size, scale, out)
     else:
-        _decode_serial(q, k_cache, v_cache, block_tables, seq_lens, block_size, scale, out)
+        _prefill_serial(q, k_cache, v_cache, block_tables, blocks, block_size, scale, out)
     return -1
+
 
 def check_shapes(op, q, k_cache, v_cache, block_tables, seq_lens, block_size, out):
     """Shared by the prefill and decode wrappers: dtypes, q/out [rows, Hq, D], caches [num_slots, Hkv, D]."""

@@ -47,7 +47,4 @@ def add_rmsnorm_partials(parts: np.ndarray, residual: np.ndarray, weight: np.nda
     products of a GEMM split over K (twin of rmsnorm.cu's add_rmsnorm_partials)."""
     if parts.ndim != 3 or parts.shape[1:] != residual.shape:
         raise ValueError(f"add_rmsnorm_partials: parts {parts.shape}, residual {residual.shape}")
-    x = parts[0].copy()
-    for s in range(1, parts.shape[0]):
-        x += parts[s]
-    add_rmsnorm(x, residual, weight, eps, out)
+    add_rmsnorm(parts.sum(axis=0), residual, weight, eps, out)  # (NumPy adds an outer axis's slices in order)

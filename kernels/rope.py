@@ -69,12 +69,8 @@ def _rope_qkv(qkv, bias, has_bias, q_norm, has_qn, k_norm, has_kn, eps, cos, sin
             _load_head(qkv, t, (n_heads + j) * D, bias, has_bias, k_norm, has_kn, eps, buf)
             _rotate_into(buf, cos, sin, p, k_cache[s, j])
         voff = (n_heads + n_kv_heads) * D
-        for j in range(n_kv_heads):
-            for i in range(D):
-                v = qkv[t, voff + j * D + i]
-                if has_bias:
-                    v += bias[voff + j * D + i]
-                v_cache[s, j, i] = v
+        for j in range(n_kv_heads):  # V: bias only, loaded straight into the cache
+            _load_head(qkv, t, voff + j * D, bias, has_bias, k_norm, False, eps, v_cache[s, j])
     return -1
 
 

@@ -30,16 +30,13 @@ def union_cap(N: int, K: int) -> int:
     return max(1, min(int(N), TQ * int(K)))
 
 
-def tile_union(query_start_loc, seq_lens, combined, lens, M: int, N: int, W: int, R: int, K: int, Q: int,
-               tiles: int, cap: int, ublk=None, umask=None, ucount=None):
+def tile_union(query_start_loc, seq_lens, combined, lens, M: int, N: int, W: int, R: int, K: int, Q: int, ublk,
+               umask, ucount):
     """Every row's entries, one row at a time. Q (the query tile sparse_topk selected with) only matters to the GPU
     kernel, which reads one row for the long rows of a query tile, whose top-k entries are the same: for combined
     rows made from sparse_topk's output with that Q the two agree bit for bit (tests/test_gpu_sparse.py)."""
     B = seq_lens.shape[0]
-    if ublk is None:
-        ublk = np.full((B * tiles, cap), -1, np.int32)
-        umask = np.zeros((B * tiles, cap), np.uint64)
-        ucount = np.zeros(B * tiles, np.int32)
+    tiles = ublk.shape[0] // max(B, 1)
     base = int(query_start_loc[0])
     Kc = combined.shape[1]
     for b in range(B):
@@ -70,10 +67,11 @@ def tile_union(query_start_loc, seq_lens, combined, lens, M: int, N: int, W: int
     return ublk, umask, ucount
 
 
-def tiled_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, ublk, umask, ucount, tiles: int,
-                    W: int, R: int, K: int, block_size: int, scale: float, out):
+def tiled_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, ublk, umask, ucount, W: int,
+                    R: int, K: int, block_size: int, scale: float, out):
     """out rows qsl[0]..qsl[B]-1 from the tile lists (float64 softmax per row over its allowed keys)."""
     B = seq_lens.shape[0]
+    tiles = ublk.shape[0] // max(B, 1)
     Hq, D = q.shape[1:]
     Hkv = k_cache.shape[1]
     G = Hq // Hkv

@@ -63,11 +63,8 @@ def _compress(k_cache, block_tables, seq_lens, bs, R, out):
                 out[b, j, g, d] *= inv
 
 
-def compress_keys(k_cache, block_tables, seq_lens, block_size: int, R: int, n_max: int, out=None):
-    """kbar [B, n_max, Hkv, D]: block means of every request's complete blocks (zeros past seq_len // R)."""
-    B = seq_lens.shape[0]
-    Hkv, D = k_cache.shape[1:]
-    out = np.empty((B, n_max, Hkv, D), np.float32) if out is None else out
+def compress_keys(k_cache, block_tables, seq_lens, block_size: int, R: int, out):
+    """out = kbar [B, N, Hkv, D]: block means of every request's complete blocks (zeros past seq_len // R)."""
     _compress(k_cache, block_tables, seq_lens, int(block_size), int(R), out)
     return out
 
@@ -102,17 +99,6 @@ def query_means(q, query_start_loc, seq_lens, Q: int, r0: int, out):
     per_row = q[base + lo:base + hi].reshape(hi - lo, Hkv, G, D).astype(np.float64).mean(axis=2)
     out[:] = np.add.reduceat(per_row, row - lo, axis=0) / cnt[:, None, None]
     return out
-
-
-def row_positions(query_start_loc, seq_lens):
-    """(request, position) of every local row of the call."""
-    base = int(query_start_loc[0])
-    req, pos = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
-    for b in range(seq_lens.shape[0]):
-        n = int(query_start_loc[b + 1]) - int(query_start_loc[b])
-        req.append(np.full(n, b, np.int64))
-        pos.append(np.arange(int(seq_lens[b]) - n, int(seq_lens[b]), dtype=np.int64))
-    return np.concatenate(req), np.concatenate(pos)
 
 
 def gather_lens(query_start_loc, seq_lens, W: int, out=None):
@@ -196,11 +182,10 @@ def _topk(scores, row, cnt, p0, r0, R, K, out):
 def topk_blocks(scores, query_start_loc, seq_lens, R: int, K: int, Q: int = 1, r0: int = 0, out=None):
     """Query rows of topk int32 [T, K] from the scores of tile rows r0..r0+rows-1 (scores [rows, Nmax]; None: all
     tile rows, and then every query row must be short, (pos+1)//R <= K, and takes 0..n-1 without any score)."""
-    _, pos = row_positions(query_start_loc, seq_lens)
     _, row, cnt, p0 = tile_rows(query_start_loc, seq_lens, Q)
-    out = np.empty((len(pos), K), np.int32) if out is None else out
+    out = np.empty((int(cnt.sum()), K), np.int32) if out is None else out
     if scores is None:
-        if len(pos) and ((pos + 1) // R).max() > K:
+        if len(cnt) and ((p0 + cnt) // R).max() > K:  # (a tile row's last position is p0 + cnt - 1)
             raise ValueError("topk_blocks: scores are needed when a row has more than K complete blocks")
         scores = np.zeros((len(row) - r0, 1), np.float32)
     _topk(scores, row, cnt, p0, int(r0), int(R), int(K), out)

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from tests.paged_cache import paged_cache
 from tests.kernels.test_sparse_kernels import pipeline, random_combine_case
+from tests.kernels.test_sparse_tiled import union_buffers
 
 from kernels import sparse_prefill as sp
 from kernels.combine import combine_topk_swa_indices as combine_twin
@@ -44,12 +45,10 @@ def up(cp, a):
 
 def test_combine_bit_identical(cuda):
     cp, be = cuda
-    from toolkit.backends.cuda_sparse import combine_topk_swa_indices
-
     t = np.array([[1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 12]], I32)
     args = (np.array([0, 2, 3], I32), np.array([8, 10], I32), np.array([8, 10], I32))
-    c, n = combine_topk_swa_indices(cp.asarray(t), *map(cp.asarray, args), 4, 2, 4, 64, 16)
-    assert isinstance(c, cp.ndarray)
+    c, n = cp.empty((3, 128), cp.int32), cp.empty(3, cp.int32)  # T = 3 rows, K + W = 8 padded to 128
+    be._sparse.combine(cp.asarray(t), *map(cp.asarray, args), 4, 2, 4, 64, 16, c, n)  # W 4, R 2, K 4, M 64, N 16
     assert c.get()[2, :8].tolist() == [73, 74, 75, 76, 86, 87, 88, 89] and n.get().tolist() == [7, 8, 8]
     rng = np.random.default_rng(0)
     for K, W, R in ((512, 128, 4), (0, 16, 1), (7, 8, 2), (3, 5, 5)):
@@ -86,7 +85,7 @@ def test_indexer_and_topk(cuda, Q):
     R, K, bs = 4, 64, 16
     N = int((seq_lens // R).max())
     T = int(qsl[-1] - qsl[0])
-    kbar = sp.compress_keys(kc, tables, seq_lens, bs, R, N)
+    kbar = sp.compress_keys(kc, tables, seq_lens, bs, R, np.empty((len(seq_lens), N, *kc.shape[1:]), np.float32))
     dkbar = cp.empty(kbar.shape, cp.float32)
     be.sparse_compress_keys(dev["k"], dev["tables"], dev["seq_lens"], bs, R, dkbar)
     np.testing.assert_allclose(dkbar.get(), kbar, rtol=1e-5, atol=1e-5)
@@ -197,7 +196,7 @@ def test_sparse_attention_tiled(cuda, K, W, R, lens, qlens, Q):
     Q = query_tile(64, W, R) if Q is None else Q  # the union kernel reads one row per query tile's long rows
     (ublk, umask, ucount), got, tiles, cap = tiled_gpu(cp, be, dev, combined, clens, M, N, W, R, K, Q, qlens, bs,
                                                        scale, q.shape[0])
-    wb, wm, wc = tc.tile_union(qsl, seq_lens, combined, clens, M, N, W, R, K, Q, tiles, cap)
+    wb, wm, wc = tc.tile_union(qsl, seq_lens, combined, clens, M, N, W, R, K, Q, *union_buffers(len(qlens), tiles, cap))
     for b, n in enumerate(qlens):  # the union lists are bit-identical to the twin's on every existing tile
         for ti in range(b * tiles, b * tiles + tc.n_tiles(n)):
             assert ucount[ti] == wc[ti]

@@ -165,7 +165,7 @@ def test_indexer_against_reference(Q):
     qsl = np.array([2, 22, 45], I32)
     q = rng.standard_normal((50, Hq, D)).astype(np.float32)
     N = max(lens) // R
-    kbar = sp.compress_keys(kc, tables, seq_lens, bs, R, N)
+    kbar = sp.compress_keys(kc, tables, seq_lens, bs, R, np.empty((len(lens), N, Hkv, D), np.float32))
     req, row, cnt, p0 = sp.tile_rows(qsl, seq_lens, Q)
     # Q 4: positions 30-31, 32-35, .., 48-49 of request 0 and 0-3, .., 20-22 of request 1
     assert cnt.sum() == sum(qlens) and len(req) == {1: 43, 4: 12, 64: 2}[Q]
@@ -231,7 +231,7 @@ def test_query_tiles_keep_every_key_when_the_tile_takes_all(reqs, K, R, extra, Q
     N = max(max(lens) // R, 1)
     scores = np.random.default_rng(seed).standard_normal((len(req), N)).astype(np.float32)
     topk = sp.topk_blocks(scores, qsl, seq_lens, R, K, Q, 0)
-    _, pos = sp.row_positions(qsl, seq_lens)
+    pos = np.concatenate([np.arange(p, p + q) for q, p in reqs])  # each local row's position
     for i in range(len(req)):
         long_rows = [t for t in range(row[i], row[i] + cnt[i]) if (pos[t] + 1) // R > K]
         assert len({tuple(topk[t]) for t in long_rows}) <= 1
@@ -264,7 +264,7 @@ def pipeline(q, kc, tables, seq_lens, qsl, K, W, R, bs, Q=None):
     M = N + int(gather.max())
     topk = np.empty((T, K), I32)
     if N > K:
-        kbar = sp.compress_keys(kc, tables, seq_lens, bs, R, N)
+        kbar = sp.compress_keys(kc, tables, seq_lens, bs, R, np.empty((len(seq_lens), N, *kc.shape[1:]), np.float32))
         tiles = len(sp.tile_rows(qsl, seq_lens, Q)[0])
         qbar = sp.query_means(q, qsl, seq_lens, Q, 0, np.empty((tiles, kc.shape[1], kc.shape[2]), np.float32))
         scores = sp.indexer_scores(qbar, kbar, qsl, seq_lens, R, Q, 0, np.empty((tiles, N), np.float32))

@@ -18,6 +18,11 @@ from toolkit.model.sparse import query_tile
 I32 = np.int32
 
 
+def union_buffers(B: int, tiles: int, cap: int) -> tuple:
+    """Tile-union lists (ublk, umask, ucount) for B requests of `tiles` tiles of `cap` blocks, as the engine's."""
+    return np.full((B * tiles, cap), -1, I32), np.zeros((B * tiles, cap), np.uint64), np.zeros(B * tiles, I32)
+
+
 def ref_union(qsl, seq_lens, topk, W, R, K, tiles):
     """{tile: {block: set of rows}} from the top-k lists directly (no combine, no bit tricks)."""
     out = {}
@@ -57,7 +62,8 @@ def test_tiled_equals_per_query_twin(lens, qlens, K, W, R):
     scale = D ** -0.5
     combined, clens, M, N, topk = pipeline(q, kc, tables, seq_lens, qsl, K, W, R, bs)
     tiles, cap = tc.n_tiles(max(qlens)), tc.union_cap(N, K)
-    ublk, umask, ucount = tc.tile_union(qsl, seq_lens, combined, clens, M, N, W, R, K, 1, tiles, cap)
+    ublk, umask, ucount = tc.tile_union(qsl, seq_lens, combined, clens, M, N, W, R, K, 1,
+                                        *union_buffers(len(lens), tiles, cap))
     want_u = ref_union(qsl, seq_lens, topk, W, R, K, tiles)
     for ti, u in want_u.items():
         n = int(ucount[ti])
@@ -67,7 +73,7 @@ def test_tiled_equals_per_query_twin(lens, qlens, K, W, R):
     want = np.full_like(q, 7.0)
     sp.sparse_attention(q, kc, vc, tables, qsl, seq_lens, combined, clens, M, N, W, R, bs, scale, want)
     got = np.full_like(q, 7.0)
-    tc.tiled_attention(q, kc, vc, tables, qsl, seq_lens, ublk, umask, ucount, tiles, W, R, K, bs, scale, got)
+    tc.tiled_attention(q, kc, vc, tables, qsl, seq_lens, ublk, umask, ucount, W, R, K, bs, scale, got)
     rows = slice(qsl[0], qsl[-1])
     assert np.isfinite(got[rows]).all()
     # the per-query twin: float32 attention (one bound); the tiled twin: a float64 softmax rounded to float32
@@ -111,7 +117,8 @@ def test_union_is_about_k_blocks_when_neighbours_agree():
     gather = sp.gather_lens(qsl, seq_lens, W)
     M = N + int(gather.max())
     combined, clens = combine_twin(topk, qsl, seq_lens, gather, W, R, K, M, N)
-    ublk, umask, ucount = tc.tile_union(qsl, seq_lens, combined, clens, M, N, W, R, K, 1, 4, tc.union_cap(N, K))
+    ublk, umask, ucount = tc.tile_union(qsl, seq_lens, combined, clens, M, N, W, R, K, 1,
+                                        *union_buffers(1, 4, tc.union_cap(N, K)))
     for ti in (1, 2, 3):
         assert ucount[ti] == K and ublk[ti, :K].tolist() == list(range(0, 2 * K, 2))
         assert (umask[ti, :K] == np.uint64(2**64 - 1)).all()

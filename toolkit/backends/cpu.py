@@ -47,7 +47,6 @@ class CpuTimer:
         self._t = now
 
     def laps_ms(self) -> list:
-        """(section, ms) of each lap, in order."""
         return [(section, dt * 1e3) for section, dt in self._laps]
 
 
@@ -118,7 +117,7 @@ class CpuBackend:
         for s in range(S):
             np.matmul(x[:, s * ks:(s + 1) * ks], w[:, s * ks:(s + 1) * ks].T, out=parts[s])
 
-    # (the ops that are exactly their twin's function are set below the class, under the twin's own name)
+    # (the ops that are exactly their twin's function are set below the class)
 
     def with_pdl(self) -> "CpuBackend":
         return self  # no launches to overlap
@@ -139,8 +138,10 @@ class CpuBackend:
 
     # -- sparse prefill ops (kernels/sparse_prefill.cu, kernels/sparse_prefill.py) ------------------------
     # (and kernels/combine.cu, kernels/combine.py); the driver is toolkit/model/sparse.py.
-    def sparse_compress_keys(self, k_cache, block_tables, seq_lens, block_size, R, kbar):
-        _sp.compress_keys(k_cache, block_tables, seq_lens, block_size, R, kbar.shape[1], kbar)
+    sparse_compress_keys = staticmethod(_sp.compress_keys)
+    sparse_gather_lens = staticmethod(_sp.gather_lens)
+    sparse_tile_union = staticmethod(_satc.tile_union)
+    sparse_attention_tiled = staticmethod(_satc.tiled_attention)
 
     def sparse_query_means(self, q, query_start_loc, seq_lens, Q, r0, qbar, max_tiles=None):
         _sp.query_means(q, query_start_loc, seq_lens, Q, r0, qbar)
@@ -150,28 +151,6 @@ class CpuBackend:
 
     def sparse_topk(self, scores, query_start_loc, seq_lens, R, K, Q, r0, topk, rows=None):
         _sp.topk_blocks(None if scores is None else scores[:rows], query_start_loc, seq_lens, R, K, Q, r0, topk)
-
-    def sparse_gather_lens(self, query_start_loc, seq_lens, W, out):
-        _sp.gather_lens(query_start_loc, seq_lens, W, out)
-
-    def combine_topk_swa_indices(self, topk, query_start_loc, seq_lens, gather_lens, W, R, K, M, N, out, lens):
-        combine_topk_swa_indices(topk, query_start_loc, seq_lens, gather_lens, W, R, K, M, N, out, lens)
-
-    def sparse_attention(self, q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, combined, lens, M, N,
-                         W, R, block_size, scale, out):
-        _sp.sparse_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, combined, lens, M, N,
-                             W, R, block_size, scale, out)
-
-    def sparse_tile_union(self, query_start_loc, seq_lens, combined, lens, M, N, W, R, K, Q, ublk, umask, ucount):
-        B = seq_lens.shape[0]
-        _satc.tile_union(query_start_loc, seq_lens, combined, lens, M, N, W, R, K, Q, ublk.shape[0] // max(B, 1),
-                         ublk.shape[1], ublk, umask, ucount)
-
-    def sparse_attention_tiled(self, q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, ublk, umask,
-                               ucount, W, R, K, block_size, scale, out):
-        B = seq_lens.shape[0]
-        _satc.tiled_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, ublk, umask, ucount,
-                              ublk.shape[0] // max(B, 1), W, R, K, block_size, scale, out)
 
     # -- timing -------------------------------------------------------------------
     def section_timer(self) -> CpuTimer:
@@ -201,6 +180,6 @@ class CpuBackend:
 # Backend ops that are exactly one CPU twin (kernels/<op>.py; the sampler's: kernels/sampler.py), as static methods.
 for _twin in (embedding, add_rmsnorm, add_rmsnorm_partials, rope_qkv, silu_mul, silu_mul_scaled, gemv, gemv_swiglu,
               gemm_skinny, gemm_skinny_swiglu, gemm_skinny_rope, gemm_skinny_norm, _smp.gumbel_sample,
-              _smp.filter_sample, _smp.to_fp32,
-              _smp.add_entries, _smp.apply_penalties, _smp.temperature_min_p, _smp.top_k_top_p, _smp.logprobs):
+              _smp.filter_sample, _smp.to_fp32, _smp.add_entries, _smp.apply_penalties, _smp.temperature_min_p,
+              _smp.top_k_top_p, _smp.logprobs, combine_topk_swa_indices, _sp.sparse_attention):
     setattr(CpuBackend, _twin.__name__, staticmethod(_twin))

@@ -46,7 +46,6 @@ class CudaTimer:
         self._events[len(self._sections)].record(self._stream)
 
     def laps_ms(self) -> list:
-        """(section, ms) of each lap, in launch order."""
         ev = self._events
         ev[len(self._sections)].synchronize()
         return [(section, self._cp.cuda.get_elapsed_time(ev[i], ev[i + 1])) for i, section in enumerate(self._sections)]

@@ -4,6 +4,8 @@ projection, its SwiGLU form, and the qkv and o projections with RoPE / the post-
 A plan per shape (rows, N, K, SwiGLU or not, output type) holds the kernel, grid, block and shared memory, made
 on the first call (the runner's eager step before each capture), so a replayed step computes nothing here.
 """
+import functools
+
 import numpy as np
 
 F32 = np.dtype(np.float32)
@@ -48,88 +50,101 @@ def kernel_names(ctype: str) -> list:
             + [f"gemm_skinny_{form}<{ctype}, {nt}>" for form in ("rope", "norm") for nt in N_TILES])
 
 
-def gemm_skinny(kernels, x, w, out, swiglu: bool = False, split=None):
-    """out[M, N] = x[M, K] @ w[N, K].T, or with swiglu (w = gate_up [2I, K], out [M, I]) silu(gate) * up,
-    for 1 <= M <= 32 rows, 16-bit types, K % 32 == 0 (CudaKernels.gemm_skinny and gemm_skinny_swiglu). split:
-    (MT, WK, S) instead of skinny_plan's (benchmarks and tests)."""
-    kernels._check("gemm_skinny", kernels.storage, x, w)
-    M, K = x.shape
-    N = w.shape[0] // 2 if swiglu else w.shape[0]
-    if (kernels.itemsize != 2 or not 1 <= M <= MAX_ROWS or w.shape[1] != K or K % K_CHUNK
-            or out.shape != (M, N) or (swiglu and w.shape[0] != 2 * N)):
-        raise ValueError(f"gemm_skinny{'_swiglu' if swiglu else ''}: x {x.shape}, w {w.shape}, out {out.shape} "
-                         f"in {kernels.dtype} (16-bit types, 1 <= M <= {MAX_ROWS}, K % {K_CHUNK} == 0)")
-    to = "float" if out.dtype == F32 else kernels.ctype
-    kernels._check("gemm_skinny", F32 if to == "float" else kernels.storage, out)
-    if swiglu and to == "float":
-        raise ValueError("gemm_skinny_swiglu: writes the storage type")
-    plans, key = kernels._gemm_plans, (M, N, K, swiglu, to, split)
-    if key not in plans:
-        plans[key] = _plan(kernels, M, N, K, swiglu, to, split)
-    fn, grid, block, ws, counters, ints, smem = plans[key]
-    kernels._go(fn, grid, block, (x, w, out, ws, counters, *ints), smem)
+class SkinnyGemms:
+    """CudaKernels' launchers of gemm_skinny.cu (a mixin: self is the CudaKernels, for its checks, functions,
+    launch and plan cache)."""
 
+    def _skinny(self, swiglu: bool, x, w, out, *, split=None):
+        """out[M, N] = x[M, K] @ w[N, K].T, or with swiglu (w = gate_up [2I, K], out [M, I]) silu(gate) * up, for
+        1 <= M <= 32 rows, 16-bit types, K % 32 == 0; out is the storage dtype or fp32 (SwiGLU: the storage
+        dtype). split: (MT, WK, S) instead of skinny_plan's (benchmarks and tests)."""
+        self._check("gemm_skinny", self.storage, x, w)
+        M, K = x.shape
+        N = w.shape[0] // 2 if swiglu else w.shape[0]
+        if (self.itemsize != 2 or not 1 <= M <= MAX_ROWS or w.shape[1] != K or K % K_CHUNK
+                or out.shape != (M, N) or (swiglu and w.shape[0] != 2 * N)):
+            raise ValueError(f"gemm_skinny{'_swiglu' if swiglu else ''}: x {x.shape}, w {w.shape}, out {out.shape} "
+                             f"in {self.dtype} (16-bit types, 1 <= M <= {MAX_ROWS}, K % {K_CHUNK} == 0)")
+        to = "float" if out.dtype == F32 else self.ctype
+        self._check("gemm_skinny", F32 if to == "float" else self.storage, out)
+        if swiglu and to == "float":
+            raise ValueError("gemm_skinny_swiglu: writes the storage type")
+        plans, key = self._gemm_plans, (M, N, K, swiglu, to, split)
+        if key not in plans:
+            plans[key] = self._skinny_plan(M, N, K, swiglu, to, split)
+        fn, grid, block, ws, counters, ints, smem = plans[key]
+        self._go(fn, grid, block, (x, w, out, ws, counters, *ints), smem)
 
-def gemm_skinny_rope(kernels, x, w, bias, cos, sin, positions, slot_mapping, n_heads, n_kv_heads, q_out, k_cache,
-                     v_cache, split=None):
-    """The qkv projection x[M, K] @ w.T with rope_qkv's epilogue (bias, RoPE, q to q_out, K/V to the caches at
-    slot_mapping; see CudaKernels.gemm_skinny_rope, which checks the rope arguments). split: (WK, S) instead of
-    the plan's."""
-    M, K = x.shape
-    num_slots, _, D = k_cache.shape
-    N = (n_heads + 2 * n_kv_heads) * D
-    if (kernels.itemsize != 2 or not 1 <= M <= MAX_ROWS or w.shape != (N, K) or K % K_CHUNK or D % 16
-            or (bias is not None and bias.shape != (N,))):
-        raise ValueError(f"gemm_skinny_rope: x {x.shape}, w {w.shape}, head dim {D}, Hq {n_heads}, Hkv "
-                         f"{n_kv_heads} in {kernels.dtype} (16-bit types, 1 <= M <= {MAX_ROWS}, w [(Hq + 2 Hkv) D, "
-                         f"K], K % {K_CHUNK} == 0, D % 16 == 0)")
-    plans, key = kernels._gemm_plans, (M, N, K, "rope", D, split and (1, *split))
-    if key not in plans:
-        plans[key] = _plan(kernels, M, N, K, False, kernels.ctype, split and (1, *split), D)
-    fn, grid, block, ws, counters, (m, _, k), smem = plans[key]
-    kernels._go(fn, grid, block, (x, w, ws, counters, m, k, bias, cos, sin, positions, slot_mapping,
-                                  np.int32(n_heads), np.int32(n_kv_heads), np.int32(D), np.int32(cos.shape[0]),
-                                  np.int32(num_slots), q_out, k_cache, v_cache), smem)
+    gemm_skinny = functools.partialmethod(_skinny, False)
+    gemm_skinny_swiglu = functools.partialmethod(_skinny, True)  # the bits of gemm_skinny, then silu_mul
 
+    def gemm_skinny_rope(self, x, w, bias, cos, sin, positions, slot_mapping, n_heads, n_kv_heads, q_out, k_cache,
+                         v_cache, *, split=None):
+        """qkv = x @ w.T and then rope_qkv's work in one kernel (no q/k norms): bias, RoPE, q -> q_out, K/V -> the
+        caches at slot_mapping, with rope_qkv's skips and roundings; the qkv projection of a decode step at
+        1 <= M <= 32 rows (bf16/fp16). split: (WK, S) instead of the plan's."""
+        M, K = x.shape
+        num_slots, Hkv, D = kshape = k_cache.shape
+        self._check_rope("gemm_skinny_rope", M, n_heads, n_kv_heads, D, None, bias, None, None, cos, sin, positions,
+                         slot_mapping)
+        self._check("gemm_skinny_rope", self.storage, x, w, q_out, k_cache, v_cache)
+        if Hkv != n_kv_heads or q_out.shape != (M, n_heads, D) or v_cache.shape != kshape:
+            raise ValueError(f"gemm_skinny_rope: x {x.shape}, q_out {q_out.shape}, k_cache {kshape}, "
+                             f"v_cache {v_cache.shape}, Hq={n_heads}, Hkv={n_kv_heads}")
+        N = (n_heads + 2 * n_kv_heads) * D
+        if (self.itemsize != 2 or not 1 <= M <= MAX_ROWS or w.shape != (N, K) or K % K_CHUNK or D % 16
+                or (bias is not None and bias.shape != (N,))):
+            raise ValueError(f"gemm_skinny_rope: x {x.shape}, w {w.shape}, head dim {D}, Hq {n_heads}, Hkv "
+                             f"{n_kv_heads} in {self.dtype} (16-bit types, 1 <= M <= {MAX_ROWS}, w [(Hq + 2 Hkv) D, "
+                             f"K], K % {K_CHUNK} == 0, D % 16 == 0)")
+        plans, key = self._gemm_plans, (M, N, K, "rope", D, split and (1, *split))
+        if key not in plans:
+            plans[key] = self._skinny_plan(M, N, K, False, self.ctype, split and (1, *split), D)
+        fn, grid, block, ws, counters, (m, _, k), smem = plans[key]
+        self._go(fn, grid, block, (x, w, ws, counters, m, k, bias, cos, sin, positions, slot_mapping,
+                                   np.int32(n_heads), np.int32(n_kv_heads), np.int32(D), np.int32(cos.shape[0]),
+                                   np.int32(num_slots), q_out, k_cache, v_cache), smem)
 
-def gemm_skinny_norm(kernels, x, w, residual, norm_w, x_out, parts, split=None):
-    """The o projection y = x[M, K] @ w.T with add_rmsnorm's add and the norm weight as its epilogue: residual +=
-    y (rounded as add_rmsnorm does), x_out = residual * norm_w, parts[N / 16, M] = the row's sums of squares a tile
-    of 16 columns (see CudaKernels.gemm_skinny_norm). split: (WK, S) instead of the plan's."""
-    M, K = x.shape
-    N = w.shape[0]
-    if (kernels.itemsize != 2 or not 1 <= M <= MAX_ROWS or w.shape[1] != K or K % K_CHUNK or N % 16
-            or residual.shape != (M, N) or x_out.shape != (M, N) or norm_w.shape != (N,)
-            or parts.dtype != F32 or parts.size < N // 16 * M):
-        raise ValueError(f"gemm_skinny_norm: x {x.shape}, w {w.shape}, residual {residual.shape}, norm weight "
-                         f"{norm_w.shape}, out {x_out.shape}, parts {parts.shape} {parts.dtype} in {kernels.dtype} "
-                         f"(16-bit types, 1 <= M <= {MAX_ROWS}, K % {K_CHUNK} == 0, N % 16 == 0, float32 parts of "
-                         f"N / 16 * M)")
-    plans, key = kernels._gemm_plans, (M, N, K, "norm", split and (1, *split))
-    if key not in plans:
-        plans[key] = _plan(kernels, M, N, K, False, kernels.ctype, split and (1, *split), norm=True)
-    fn, grid, block, ws, counters, ints, smem = plans[key]
-    kernels._go(fn, grid, block, (x, w, ws, counters, *ints, residual, norm_w, x_out, parts), smem)
+    def gemm_skinny_norm(self, x, w, residual, norm_w, x_out, parts, *, split=None):
+        """The o projection y = x[M, K] @ w.T of a decode step at 1 <= M <= 32 rows with the post-attention
+        add_rmsnorm folded in: residual += y (add_rmsnorm's add and roundings), x_out = residual * norm_w,
+        parts[N / 16, M] = the row's sums of squares a tile of 16 columns; silu_mul_scaled applies the norm's
+        scale after the gate_up GEMM. split: (WK, S) instead of the plan's."""
+        self._check("gemm_skinny_norm", self.storage, x, w, residual, norm_w, x_out)
+        self._check("gemm_skinny_norm", F32, parts)
+        M, K = x.shape
+        N = w.shape[0]
+        if (self.itemsize != 2 or not 1 <= M <= MAX_ROWS or w.shape[1] != K or K % K_CHUNK or N % 16
+                or residual.shape != (M, N) or x_out.shape != (M, N) or norm_w.shape != (N,)
+                or parts.dtype != F32 or parts.size < N // 16 * M):
+            raise ValueError(f"gemm_skinny_norm: x {x.shape}, w {w.shape}, residual {residual.shape}, norm weight "
+                             f"{norm_w.shape}, out {x_out.shape}, parts {parts.shape} {parts.dtype} in {self.dtype} "
+                             f"(16-bit types, 1 <= M <= {MAX_ROWS}, K % {K_CHUNK} == 0, N % 16 == 0, float32 parts "
+                             f"of N / 16 * M)")
+        plans, key = self._gemm_plans, (M, N, K, "norm", split and (1, *split))
+        if key not in plans:
+            plans[key] = self._skinny_plan(M, N, K, False, self.ctype, split and (1, *split), norm=True)
+        fn, grid, block, ws, counters, ints, smem = plans[key]
+        self._go(fn, grid, block, (x, w, ws, counters, *ints, residual, norm_w, x_out, parts), smem)
 
-
-def _plan(kernels, M, N, K, swiglu, to, split, rope_d=0, norm=False):
-    """The launch: kernel, grid (tiles, slices), block, split-K workspace and counters, int arguments, shared
-    memory. rope_d: gemm_skinny_rope's, for heads of rope_d dims; norm: gemm_skinny_norm's (one m-tile)."""
-    MT, NT, WK, S = skinny_plan(M, N, K, kernels.num_sms, swiglu, rope=bool(rope_d) or norm)
-    if split is not None:
-        MT, WK, S = split
-        MT = 2 if swiglu else MT
-    chunks = K // K_CHUNK
-    if chunks % S or chunks // S < WK or WK * MT * NT * 4 > 256:
-        raise ValueError(f"gemm_skinny: split (MT {MT}, WK {WK}, S {S}) does not fit {chunks} chunks of K "
-                         f"(each warp a chunk, partial tiles within 32 KB)")
-    tiles = -(-N // (16 if swiglu else 16 * MT))
-    F = MT * NT * 4
-    smem = WK * F * 32 * 4  # the warps' fp32 partial tiles
-    name = (f"gemm_skinny_rope<{kernels.ctype}, {NT}>" if rope_d else f"gemm_skinny_norm<{kernels.ctype}, {NT}>"
-            if norm else f"gemm_skinny<{kernels.ctype}, {to}, {MT}, {NT}, {'true' if swiglu else 'false'}>")
-    fn = kernels._fn("gemm_skinny", name, smem)
-    cp = kernels.cp
-    ws = cp.empty(S * tiles * F * 32 if S > 1 else 1, cp.float32)  # each slice's fp32 tiles
-    counters = cp.zeros(tiles if S > 1 else 1, cp.uint32)  # the kernel leaves them zero
-    return fn, (tiles, S), (32 * WK,), ws, counters, tuple(np.int32(v) for v in (M, N, K)), smem
+    def _skinny_plan(self, M, N, K, swiglu, to, split, rope_d=0, norm=False):
+        """The launch: kernel, grid (tiles, slices), block, split-K workspace and counters, int arguments, shared
+        memory. rope_d: gemm_skinny_rope's, for heads of rope_d dims; norm: gemm_skinny_norm's (one m-tile)."""
+        MT, NT, WK, S = skinny_plan(M, N, K, self.num_sms, swiglu, rope=bool(rope_d) or norm)
+        if split is not None:
+            MT, WK, S = split
+            MT = 2 if swiglu else MT
+        chunks = K // K_CHUNK
+        if chunks % S or chunks // S < WK or WK * MT * NT * 4 > 256:
+            raise ValueError(f"gemm_skinny: split (MT {MT}, WK {WK}, S {S}) does not fit {chunks} chunks of K "
+                             f"(each warp a chunk, partial tiles within 32 KB)")
+        tiles = -(-N // (16 if swiglu else 16 * MT))
+        F = MT * NT * 4
+        smem = WK * F * 32 * 4  # the warps' fp32 partial tiles
+        name = (f"gemm_skinny_rope<{self.ctype}, {NT}>" if rope_d else f"gemm_skinny_norm<{self.ctype}, {NT}>"
+                if norm else f"gemm_skinny<{self.ctype}, {to}, {MT}, {NT}, {'true' if swiglu else 'false'}>")
+        fn = self._fn("gemm_skinny", name, smem)
+        cp = self.cp
+        ws = cp.empty(S * tiles * F * 32 if S > 1 else 1, cp.float32)  # each slice's fp32 tiles
+        counters = cp.zeros(tiles if S > 1 else 1, cp.uint32)  # the kernel leaves them zero
+        return fn, (tiles, S), (32 * WK,), ws, counters, tuple(np.int32(v) for v in (M, N, K)), smem

@@ -20,6 +20,7 @@ This module imports without CuPy (cupy is imported when a CudaKernels is made), 
 the compile-check test can import `kernel_names`.
 """
 import copy
+import functools
 import math
 import re
 from pathlib import Path
@@ -28,9 +29,7 @@ import numpy as np
 
 import kernels as _kernels_pkg
 
-from .cuda_gemm import gemm_skinny as _gemm_skinny
-from .cuda_gemm import gemm_skinny_norm as _gemm_skinny_norm
-from .cuda_gemm import gemm_skinny_rope as _gemm_skinny_rope
+from .cuda_gemm import SkinnyGemms
 from .cuda_gemm import kernel_names as _skinny_names
 
 KERNEL_DIR = Path(_kernels_pkg.__file__).parent
@@ -176,22 +175,8 @@ def decode_splits(batch: int, n_kv_heads: int, head_blocks: int, D: int, itemsiz
 
 
 I32, F32 = np.dtype(np.int32), np.dtype(np.float32)
-_SCALARS = {}  # (type, value) -> numpy scalar: making np.int32(v) costs ~0.3 us, a dict hit ~0.05 us
-
-
-def _scalars(make):
-    """make(v) for a numpy scalar type, from _SCALARS once made."""
-    def get(v):
-        r = _SCALARS.get((make, v))
-        if r is None:
-            if len(_SCALARS) > 4096:
-                _SCALARS.clear()
-            r = _SCALARS[(make, v)] = make(v)
-        return r
-    return get
-
-
-_i32, _f32 = _scalars(np.int32), _scalars(np.float32)
+# Launch arguments as NumPy scalars, cached: a cache hit costs a fraction of making np.int32(v) again.
+_i32, _f32 = functools.lru_cache(4096)(np.int32), functools.lru_cache(4096)(np.float32)
 
 
 def _bad(op: str, dtype, arrays):
@@ -203,7 +188,7 @@ def _bad(op: str, dtype, arrays):
     return None
 
 
-class CudaKernels:
+class CudaKernels(SkinnyGemms):
     """The ops of the spec on CuPy arrays of one compute dtype ("float32" | "float16" | "bfloat16").
 
     Host cost matters at batch 1 (a decode step is ~10 launches per layer), so the checks on the fast path
@@ -217,7 +202,7 @@ class CudaKernels:
             raise ValueError(f"unsupported dtype {dtype!r}; choose one of {sorted(CTYPES)}")
         self.cp = cupy
         self.dtype = dtype
-        self.ctype = ct = CTYPES[dtype]
+        self.ctype = CTYPES[dtype]
         self.storage = np.dtype(STORAGE[dtype])
         self.itemsize = self.storage.itemsize
         self.vec = 16 // self.itemsize  # elements per 16-byte chunk
@@ -226,7 +211,6 @@ class CudaKernels:
         self._gemm_plans = {}   # (M, N, K, swiglu, out type, split) -> gemm_skinny's launch (cuda_gemm.py)
         self.num_sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
         self._smem_optin = {}   # name -> dynamic shared memory opted in
-        self._names = {op: kernel_names(op, ct) for op in ("embedding", "rmsnorm", "rope", "activation")}
         self.pdl = False  # see with_pdl
         self._go = self._launch  # how the decode-step kernels launch
 
@@ -296,7 +280,7 @@ class CudaKernels:
         if out.shape != (T, H):
             raise ValueError(f"embedding: out {out.shape} != ({T}, {H})")
         if T:
-            self._go(self._fn("embedding", self._names["embedding"][0]), (T,), (128,),
+            self._go(self._fn("embedding", f"embedding<{self.ctype}>"), (T,), (128,),
                      (ids, table, out, _i32(V), _i32(H)))
 
     def add_rmsnorm(self, x, residual, weight, eps, out):
@@ -311,7 +295,7 @@ class CudaKernels:
         # One 16-byte chunk per thread covers the row in one pass (128 threads for H = 896 in bf16).
         threads = min(1024, max(32, 32 * -(-H // (32 * self.vec))))
         if rows:
-            self._go(self._fn("rmsnorm", self._names["rmsnorm"][0]), (rows,), (threads,),
+            self._go(self._fn("rmsnorm", f"add_rmsnorm<{self.ctype}>"), (rows,), (threads,),
                      (x, residual, weight, out, _f32(eps), _i32(H)))
 
     def add_rmsnorm_partials(self, parts, residual, weight, eps, out):
@@ -325,8 +309,9 @@ class CudaKernels:
             raise ValueError(f"add_rmsnorm_partials: parts {parts.shape}, residual {residual.shape}, weight "
                              f"{weight.shape}, out {out.shape} (H a multiple of {self.vec}, 1-{PARTS_MAX} slices)")
         if rows:
-            self._go(self._fn("rmsnorm", self._names["rmsnorm"][1]), (rows,), (32 * -(-H // (32 * self.vec)),),
-                     (parts, _i32(parts.shape[0]), residual, weight, out, _f32(eps), _i32(H)))
+            self._go(self._fn("rmsnorm", f"add_rmsnorm_partials<{self.ctype}>"), (rows,),
+                     (32 * -(-H // (32 * self.vec)),), (parts, _i32(parts.shape[0]), residual, weight, out, _f32(eps),
+                                                        _i32(H)))
 
     def rope_qkv(self, qkv, bias, q_norm, k_norm, eps, cos, sin, positions, slot_mapping, n_heads, n_kv_heads,
                  q_out, k_cache, v_cache):
@@ -344,7 +329,7 @@ class CudaKernels:
         NH, cshape = n_heads + 2 * n_kv_heads, cos.shape
         if T:
             self._go(
-                self._fn("rope", self._names["rope"][0]), (-(-T * NH // 4),), (128,),
+                self._fn("rope", f"rope_qkv<{self.ctype}>"), (-(-T * NH // 4),), (128,),
                 (qkv, bias, q_norm, k_norm, _f32(eps), cos, sin, positions, slot_mapping, _i32(T),
                  _i32(n_heads), _i32(n_kv_heads), _i32(D), _i32(cshape[0]), _i32(num_slots), q_out, k_cache,
                  v_cache))
@@ -358,7 +343,7 @@ class CudaKernels:
         if T:
             # Grid-stride loop over 16-byte chunks: enough blocks to fill the GPU, never more than the work.
             blocks = max(1, min(-(-T * (I2 // 2) // (256 * self.vec)), 4096))
-            self._go(self._fn("activation", self._names["activation"][0]), (blocks,), (256,),
+            self._go(self._fn("activation", f"silu_mul<{self.ctype}>"), (blocks,), (256,),
                      (gate_up, out, _i32(T), _i32(I2 // 2)))
 
     def silu_mul_scaled(self, gate_up, parts, eps, out):
@@ -373,7 +358,7 @@ class CudaKernels:
                              f"(I a multiple of {self.vec}, parts [tiles, T])")
         if T:
             blocks = -(-I // (256 * self.vec))  # a row's 16-byte chunks over blocks of 256 threads
-            self._go(self._fn("activation", self._names["activation"][1]), (blocks, T), (256,),
+            self._go(self._fn("activation", f"silu_mul_scaled<{self.ctype}>"), (blocks, T), (256,),
                      (gate_up, out, _i32(I), parts, _i32(tiles), _i32(T), _i32(16 * tiles), _f32(eps)))
 
     def gemv(self, x, w, out):
@@ -394,42 +379,6 @@ class CudaKernels:
         """gemv.cu's launch for `rows` output rows of K inputs: (grid, wpr), 8 / wpr rows a 256-thread block."""
         wpr = gemv_warps_per_row(K // self.vec)
         return (-(-rows // (8 // wpr)),), _i32(wpr)
-
-    def gemm_skinny(self, x, w, out, *, split=None):
-        """out[M, N] = x[M, K] @ w[N, K].T on tensor cores for 1 <= M <= 32 rows (bf16/fp16, K % 32 == 0); out is
-        the storage dtype or fp32. gemm_skinny.cu, launched by cuda_gemm.py; split: (MT, WK, S) instead of its plan's
-        (benchmarks and tests)."""
-        _gemm_skinny(self, x, w, out, False, split)
-
-    def gemm_skinny_swiglu(self, x, w, out, *, split=None):
-        """out[M, I] = silu(x @ w[:I].T) * (x @ w[I:].T), w = gate_up [2I, K]: gemm_skinny with SwiGLU as its epilogue
-        (the bits of gemm_skinny then silu_mul), 1 <= M <= 32 rows, bf16/fp16."""
-        _gemm_skinny(self, x, w, out, True, split)
-
-    def gemm_skinny_rope(self, x, w, bias, cos, sin, positions, slot_mapping, n_heads, n_kv_heads, q_out, k_cache,
-                         v_cache, *, split=None):
-        """qkv = x @ w.T and then rope_qkv's work in one kernel (no q/k norms): bias, RoPE, q -> q_out, K/V ->
-        the caches at slot_mapping, with rope_qkv's skips and roundings; the qkv projection of a decode step at
-        1 <= M <= 32 rows (bf16/fp16). gemm_skinny.cu's gemm_skinny_rope, launched by cuda_gemm.py."""
-        M = x.shape[0]
-        num_slots, Hkv, D = kshape = k_cache.shape
-        self._check_rope("gemm_skinny_rope", M, n_heads, n_kv_heads, D, None, bias, None, None, cos, sin, positions,
-                         slot_mapping)
-        self._check("gemm_skinny_rope", self.storage, x, w, q_out, k_cache, v_cache)
-        if Hkv != n_kv_heads or q_out.shape != (M, n_heads, D) or v_cache.shape != kshape:
-            raise ValueError(f"gemm_skinny_rope: x {x.shape}, q_out {q_out.shape}, k_cache {kshape}, "
-                             f"v_cache {v_cache.shape}, Hq={n_heads}, Hkv={n_kv_heads}")
-        _gemm_skinny_rope(self, x, w, bias, cos, sin, positions, slot_mapping, n_heads, n_kv_heads, q_out, k_cache,
-                          v_cache, split)
-
-    def gemm_skinny_norm(self, x, w, residual, norm_w, x_out, parts, *, split=None):
-        """The o projection of a decode step at 1 <= M <= 32 rows with the post-attention add_rmsnorm folded in:
-        residual += x @ w.T (add_rmsnorm's add and roundings), x_out = residual * norm_w, parts[N / 16, M] = sums
-        of residual^2 a 16-column tile; silu_mul_scaled applies the norm's scale after the gate_up GEMM.
-        gemm_skinny.cu's gemm_skinny_norm, launched by cuda_gemm.py."""
-        self._check("gemm_skinny_norm", self.storage, x, w, residual, norm_w, x_out)
-        self._check("gemm_skinny_norm", F32, parts)
-        _gemm_skinny_norm(self, x, w, residual, norm_w, x_out, parts, split)
 
     def gemv_swiglu(self, x, w, out):
         """out[M, I] = silu(x @ w[:I].T) * (x @ w[I:].T), w = gate_up [2I, K]: gemv and silu_mul in one kernel
@@ -457,24 +406,13 @@ class CudaKernels:
                              f"block_size {block_size} (Hq % Hkv == 0, D <= 256, a cache of >= 1 block)")
         return Hq, D, Hkv, block_tables.shape[1], num_slots // block_size
 
-    def prefill_attention(self, q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, block_size, scale,
-                          out, max_query_len):
-        """Varlen causal attention over the paged caches on CUDA cores (fp32 math, any dtype and D <= 256):
-        sequence b's queries are the rows query_start_loc[b]..query_start_loc[b+1]-1 of q [N, Hq, D], at positions
-        ending at seq_lens[b]-1. max_query_len bounds every sequence's query count (it sizes the grid); rows
-        outside [query_start_loc[0], query_start_loc[B]) are not touched."""
-        self._prefill(False, q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, block_size, scale, out,
-                      max_query_len)
-
-    def prefill_attention_tc(self, q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, block_size, scale,
-                             out, max_query_len):
-        """prefill_attention on tensor cores: the mma.sync FlashAttention-2 kernel, for 16-bit dtypes and D 64 or
-        128 (ValueError otherwise)."""
-        self._prefill(True, q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, block_size, scale, out,
-                      max_query_len)
-
     def _prefill(self, tc, q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, block_size, scale, out,
                  max_query_len):
+        """Varlen causal attention over the paged caches: sequence b's queries are the rows query_start_loc[b]..
+        query_start_loc[b+1]-1 of q [N, Hq, D], at positions ending at seq_lens[b]-1. max_query_len bounds every
+        sequence's query count (it sizes the grid); rows outside [query_start_loc[0], query_start_loc[B]) are not
+        touched. On CUDA cores (fp32 math, any dtype and D <= 256), or with tc the mma.sync FlashAttention-2
+        kernel, for 16-bit dtypes and D 64 or 128 (ValueError otherwise)."""
         op = "prefill_attention_tc" if tc else "prefill_attention"
         Hq, D, Hkv, M, n_blocks = self._paged(op, q, k_cache, v_cache, block_tables, seq_lens, block_size, out)
         self._check(op, I32, query_start_loc)
@@ -496,19 +434,16 @@ class CudaKernels:
             f = self._fn("prefill_attention", f"prefill_attention<{self.ctype}>", smem)
             f((Hq, B, -(-int(max_query_len) // 16)), (128,), args + (_i32(D), out), shared_mem=smem)
 
-    def decode_attention(self, q, k_cache, v_cache, block_tables, seq_lens, block_size, scale, out, max_seq_len):
-        """One query per sequence and head, q[B, Hq, D], over keys 0..seq_lens[b]-1 of the paged caches ->
-        out[B, Hq, D] (zeros where seq_lens[b] == 0), on CUDA cores (kernels/decode_attention.cu). max_seq_len
-        (>= every seq_lens entry) and B fix the split count and workspace: one plan, reused by every call and
-        graph replay of that shape."""
-        self._decode(False, q, k_cache, v_cache, block_tables, seq_lens, block_size, scale, out, max_seq_len)
-
-    def decode_attention_tc(self, q, k_cache, v_cache, block_tables, seq_lens, block_size, scale, out, max_seq_len):
-        """decode_attention on tensor cores (kernels/decode_attention_tc.cu: a GQA group's heads as the rows of one
-        mma tile), for 16-bit dtypes, D 64 or 128 and groups of up to TC_DECODE_GROUP heads (ValueError otherwise)."""
-        self._decode(True, q, k_cache, v_cache, block_tables, seq_lens, block_size, scale, out, max_seq_len)
+    prefill_attention = functools.partialmethod(_prefill, False)
+    prefill_attention_tc = functools.partialmethod(_prefill, True)
 
     def _decode(self, tc, q, k_cache, v_cache, block_tables, seq_lens, block_size, scale, out, max_seq_len):
+        """One query per sequence and head, q[B, Hq, D], over keys 0..seq_lens[b]-1 of the paged caches ->
+        out[B, Hq, D] (zeros where seq_lens[b] == 0). max_seq_len (>= every seq_lens entry) and B fix the split
+        count and workspace: one plan, reused by every call and graph replay of that shape. On CUDA cores
+        (kernels/decode_attention.cu), or with tc on tensor cores (decode_attention_tc.cu: a GQA group's heads as
+        the rows of one mma tile), for 16-bit dtypes, D 64 or 128 and groups of up to TC_DECODE_GROUP heads
+        (ValueError otherwise)."""
         op = "decode_attention_tc" if tc else "decode_attention"
         Hq, D, Hkv, M, n_blocks = self._paged(op, q, k_cache, v_cache, block_tables, seq_lens, block_size, out)
         B = q.shape[0]
@@ -526,6 +461,9 @@ class CudaKernels:
         self._go(fn, grid, (128,), (q, k_cache, v_cache, block_tables, seq_lens, _i32(block_size), _i32(M),
                                     _i32(n_blocks), _f32(scale * LOG2E), _i32(Hq), _i32(Hkv), n, ws_ml, ws_acc,
                                     counters, out), smem)
+
+    decode_attention = functools.partialmethod(_decode, False)
+    decode_attention_tc = functools.partialmethod(_decode, True)
 
     def _decode_plan(self, B, Hq, Hkv, D, max_seq_len, tc):
         """Kernel, grid, split count and workspace for one plan: made once, so decode steps allocate nothing."""

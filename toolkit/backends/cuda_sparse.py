@@ -3,10 +3,7 @@
 Every launch is a few host checks plus one kernel on the current stream: no host synchronisation and no
 allocation (toolkit/sparse.py owns the workspaces and passes them in), so a step using them can be captured.
 The host ints that shape a launch (rows, N, M, max_query_len) come from the step's host-side lengths.
-`combine_topk_swa_indices` below is combine with outputs allocated (tests, outside the engine).
 """
-import numpy as np
-
 from kernels.sparse_attention_tc import UNION_CAP
 
 from .cuda_kernels import TC_HEAD_DIMS, _f32, _i32
@@ -22,16 +19,12 @@ def _smem_attention(D: int, GM: int) -> int:
 class CudaSparse:
     def __init__(self, kernels):
         self.k = kernels  # CudaKernels: dtype, ctype, module cache
-        self.cp = kernels.cp
-
-    def _f(self, op, name, smem=0):
-        return self.k._fn(op, name, smem)
 
     def compress_keys(self, k_cache, block_tables, seq_lens, block_size, R, kbar):
         B, N, Hkv, D = kbar.shape
         if not B or not N:
             return
-        f = self._f("sparse_prefill", f"sparse_compress_keys<{self.k.ctype}>")
+        f = self.k._fn("sparse_prefill", f"sparse_compress_keys<{self.k.ctype}>")
         f((N, B), (Hkv * D,), (k_cache, block_tables, _i32(block_tables.shape[1]), seq_lens, _i32(block_size),
                                _i32(k_cache.shape[0] // block_size), _i32(R), _i32(N), _i32(Hkv), _i32(D), kbar))
 
@@ -39,7 +32,7 @@ class CudaSparse:
         rows, Hkv, D = qbar.shape
         B = seq_lens.shape[0]
         if rows and B:
-            f = self._f("sparse_prefill", f"sparse_query_means<{self.k.ctype}>")
+            f = self.k._fn("sparse_prefill", f"sparse_query_means<{self.k.ctype}>")
             f((max_tiles, B, -(-Hkv * D // 32)), (32, 8), (q, qsl, _i32(B), seq_lens, _i32(Q), _i32(r0), _i32(rows),
                                                           _i32(q.shape[1]), _i32(Hkv), _i32(D), qbar))
 
@@ -49,7 +42,7 @@ class CudaSparse:
         if not rows or not N:
             return
         smem = (32 + 64) * (D + 1) * 4
-        f = self._f("sparse_prefill", "sparse_scores", smem)
+        f = self.k._fn("sparse_prefill", "sparse_scores", smem)
         f((-(-max_tiles // 32), -(-N // 64), B), (256,),
           (qbar, kbar, qsl, _i32(B), seq_lens, _i32(R), _i32(Q), _i32(r0), _i32(rows), _i32(N), _i32(Hkv), _i32(D),
            out), shared_mem=smem)
@@ -59,13 +52,14 @@ class CudaSparse:
         B = seq_lens.shape[0]
         N, scores = (1, topk) if scores is None else (scores.shape[1], scores)
         if rows:
-            self._f("sparse_prefill", "sparse_topk")((rows,), (512,), (
+            self.k._fn("sparse_prefill", "sparse_topk")((rows,), (512,), (
                 scores, _i32(N), qsl, _i32(B), seq_lens, _i32(R), _i32(K), _i32(Q), _i32(r0), _i32(rows), topk))
 
     def gather_lens(self, qsl, seq_lens, W, out):
         B = seq_lens.shape[0]
         if B:
-            self._f("combine", "prefill_gather_lens")((-(-B // 128),), (128,), (qsl, seq_lens, _i32(B), _i32(W), out))
+            f = self.k._fn("combine", "prefill_gather_lens")
+            f((-(-B // 128),), (128,), (qsl, seq_lens, _i32(B), _i32(W), out))
 
     def combine(self, topk, qsl, seq_lens, gather_lens, W, R, K, M, N, out, lens, workers=None):
         """combine_topk_swa_indices into out [T, Kc] and lens [T]: a warp a row (combine_flat_warp, what the engine
@@ -80,9 +74,9 @@ class CudaSparse:
         args = (topk, _i32(topk.strides[0] // 4), _i32(topk.shape[1]), qsl, _i32(B), seq_lens, gather_lens, _i32(T),
                 _i32(W), _i32(R), _i32(K), _i32(M), _i32(N), _i32(Kc), out, lens)
         if workers is None:
-            self._f("combine", "combine_flat_warp")((-(-T // 4),), (128,), args)
+            self.k._fn("combine", "combine_flat_warp")((-(-T // 4),), (128,), args)
         else:
-            self._f("combine", "combine_persistent")((workers, B), (128,), args)
+            self.k._fn("combine", "combine_persistent")((workers, B), (128,), args)
 
     def attention(self, q, k_cache, v_cache, block_tables, qsl, seq_lens, combined, lens, M, N, W, R, block_size,
                   scale, out):
@@ -96,7 +90,7 @@ class CudaSparse:
             return
         GM = 8 if Hq // Hkv <= 8 else 16
         smem = _smem_attention(D, GM)
-        f = self._f("sparse_prefill", f"sparse_attention<{self.k.ctype}, {D}, {GM}>", smem)
+        f = self.k._fn("sparse_prefill", f"sparse_attention<{self.k.ctype}, {D}, {GM}>", smem)
         f((T, Hkv), (128,), (q, k_cache, v_cache, block_tables, _i32(block_tables.shape[1]), qsl,
                              _i32(seq_lens.shape[0]), seq_lens, combined, _i32(Kc), lens, _i32(M), _i32(N), _i32(W),
                              _i32(R), _i32(block_size), _i32(k_cache.shape[0] // block_size), _f32(scale), _i32(Hq),
@@ -109,7 +103,7 @@ class CudaSparse:
         if not B or not tiles or combined.shape[0] == 0:
             return
         smem = min(max(N, 1), UNION_CAP) * 8
-        f = self._f("sparse_attention_tc", "sparse_tile_union", smem)
+        f = self.k._fn("sparse_attention_tc", "sparse_tile_union", smem)
         f((tiles, B), (256,), (qsl, seq_lens, combined, _i32(combined.shape[1]), lens, _i32(M), _i32(N), _i32(W),
                                _i32(R), _i32(K), _i32(Q), _i32(tiles), _i32(cap), ublk, umask, ucount), shared_mem=smem)
 
@@ -125,34 +119,9 @@ class CudaSparse:
         if not B or not tiles:
             return
         smem = 5 * 64 * (D + 8) * self.k.itemsize  # Q + double-buffered K and V, rows padded by 8
-        f = self._f("sparse_attention_tc", f"sparse_attention_tc<{self.k.ctype}, {D}>", smem)
+        f = self.k._fn("sparse_attention_tc", f"sparse_attention_tc<{self.k.ctype}, {D}>", smem)
         f((Hq, B, tiles), (128,), (q, k_cache, v_cache, block_tables, _i32(block_tables.shape[1]), qsl, seq_lens,
                                    ublk, umask, ucount, _i32(tiles), _i32(cap), _i32(W), _i32(R), _i32(K),
                                    _i32(block_size), _i32(k_cache.shape[0] // block_size), _f32(scale), _i32(Hq),
                                    _i32(Hkv), out), shared_mem=smem)
 
-
-_DEFAULT = {}
-
-
-def combine_topk_swa_indices(topk_indices, query_start_loc, seq_lens, gather_lens, window_size, compress_ratio,
-                             topk, M, N):
-    """kernels/combine.py's combine_topk_swa_indices on CuPy arrays: allocates the outputs (the engine passes its
-    own buffers to CudaSparse.combine instead) and returns (combined, lens), bit-identical to the twin's."""
-    import cupy as cp
-
-    from .cuda_kernels import CudaKernels
-
-    sp = _DEFAULT.get("sp")
-    if sp is None:
-        sp = _DEFAULT["sp"] = CudaSparse(CudaKernels("float32"))  # combine is dtype-free: int32 only
-    B = int(seq_lens.shape[0])
-    T = int(query_start_loc[B] - query_start_loc[0]) if B else 0  # a host read: fine outside the engine
-    Kc = -(-(topk + window_size) // 128) * 128
-    out, lens = cp.empty((T, Kc), cp.int32), cp.empty(T, cp.int32)
-    i32 = np.int32
-    sp.combine(cp.ascontiguousarray(topk_indices, i32) if topk_indices.strides[-1] != 4 else topk_indices,
-               query_start_loc.astype(i32, copy=False), seq_lens.astype(i32, copy=False),
-               gather_lens.astype(i32, copy=False), int(window_size), int(compress_ratio), int(topk), int(M), int(N),
-               out, lens)
-    return out, lens
