@@ -50,16 +50,6 @@ def setup_arg_parser() -> argparse.ArgumentParser:
     return p
 
 
-class _TextAsBytes:
-    """A text stream (tests pass io.StringIO) read like stdin.buffer: surrogates stay detectable."""
-
-    def __init__(self, text):
-        self.text = text
-
-    def readline(self, n: int = -1) -> bytes:
-        return self.text.readline(n).encode("utf-8", "surrogatepass")
-
-
 def _checked(text: str, limits: Limits) -> str:
     check_size(check_text(text, "the message"), limits, "the message")
     return text
@@ -93,8 +83,7 @@ def _lines(stdin, stdout, limits: Limits):
     if stdin is sys.stdin and is_terminal(stdin) and is_terminal(sys.stdout):
         yield from _typed_lines(limits)
         return
-    source = stdin.buffer if hasattr(stdin, "buffer") else _TextAsBytes(stdin)
-    lines = read_lines(source, limits.prompt_bytes)
+    lines = read_lines(stdin.buffer, limits.prompt_bytes)
     while True:
         if stdin.isatty():
             stdout.write("> ")
