@@ -14,6 +14,7 @@ request read so far, with the text it has: JSONL gets one `"finish_reason": "abo
 text mode prints the partial text marked `[aborted]`, so a script knows exactly what to rerun. Only
 when the output itself has failed (a full disk, a reader that went away) is nothing more written.
 """
+import contextlib
 import json
 import sys
 from dataclasses import dataclass, field
@@ -112,7 +113,8 @@ class Batch:
     def run(self, signals) -> int:
         """Admit what the feed has, step the engine, until both are done; signals are taken between steps."""
         try:
-            with Progress(enabled=is_terminal(sys.stderr) and not self.stream) as progress, signals.deferred():
+            bar = is_terminal(sys.stderr) and not self.stream
+            with Progress() if bar else contextlib.nullcontext() as progress, signals.deferred():
                 while True:
                     signals.check()
                     self.admit(progress)
