@@ -102,10 +102,6 @@ def sampler_parser() -> argparse.ArgumentParser:
     return p
 
 
-def setup_arg_parser() -> argparse.ArgumentParser:
-    return speed_parser()
-
-
 def _fill_defaults(args, backend_name: str):
     for k, v in DEFAULTS[backend_name].items():
         if getattr(args, k, v) is None:
@@ -187,8 +183,7 @@ def _speed(args) -> int:
     if len(skipped) == len(requested):  # nothing asked for can run: a usage error, not a table of nothing
         more = f" (and {len(skipped) - 1} more)" if len(skipped) > 1 else ""
         raise ToolkitError(f"every requested test would be skipped: {skipped[0]}{more}")
-    grid, notes = option_grid(args, engine.backend)
-    grid = _with_sparse(args, grid)
+    grid, notes = _grid(args, engine)
     peak, peak_src = peak_gbps(engine.backend.name, args.peak_gbps)
     env = _environment(engine, args, backend_name)
     env["peak_hbm_gbps"] = f"{peak:.0f} ({peak_src})" if peak else peak_src
@@ -220,8 +215,7 @@ def _throughput(args) -> int:
             env, note = _environment(engine, args, backend_name), engine.device_note
             env["workload"] = (f"{args.num_requests} requests, prompt and output lengths uniform in "
                                f"[{args.min_len}, {args.max_len}], seed {args.seed}, ignore_eos")
-        grid, grid_notes = option_grid(args, engine.backend)
-        grid = _with_sparse(args, grid)
+        grid, grid_notes = _grid(args, engine)
         notes += [n for n in grid_notes if n not in notes]
         for opts in grid:
             engine.set_options(opts)
@@ -236,13 +230,15 @@ def _throughput(args) -> int:
     return _print(args, note, env, rows, notes, throughput=True)
 
 
-def _with_sparse(args, grid):
-    """The grid with --attention / --sparse-* applied (a --sparse-prefill sweep keeps its own values)."""
+def _grid(args, engine) -> tuple[list[EngineOptions], list[str]]:
+    """option_grid's combinations with --attention / --sparse-* applied (a --sparse-prefill sweep keeps its own
+    values), and its notes."""
+    grid, notes = option_grid(args, engine.backend)
     out = []
     for opts in grid:
         o = sparse_options(args, opts)
         out.append(o.with_(sparse_prefill=opts.sparse_prefill) if args.sparse_prefill is not None else o)
-    return out
+    return out, notes
 
 
 def _print(args, note, env, rows, notes, throughput) -> int:
