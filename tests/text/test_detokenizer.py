@@ -87,7 +87,7 @@ def test_cost_per_token_stays_small(tokenizer):
     class CountingTokenizer:
         def __init__(self, inner):
             self.inner, self.longest, self.calls = inner, 0, 0
-            self.special_ids, self.byte_fallback_ids = inner.special_ids, inner.byte_fallback_ids
+            self.specials, self.byte_fallback_ids = inner.specials, inner.byte_fallback_ids
 
         def decode(self, ids, skip_special_tokens=True):
             self.longest, self.calls = max(self.longest, len(ids)), self.calls + 1

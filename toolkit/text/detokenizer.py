@@ -28,7 +28,7 @@ class StreamingDetokenizer:
     def __init__(self, tokenizer):
         self._tok = tokenizer
         # Special tokens are skipped by decode(); they must not count as "the last real token" either.
-        self._special = tokenizer.special_ids
+        self._special = tokenizer.specials
         self._byte_ids = tokenizer.byte_fallback_ids
         self._window: list[int] = []   # ids from `prefix` on; earlier ids are no longer needed
         self._read = 0                 # window[:read] is already printed

@@ -157,8 +157,7 @@ class Tokenizer:
     @functools.cached_property
     def special_pattern(self) -> re.Pattern | None:
         """Matches any special token's string (longest first, as the tokenizer matches), or None if none."""
-        texts = sorted({t.content for t in self._tok.get_added_tokens_decoder().values() if t.special},
-                       key=len, reverse=True)
+        texts = sorted({t.content for t in self.specials.values()}, key=len, reverse=True)
         return re.compile("|".join(map(re.escape, texts))) if texts else None
 
     @functools.cached_property
@@ -168,12 +167,11 @@ class Tokenizer:
         name. With encode_special_tokens set, the copy reads special strings as text but still splits at twins."""
         twin = _HFTokenizer.from_str(self._tok.to_str())
         nonce = secrets.token_hex(8)
-        specials = {i: t for i, t in self._tok.get_added_tokens_decoder().items() if t.special}
-        names = {t.content: f"\ue000{nonce}.{i}\ue001" for i, t in specials.items()}
+        names = {t.content: f"\ue000{nonce}.{i}\ue001" for i, t in self.specials.items()}
         twin.add_tokens([AddedToken(names[t.content], single_word=t.single_word, lstrip=t.lstrip, rstrip=t.rstrip,
-                                    normalized=t.normalized, special=False) for t in specials.values()])
+                                    normalized=t.normalized, special=False) for t in self.specials.values()])
         twin.encode_special_tokens = True
-        return twin, names, {twin.token_to_id(names[t.content]): i for i, t in specials.items()}
+        return twin, names, {twin.token_to_id(names[t.content]): i for i, t in self.specials.items()}
 
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
         """Text for `ids`. Like transformers v5, no clean_up_tokenization_spaces: it skips that for BPE models."""
@@ -206,10 +204,10 @@ class Tokenizer:
         return frozenset(i for token, i in self._tok.get_vocab(with_added_tokens=False).items()
                          if len(token) == 6 and _BYTE_TOKEN.fullmatch(token))
 
-    @property
-    def special_ids(self) -> frozenset[int]:
-        """Ids of added tokens flagged special (those decode(skip_special_tokens=True) drops)."""
-        return frozenset(i for i, t in self._tok.get_added_tokens_decoder().items() if t.special)
+    @functools.cached_property
+    def specials(self) -> dict:
+        """id -> AddedToken of the added tokens flagged special (those decode(skip_special_tokens=True) drops)."""
+        return {i: t for i, t in self._tok.get_added_tokens_decoder().items() if t.special}
 
     def __repr__(self) -> str:
         return f"Tokenizer(vocab_size={self.vocab_size}, bos_id={self.bos_id}, eos_ids={sorted(self.eos_ids)})"
