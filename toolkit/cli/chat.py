@@ -5,12 +5,9 @@ toggles). `--plain`, or a stdin or stdout that is not a terminal, gives the line
 one line per turn; Ctrl-C stops the current reply, not the session; in a terminal the input line has
 history and editing (readline).
 
-Both run one conversation logic, tui/session.py's ChatSession: each turn renders the whole conversation
-with the model's chat template (the engine's prefix cache already holds the earlier turns' KV blocks, so
-only the new turn is prefilled: the summary line says how many tokens were reused); a base model, with no
-template, continues the text instead. When the history no longer fits, the oldest turns are dropped and a
-line says which. `/reset` starts over, `/quit` (or end of input) leaves. Reads stdin, so it also works piped;
-the exit code is 1 when any line failed (each failure is an `error:` line), else 0.
+Both run one conversation logic, tui/session.py's ChatSession (whole conversation re-rendered each turn,
+the prefix cache reusing earlier turns, old turns dropped to fit). `/reset` starts over, `/quit` (or end of
+input) leaves. Reads stdin, so it also works piped; the exit code is 1 when any line failed, else 0.
 
 Each input line is read in binary and checked like a `generate` prompt (toolkit/cli/requests.py): a
 line that is not UTF-8, or longer than 64 bytes per context token, is one `error:` line and the

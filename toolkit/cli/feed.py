@@ -1,8 +1,4 @@
-"""Requests read on their own thread, a bounded number ahead of the engine.
-
-    feed = Feed(requests, ahead=engine.max_num_seqs)   # `requests`: any iterator (a JSONL reader)
-    req = feed.get(wait=True)    # the next Request; None when none is ready yet, or once feed.done
-    feed.close()                 # stops the reader; returns the requests it had queued
+"""Requests read from any iterator (a JSONL reader) on their own thread, a bounded number ahead of the engine.
 
 The engine belongs to the main thread (LLMEngine checks), so only reading and parsing happen here:
 the main loop takes requests between engine steps, and a producer that writes a line every few
