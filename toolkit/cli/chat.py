@@ -14,6 +14,7 @@ line that is not UTF-8, or longer than 64 bytes per context token, is one `error
 chat goes on.
 """
 import argparse
+import contextlib
 import os
 import signal
 import sys
@@ -54,10 +55,8 @@ def _checked(text: str, limits: Limits) -> str:
 
 def _typed_lines(limits: Limits):
     """Lines typed at a terminal, through readline (history, editing). Ctrl-C here only clears the line."""
-    try:
+    with contextlib.suppress(ImportError):  # readline is not on every platform
         import readline  # noqa: F401  (input() uses it once imported)
-    except ImportError:  # not on every platform
-        pass
     while True:
         try:
             text = input("> ")

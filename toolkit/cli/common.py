@@ -200,22 +200,18 @@ class OutputError(ToolkitError):
 
 def say(message: str):
     """A line on stderr that never raises (stderr itself may be a closed pipe)."""
-    try:
+    with contextlib.suppress(OSError, ValueError, AttributeError):
         print(message, file=sys.stderr, flush=True)
-    except (OSError, ValueError, AttributeError):
-        pass
 
 
 def _silence_stdout():
     # The interpreter flushes stdout once more at exit; with the reader gone that prints "Exception
     # ignored ... BrokenPipeError". Point fd 1 at /dev/null so that last flush has somewhere to go.
-    try:
+    with contextlib.suppress(OSError, ValueError, AttributeError):  # io.UnsupportedOperation is both of the first two
         fd = sys.stdout.fileno()
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, fd)
         os.close(devnull)
-    except (OSError, ValueError, AttributeError):  # io.UnsupportedOperation is both of the first two
-        pass
 
 
 def run(main, argv, debug: bool) -> int:

@@ -5,6 +5,7 @@ the main loop takes requests between engine steps, and a producer that writes a 
 seconds gets each result while it is still writing. The queue holds at most `ahead` requests, so
 an endless input waits in its pipe instead of in memory.
 """
+import contextlib
 import queue
 import threading
 
@@ -30,11 +31,9 @@ class Feed:
 
     def _put(self, item) -> bool:
         while not self._stop.is_set():
-            try:
+            with contextlib.suppress(queue.Full):
                 self._queue.put(item, timeout=_POLL_S)
                 return True
-            except queue.Full:
-                pass
         return False
 
     def get(self, wait: bool):

@@ -46,10 +46,8 @@ class Sink:
 
     def close(self):
         if self.stream is not sys.stdout:
-            try:
+            with contextlib.suppress(OSError):  # every record was flushed already; nothing is lost
                 self.stream.close()
-            except OSError:  # every record was flushed already; nothing is lost
-                pass
 
 
 def prompt_ids(engine, req: Request, chat: bool, special_in_content: bool = False) -> list[int]:
@@ -127,10 +125,8 @@ class Batch:
         except (OutputError, BrokenPipeError):
             raise  # the output is gone: there is nowhere to write the rest
         except BaseException:  # interrupted, or a bug: account for every request, then report it
-            try:
+            with contextlib.suppress(OSError, ToolkitError):
                 self.abort_unfinished()
-            except (OSError, ToolkitError):
-                pass
             raise
         return EXIT_SOME_FAILED if self.failed else EXIT_OK
 
