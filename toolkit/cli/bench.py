@@ -165,8 +165,7 @@ def _speed(args) -> int:
     backend_name, _ = resolve_device(args.device)
     asked = {k for k in ("prefill", "batch", "depth", "decode") if getattr(args, k) is not None}
     _fill_defaults(args, backend_name)
-    peer_device = "cuda" if backend_name == "cuda" else "cpu"
-    peer_cls = _peer_class(peer_device) if args.peer else None
+    peer_cls = _peer_class(backend_name) if args.peer else None
     cfg = _config(args)
     tests = plan(args.prefill, args.batch, args.depth, args.decode)
     max_seqs = args.max_num_seqs or max(args.batch)
@@ -190,7 +189,7 @@ def _speed(args) -> int:
     peer = None
     if peer_cls is not None:
         runnable = [t for t in tests if skip_reason(engine, t) is None]
-        peer = peer_cls(engine.cfg, engine.backend.dtype, device=peer_device,
+        peer = peer_cls(engine.cfg, engine.backend.dtype, device=backend_name,
                         max_batch=max([t.batch for t in runnable] or [1]),
                         max_seq_len=max([t.context(step_tokens) for t in runnable] or [2]), compile=True)
         env["peer"] = peer.label
