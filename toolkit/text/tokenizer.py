@@ -126,13 +126,9 @@ class Tokenizer:
     # --- text <-> ids -------------------------------------------------------------------------------------
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        """Token ids for `text`; with add_special_tokens, BOS/EOS exactly as HF's fast tokenizer adds them.
-
-        Chat prompts are rendered by the template with BOS already in the text: encode those with
-        add_special_tokens=False.
-        """
-        if not isinstance(text, str):
-            raise TypeError(f"encode() wants a str, got {type(text).__name__}")
+        """Token ids for `text`; with add_special_tokens, BOS/EOS exactly as HF's fast tokenizer adds them
+        (a chat template writes BOS into its text itself: encode that with add_special_tokens=False).
+        A text that is not a str is the `tokenizers` package's TypeError."""
         ids = self._tok.encode(text, add_special_tokens=add_special_tokens).ids
         if add_special_tokens and self._flag_bos:
             ids.insert(0, self.bos_id)
@@ -194,11 +190,8 @@ class Tokenizer:
 
     @functools.cached_property
     def byte_fallback_ids(self) -> frozenset[int]:
-        """Ids of <0xNN> byte tokens when the model uses SentencePiece byte fallback, else empty.
-
-        The streaming detokenizer needs them: the ByteFallback decoder turns a whole run of byte tokens into
-        U+FFFD if the run is not valid UTF-8, so text is only final once such a run has ended.
-        """
+        """Ids of <0xNN> byte tokens when the model uses SentencePiece byte fallback, else empty (the streaming
+        detokenizer holds text back while a run of them goes on: detokenizer.py says why)."""
         if not getattr(self._tok.model, "byte_fallback", False):  # BPE and Unigram models carry the flag
             return frozenset()
         return frozenset(i for token, i in self._tok.get_vocab(with_added_tokens=False).items()
