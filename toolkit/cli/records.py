@@ -111,8 +111,8 @@ class Batch:
     def run(self, signals) -> int:
         """Admit what the feed has, step the engine, until both are done; signals are taken between steps."""
         try:
-            bar = is_terminal(sys.stderr) and not self.stream
-            with Progress() if bar else contextlib.nullcontext() as progress, signals.deferred():
+            show_bar = is_terminal(sys.stderr) and not self.stream
+            with Progress() if show_bar else contextlib.nullcontext() as progress, signals.deferred():
                 while True:
                     signals.check()
                     self.admit(progress)
