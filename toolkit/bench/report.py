@@ -55,11 +55,9 @@ def _render(columns, rows) -> str:
 
 
 def markdown(env: dict, rows: list[dict], notes: list[str], throughput: bool = False) -> str:
-    parts = ["\n".join(f"{k}: {v}" for k, v in env.items())]
-    if rows:
-        parts.append(_render(_THROUGHPUT_COLUMNS if throughput else _SPEED_COLUMNS, rows))
-    else:
-        parts.append("no test could run on this engine")
+    table = _render(_THROUGHPUT_COLUMNS if throughput else _SPEED_COLUMNS, rows) if rows else \
+        "no test could run on this engine"
+    parts = ["\n".join(f"{k}: {v}" for k, v in env.items()), table]
     if notes:
         parts.append("\n".join(f"note: {n}" for n in notes))
     return "\n\n".join(parts)
