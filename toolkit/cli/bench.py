@@ -265,13 +265,13 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["sampler"]:
         args = sampler_parser().parse_args(argv[1:])
-        return run(lambda _: _sampler(args), argv, args.debug)
+        return run(_sampler, args)
     if argv[:1] == ["sparse"]:  # kernel benchmarks of the sparse prefill (toolkit/bench/sparse.py)
         from ..bench.sparse import main as sparse_main
 
         return sparse_main(argv[1:])
     if argv[:1] == ["throughput"]:
         args = throughput_parser().parse_args(argv[1:])
-        return run(lambda _: _throughput(args), argv, args.debug)
+        return run(_throughput, args)
     args = speed_parser().parse_args(argv)
-    return run(lambda _: _speed(args), argv, args.debug)
+    return run(_speed, args)

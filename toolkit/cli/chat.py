@@ -208,5 +208,5 @@ def _tui(args) -> int:
 def main(argv=None) -> int:
     args = setup_arg_parser().parse_args(argv)
     if not args.plain and is_terminal(sys.stdin) and is_terminal(sys.stdout):
-        return run(lambda _: _tui(args), argv, args.debug)
-    return run(lambda _: _chat(args, sys.stdin, sys.stdout), argv, args.debug)
+        return run(_tui, args)
+    return run(lambda a: _chat(a, sys.stdin, sys.stdout), args)

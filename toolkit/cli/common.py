@@ -214,11 +214,11 @@ def _silence_stdout():
         os.close(devnull)
 
 
-def run(main, argv, debug: bool) -> int:
-    """Call main(argv) and turn whatever it raises into one stderr line and an exit code."""
+def run(command, args) -> int:
+    """Call command(args); whatever it raises becomes one stderr line and an exit code (--debug: a traceback)."""
     try:
         with signals.installed():
-            return main(argv) or EXIT_OK
+            return command(args) or EXIT_OK
     except BrokenPipeError:
         _silence_stdout()
         return EXIT_BROKEN_PIPE
@@ -227,7 +227,7 @@ def run(main, argv, debug: bool) -> int:
         say(f"interrupted ({signal.Signals(signum).name})")
         return 128 + signum
     except Exception as e:
-        if debug:
+        if args.debug:
             traceback.print_exc()
         if isinstance(e, ToolkitError):
             say(f"error: {e}")

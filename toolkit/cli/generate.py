@@ -107,4 +107,4 @@ def main(argv=None) -> int:
     check_sampling_args(parser, args)
     if args.logprobs is not None and args.format == "text":
         parser.error("--logprobs needs --format jsonl (text mode prints only the text)")
-    return run(lambda _: _generate(args), argv, args.debug)
+    return run(_generate, args)
