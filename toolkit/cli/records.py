@@ -51,11 +51,9 @@ class Sink:
 
 
 def prompt_ids(engine, req: Request, chat: bool, special_in_content: bool = False) -> list[int]:
-    messages = req.messages
-    if messages is None and chat:
-        messages = [{"role": "user", "content": req.prompt}]
-    if messages is None:
+    if req.messages is None and not chat:
         return engine.tokenizer.encode(req.prompt)
+    messages = req.messages or [{"role": "user", "content": req.prompt}]  # "messages" is never an empty list
     if engine.chat_template is None:
         raise ToolkitError("this model has no chat template (needed for --chat and \"messages\")")
     # The template writes BOS and role markers itself; a special token's string in a content is text.
