@@ -264,14 +264,11 @@ def _sampler(args) -> int:
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["sampler"]:
-        args = sampler_parser().parse_args(argv[1:])
-        return run(_sampler, args)
+        return run(_sampler, sampler_parser().parse_args(argv[1:]))
     if argv[:1] == ["sparse"]:  # kernel benchmarks of the sparse prefill (toolkit/bench/sparse.py)
         from ..bench.sparse import main as sparse_main
 
         return sparse_main(argv[1:])
     if argv[:1] == ["throughput"]:
-        args = throughput_parser().parse_args(argv[1:])
-        return run(_throughput, args)
-    args = speed_parser().parse_args(argv)
-    return run(_speed, args)
+        return run(_throughput, throughput_parser().parse_args(argv[1:]))
+    return run(_speed, speed_parser().parse_args(argv))
