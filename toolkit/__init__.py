@@ -9,11 +9,10 @@ __all__ = ["LLM", "SamplingParams"]
 def _version() -> str:
     # The installed distribution's metadata is the one source (pyproject.toml's version); a plain
     # checkout that was never installed reads pyproject.toml itself.
+    import contextlib
     from importlib import metadata
-    try:
+    with contextlib.suppress(metadata.PackageNotFoundError):
         return metadata.version("toolkit")
-    except metadata.PackageNotFoundError:
-        pass
     import re
     from pathlib import Path
     try:

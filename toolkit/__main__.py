@@ -1,4 +1,4 @@
-"""`python -m toolkit <command>`: each command is a module with setup_arg_parser() and main()."""
+"""`python -m toolkit <command>`: each command is a module with a main(argv)."""
 import importlib
 import sys
 

@@ -1,9 +1,5 @@
-"""One exception type for every error a user can cause.
-
-The CLI prints `error: <message>` on one line and exits with code 2 for a
-ToolkitError (a traceback only with --debug); anything else is a bug and keeps
-its traceback.
-"""
+"""One exception type for every error a user can cause: the CLI prints it as one `error:` line and exits 2
+(toolkit/cli/common.py run(), which maps every other exception to its exit code too)."""
 
 
 class ToolkitError(Exception):

@@ -14,7 +14,7 @@ QWEN2 = str(FIXTURES / "qwen2")
 
 
 def _run(monkeypatch, capsys, lines, *extra):
-    monkeypatch.setattr("sys.stdin", io.StringIO("".join(line + "\n" for line in lines)))
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO("".join(line + "\n" for line in lines).encode())))
     rc = main(["chat", "--model", QWEN2, "--device", "cpu", "--temperature", "0", *extra])
     return rc, *capsys.readouterr()
 
@@ -96,7 +96,7 @@ def test_bad_lines_are_one_error_each_and_the_chat_goes_on(monkeypatch, capsys):
     (["--system", "bad \udcff"], "error: --system is not valid Unicode text"),
 ])
 def test_bad_flags(args, message, monkeypatch, capsys):
-    monkeypatch.setattr("sys.stdin", io.StringIO("hi\n"))
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"hi\n")))
     try:
         rc = main(["chat", "--model", QWEN2, "--device", "cpu", *args])
     except SystemExit as e:

@@ -108,7 +108,7 @@ def test_terminal_chat_fetches_the_model_before_the_screen(offline):
             "    def __init__(self, load): print('app made')\n"
             "tui.app.ChatApp = App\n"
             "args = chat.setup_arg_parser().parse_args(['--model', 'org/missing', '--device', 'cpu'])\n"
-            "sys.exit(chat.run(lambda _: chat._tui(args), [], False))")
+            "sys.exit(chat.run(chat._tui, args))")
     r = subprocess.run([sys.executable, "-c", code], env=offline, capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and "app made" not in r.stdout
     assert _error_line(r).startswith("error: org/missing: no such local folder")

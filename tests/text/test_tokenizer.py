@@ -95,9 +95,8 @@ def test_stories_encode_pins_ids(stories_dir):
 
 def test_stories_properties(stories_dir):
     tok = Tokenizer.from_dir(stories_dir)
-    assert (tok.bos_id, tok.eos_ids, tok.pad_id, tok.vocab_size) == (1, frozenset({2}), None, 512)
+    assert (tok.bos_id, tok.eos_ids, tok.vocab_size) == (1, frozenset({2}), 512)
     assert tok.special_tokens == {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}
-    assert tok.add_bos and not tok.add_eos
     assert tok.byte_fallback_ids == frozenset(range(3, 259))
 
 
@@ -114,7 +113,7 @@ def test_stories_byte_fallback_round_trip(stories_dir):
 def test_qwen_style_no_bos_and_round_trip(tmp_path):
     tok = Tokenizer.from_dir(qwen_style_dir(tmp_path))
     # tokenizer_config says bos_token: null, so no BOS id even though generation_config names one (as in HF).
-    assert tok.bos_id is None and not tok.add_bos
+    assert tok.bos_id is None
     ids = tok.encode(MULTIBYTE)
     assert ids == tok.encode(MULTIBYTE, add_special_tokens=False)
     assert tok.decode(ids) == MULTIBYTE
@@ -126,7 +125,6 @@ def test_qwen_style_special_ids(tmp_path):
     tok = Tokenizer.from_dir(qwen_style_dir(tmp_path))
     im_start, im_end, eot = (tok.token_to_id(t) for t in ("<|im_start|>", "<|im_end|>", "<|endoftext|>"))
     assert tok.eos_ids == frozenset({im_end, eot})  # generation_config list + tokenizer_config eos_token
-    assert tok.pad_id == eot
     assert tok.special_tokens == {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}
     # Special tokens written in the text are single tokens; decode drops them unless asked not to.
     ids = tok.encode("<|im_start|>user\nhi<|im_end|>")
@@ -146,21 +144,21 @@ def test_llama3_style_post_processor_adds_bos_once(tmp_path):
     tc = {"bos_token": "<|begin_of_text|>", "eos_token": "<|im_end|>"}
     tok = Tokenizer.from_dir(write_model(tmp_path / "a", backend, tc, {"eos_token_id": 2}))
     bare = tok.encode("Once upon a time", add_special_tokens=False)
-    assert tok.bos_id == bot and tok.add_bos
+    assert tok.bos_id == bot
     assert tok.encode("Once upon a time") == [bot, *bare]
     # add_bos_token stated as well: HF rebuilds the post-processor from the flag, still one BOS.
     tok2 = Tokenizer.from_dir(write_model(tmp_path / "b", backend, {**tc, "add_bos_token": True}))
     assert tok2.encode("Once upon a time") == [bot, *bare]
     # add_bos_token: false removes nothing the post-processor adds (transformers v5 ignores the flag here).
     tok3 = Tokenizer.from_dir(write_model(tmp_path / "c", backend, {**tc, "add_bos_token": False}))
-    assert tok3.encode("Once upon a time") == [bot, *bare] and tok3.add_bos
+    assert tok3.encode("Once upon a time") == [bot, *bare]
 
 
 # --- SentencePiece-style BPE ---------------------------------------------------------------------------------
 
 def test_llama2_style_add_bos_token_prepends(tmp_path):
     tok = Tokenizer.from_dir(llama2_style_dir(tmp_path))
-    assert (tok.bos_id, tok.eos_ids, tok.pad_id) == (1, frozenset({2}), None)
+    assert (tok.bos_id, tok.eos_ids) == (1, frozenset({2}))
     assert tok.special_tokens == {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}
     ids = tok.encode("Once upon a time")
     assert ids[0] == 1 and 1 not in ids[1:] and 2 not in ids

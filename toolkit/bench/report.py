@@ -4,38 +4,34 @@ The Markdown table keeps only the columns some row fills (no GB/s column for a
 prefill-only run, no ratio column without a peer), so a small run prints a
 small table. JSON carries every field of every row, rounded only by the reader.
 """
+import functools
 import json
 
 from toolkit.engine.options import EngineOptions
 from .sweep import fmt
 
 
-def _onoff(switches: dict | None, name: str) -> str:
-    return "-" if switches is None else ("on" if switches[name] else "off")
+def _onoff(name: str, row: dict) -> str:
+    return "-" if row["switches"] is None else ("on" if row["switches"][name] else "off")
 
 
-def _table(header: list[str], lines: list[list[str]]) -> str:
-    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    out += ["| " + " | ".join(line) + " |" for line in lines]
-    return "\n".join(out)
-
-
-# (header, cell of a speed row); a column shows when some row's cell is not "-".
+_SWITCH_COLUMNS = [(n, functools.partial(_onoff, n)) for n in EngineOptions.names()]
+# (header, cell of a speed row); a column shows when some row's cell is not "-" (fmt's for a missing value).
 _SPEED_COLUMNS = [
     ("test", lambda r: r["test"]),
     ("impl", lambda r: r["impl"]),
-    *[(n, (lambda n: lambda r: _onoff(r["switches"], n))(n)) for n in EngineOptions.names()],
+    *_SWITCH_COLUMNS,
     ("ms", lambda r: fmt(r["ms"], r["ms_std"], 3)),
-    ("wall ms", lambda r: fmt(r["wall_ms"], r["wall_ms_std"], 3) if r["wall_ms"] is not None else "-"),
+    ("wall ms", lambda r: fmt(r["wall_ms"], r["wall_ms_std"], 3)),
     ("tok/s", lambda r: fmt(r["tok_per_s"], r["tok_per_s_std"], 2)),
-    ("GB/s", lambda r: fmt(r["gb_per_s"], None, 1) if r["gb_per_s"] is not None else "-"),
-    ("% HBM", lambda r: fmt(r["hbm_pct"], None, 1) if r["hbm_pct"] is not None else "-"),
-    ("x peer", lambda r: fmt(r["vs_peer"], None, 2) if r["vs_peer"] is not None else "-"),
+    ("GB/s", lambda r: fmt(r["gb_per_s"], None, 1)),
+    ("% HBM", lambda r: fmt(r["hbm_pct"], None, 1)),
+    ("x peer", lambda r: fmt(r["vs_peer"], None, 2)),
 ]
 
 _THROUGHPUT_COLUMNS = [
     ("scheduler", lambda r: r["scheduler"] or "-"),
-    *[(n, (lambda n: lambda r: _onoff(r["switches"], n))(n)) for n in EngineOptions.names()],
+    *_SWITCH_COLUMNS,
     ("requests", lambda r: str(r["requests"])),
     ("prompt tok", lambda r: str(r["prompt_tokens"])),
     ("output tok", lambda r: str(r["output_tokens"])),
@@ -54,15 +50,14 @@ def _render(columns, rows) -> str:
     cells = [[cell(r) for _, cell in columns] for r in rows]
     keep = [i for i, (name, _) in enumerate(columns)
             if name in ("test", "impl", "requests") or any(line[i] != "-" for line in cells)]
-    return _table([columns[i][0] for i in keep], [[line[i] for i in keep] for line in cells])
+    out = ["| " + " | ".join(line[i] for i in keep) + " |" for line in [[name for name, _ in columns], *cells]]
+    return "\n".join([out[0], "|" + "---|" * len(keep), *out[1:]])
 
 
 def markdown(env: dict, rows: list[dict], notes: list[str], throughput: bool = False) -> str:
-    parts = ["\n".join(f"{k}: {v}" for k, v in env.items())]
-    if rows:
-        parts.append(_render(_THROUGHPUT_COLUMNS if throughput else _SPEED_COLUMNS, rows))
-    else:
-        parts.append("no test could run on this engine")
+    table = _render(_THROUGHPUT_COLUMNS if throughput else _SPEED_COLUMNS, rows) if rows else \
+        "no test could run on this engine"
+    parts = ["\n".join(f"{k}: {v}" for k, v in env.items()), table]
     if notes:
         parts.append("\n".join(f"note: {n}" for n in notes))
     return "\n\n".join(parts)

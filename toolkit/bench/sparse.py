@@ -18,10 +18,12 @@
 import argparse
 import sys
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 
+from toolkit.engine.options import EngineOptions
 from toolkit.engine.timings import NullTimer
 from .env import environment
 from .sampler import torch_us
@@ -120,8 +122,6 @@ def bench_layer(be, tokens, K=512, W=128, R=4, query_tiles=(64, 1), with_torch=T
         sparse = SparsePrefill(be)
         step = SimpleNamespace(prefill_lens=((T, T),), query_start_loc=qsl, seq_lens=seq_lens, block_tables=table,
                                max_query_len=T)
-        from toolkit.engine.options import EngineOptions
-
         sdpa = _sdpa_ms(q, kf, vf, Hq, Hkv) if with_torch else None
         cudnn = _sdpa_ms(q, kf, vf, Hq, Hkv, "CUDNN_ATTENTION") if with_torch else None
 
@@ -217,7 +217,6 @@ def _sdpa_ms(q, k, v, Hq, Hkv, backend="FLASH_ATTENTION"):
 def bench_quality(device, stories, n_tokens=480, K=16, W=32, R=4, query_tiles=(64, 1)):
     """One row per sparse_query_tile (the effective tile, capped at W - R + 2, in brackets)."""
     from toolkit.engine.build import build_engine
-    from toolkit.engine.options import EngineOptions
     from toolkit.model.sparse import query_tile
 
     dense = build_engine(stories, device=device, max_context=512, options=EngineOptions(sparse_prefill=False),
@@ -277,8 +276,6 @@ def main(argv) -> int:
             print("\n".join(bench_layer(be, [int(x) for x in args.layer_tokens.split(",")], query_tiles=tiles)))
             sys.stdout.flush()
     if "quality" in tests:
-        from pathlib import Path
-
         stories = args.stories or str(Path(__file__).resolve().parents[3] / "shared" / "models" / "stories260K")
         if Path(stories, "config.json").is_file():
             print("\n## Quality on stories260K: dense vs sparse W 32, R 4, K 16 (teacher-forced prefill logits)\n")

@@ -75,15 +75,11 @@ def skip_reason(engine, t: Test) -> str | None:
     return None
 
 
-def kv_bytes_per_token(engine) -> int:
-    cfg = engine.cfg
-    return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * (4 if engine.backend.dtype == "float32" else 2)
-
-
 def decode_bytes(engine, t: Test) -> float:
     """Bytes one decode step reads: all weights, plus K/V of each sequence at its mean timed length."""
-    mean_ctx = t.prompt_len + (t.steps + 1) / 2
-    return engine.weight_bytes + t.batch * mean_ctx * kv_bytes_per_token(engine)
+    cfg, mean_ctx = engine.cfg, t.prompt_len + (t.steps + 1) / 2
+    kv_per_tok = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * (4 if engine.backend.dtype == "float32" else 2)
+    return engine.weight_bytes + t.batch * mean_ctx * kv_per_tok
 
 
 def _step(engine) -> list:

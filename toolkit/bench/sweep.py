@@ -34,14 +34,13 @@ def int_list(minimum: int):
 
 def switch_list(text: str) -> list[bool]:
     """An argparse type: `"on,off"` -> [True, False]."""
-    out = []
-    for word in (w.strip().lower() for w in text.split(",") if w.strip()):
-        if word not in _ON + _OFF:
-            raise argparse.ArgumentTypeError(f"expected on/off values, got {word!r}")
-        out.append(word in _ON)
-    if not out:
+    words = [w.strip().lower() for w in text.split(",") if w.strip()]
+    bad = [w for w in words if w not in _ON + _OFF]
+    if bad:
+        raise argparse.ArgumentTypeError(f"expected on/off values, got {bad[0]!r}")
+    if not words:
         raise argparse.ArgumentTypeError("empty list")
-    return list(dict.fromkeys(out))
+    return list(dict.fromkeys(w in _ON for w in words))
 
 
 def add_switch_args(parser: argparse.ArgumentParser):

@@ -102,10 +102,6 @@ def sampler_parser() -> argparse.ArgumentParser:
     return p
 
 
-def setup_arg_parser() -> argparse.ArgumentParser:
-    return speed_parser()
-
-
 def _fill_defaults(args, backend_name: str):
     for k, v in DEFAULTS[backend_name].items():
         if getattr(args, k, v) is None:
@@ -169,8 +165,7 @@ def _speed(args) -> int:
     backend_name, _ = resolve_device(args.device)
     asked = {k for k in ("prefill", "batch", "depth", "decode") if getattr(args, k) is not None}
     _fill_defaults(args, backend_name)
-    peer_device = "cuda" if backend_name == "cuda" else "cpu"
-    peer_cls = _peer_class(peer_device) if args.peer else None
+    peer_cls = _peer_class(backend_name) if args.peer else None
     cfg = _config(args)
     tests = plan(args.prefill, args.batch, args.depth, args.decode)
     max_seqs = args.max_num_seqs or max(args.batch)
@@ -187,15 +182,14 @@ def _speed(args) -> int:
     if len(skipped) == len(requested):  # nothing asked for can run: a usage error, not a table of nothing
         more = f" (and {len(skipped) - 1} more)" if len(skipped) > 1 else ""
         raise ToolkitError(f"every requested test would be skipped: {skipped[0]}{more}")
-    grid, notes = option_grid(args, engine.backend)
-    grid = _with_sparse(args, grid)
+    grid, notes = _grid(args, engine)
     peak, peak_src = peak_gbps(engine.backend.name, args.peak_gbps)
     env = _environment(engine, args, backend_name)
     env["peak_hbm_gbps"] = f"{peak:.0f} ({peak_src})" if peak else peak_src
     peer = None
     if peer_cls is not None:
         runnable = [t for t in tests if skip_reason(engine, t) is None]
-        peer = peer_cls(engine.cfg, engine.backend.dtype, device=peer_device,
+        peer = peer_cls(engine.cfg, engine.backend.dtype, device=backend_name,
                         max_batch=max([t.batch for t in runnable] or [1]),
                         max_seq_len=max([t.context(step_tokens) for t in runnable] or [2]), compile=True)
         env["peer"] = peer.label
@@ -220,8 +214,7 @@ def _throughput(args) -> int:
             env, note = _environment(engine, args, backend_name), engine.device_note
             env["workload"] = (f"{args.num_requests} requests, prompt and output lengths uniform in "
                                f"[{args.min_len}, {args.max_len}], seed {args.seed}, ignore_eos")
-        grid, grid_notes = option_grid(args, engine.backend)
-        grid = _with_sparse(args, grid)
+        grid, grid_notes = _grid(args, engine)
         notes += [n for n in grid_notes if n not in notes]
         for opts in grid:
             engine.set_options(opts)
@@ -236,13 +229,15 @@ def _throughput(args) -> int:
     return _print(args, note, env, rows, notes, throughput=True)
 
 
-def _with_sparse(args, grid):
-    """The grid with --attention / --sparse-* applied (a --sparse-prefill sweep keeps its own values)."""
+def _grid(args, engine) -> tuple[list[EngineOptions], list[str]]:
+    """option_grid's combinations with --attention / --sparse-* applied (a --sparse-prefill sweep keeps its own
+    values), and its notes."""
+    grid, notes = option_grid(args, engine.backend)
     out = []
     for opts in grid:
         o = sparse_options(args, opts)
         out.append(o.with_(sparse_prefill=opts.sparse_prefill) if args.sparse_prefill is not None else o)
-    return out
+    return out, notes
 
 
 def _print(args, note, env, rows, notes, throughput) -> int:
@@ -269,14 +264,11 @@ def _sampler(args) -> int:
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["sampler"]:
-        args = sampler_parser().parse_args(argv[1:])
-        return run(lambda _: _sampler(args), argv, args.debug)
+        return run(_sampler, sampler_parser().parse_args(argv[1:]))
     if argv[:1] == ["sparse"]:  # kernel benchmarks of the sparse prefill (toolkit/bench/sparse.py)
         from ..bench.sparse import main as sparse_main
 
         return sparse_main(argv[1:])
     if argv[:1] == ["throughput"]:
-        args = throughput_parser().parse_args(argv[1:])
-        return run(lambda _: _throughput(args), argv, args.debug)
-    args = speed_parser().parse_args(argv)
-    return run(lambda _: _speed(args), argv, args.debug)
+        return run(_throughput, throughput_parser().parse_args(argv[1:]))
+    return run(_speed, speed_parser().parse_args(argv))

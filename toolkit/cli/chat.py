@@ -5,18 +5,16 @@ toggles). `--plain`, or a stdin or stdout that is not a terminal, gives the line
 one line per turn; Ctrl-C stops the current reply, not the session; in a terminal the input line has
 history and editing (readline).
 
-Both run one conversation logic, tui/session.py's ChatSession: each turn renders the whole conversation
-with the model's chat template (the engine's prefix cache already holds the earlier turns' KV blocks, so
-only the new turn is prefilled: the summary line says how many tokens were reused); a base model, with no
-template, continues the text instead. When the history no longer fits, the oldest turns are dropped and a
-line says which. `/reset` starts over, `/quit` (or end of input) leaves. Reads stdin, so it also works piped;
-the exit code is 1 when any line failed (each failure is an `error:` line), else 0.
+Both run one conversation logic, tui/session.py's ChatSession (whole conversation re-rendered each turn,
+the prefix cache reusing earlier turns, old turns dropped to fit). `/reset` starts over, `/quit` (or end of
+input) leaves. Reads stdin, so it also works piped; the exit code is 1 when any line failed, else 0.
 
 Each input line is read in binary and checked like a `generate` prompt (toolkit/cli/requests.py): a
 line that is not UTF-8, or longer than 64 bytes per context token, is one `error:` line and the
 chat goes on.
 """
 import argparse
+import contextlib
 import os
 import signal
 import sys
@@ -50,16 +48,6 @@ def setup_arg_parser() -> argparse.ArgumentParser:
     return p
 
 
-class _TextAsBytes:
-    """A text stream (tests pass io.StringIO) read like stdin.buffer: surrogates stay detectable."""
-
-    def __init__(self, text):
-        self.text = text
-
-    def readline(self, n: int = -1) -> bytes:
-        return self.text.readline(n).encode("utf-8", "surrogatepass")
-
-
 def _checked(text: str, limits: Limits) -> str:
     check_size(check_text(text, "the message"), limits, "the message")
     return text
@@ -67,10 +55,8 @@ def _checked(text: str, limits: Limits) -> str:
 
 def _typed_lines(limits: Limits):
     """Lines typed at a terminal, through readline (history, editing). Ctrl-C here only clears the line."""
-    try:
+    with contextlib.suppress(ImportError):  # readline is not on every platform
         import readline  # noqa: F401  (input() uses it once imported)
-    except ImportError:  # not on every platform
-        pass
     while True:
         try:
             text = input("> ")
@@ -93,8 +79,7 @@ def _lines(stdin, stdout, limits: Limits):
     if stdin is sys.stdin and is_terminal(stdin) and is_terminal(sys.stdout):
         yield from _typed_lines(limits)
         return
-    source = stdin.buffer if hasattr(stdin, "buffer") else _TextAsBytes(stdin)
-    lines = read_lines(source, limits.prompt_bytes)
+    lines = read_lines(stdin.buffer, limits.prompt_bytes)
     while True:
         if stdin.isatty():
             stdout.write("> ")
@@ -223,5 +208,5 @@ def _tui(args) -> int:
 def main(argv=None) -> int:
     args = setup_arg_parser().parse_args(argv)
     if not args.plain and is_terminal(sys.stdin) and is_terminal(sys.stdout):
-        return run(lambda _: _tui(args), argv, args.debug)
-    return run(lambda _: _chat(args, sys.stdin, sys.stdout), argv, args.debug)
+        return run(_tui, args)
+    return run(lambda a: _chat(a, sys.stdin, sys.stdout), args)

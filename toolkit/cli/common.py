@@ -200,29 +200,25 @@ class OutputError(ToolkitError):
 
 def say(message: str):
     """A line on stderr that never raises (stderr itself may be a closed pipe)."""
-    try:
+    with contextlib.suppress(OSError, ValueError, AttributeError):
         print(message, file=sys.stderr, flush=True)
-    except (OSError, ValueError, AttributeError):
-        pass
 
 
 def _silence_stdout():
     # The interpreter flushes stdout once more at exit; with the reader gone that prints "Exception
     # ignored ... BrokenPipeError". Point fd 1 at /dev/null so that last flush has somewhere to go.
-    try:
+    with contextlib.suppress(OSError, ValueError, AttributeError):  # io.UnsupportedOperation is both of the first two
         fd = sys.stdout.fileno()
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, fd)
         os.close(devnull)
-    except (OSError, ValueError, AttributeError):  # io.UnsupportedOperation is both of the first two
-        pass
 
 
-def run(main, argv, debug: bool) -> int:
-    """Call main(argv) and turn whatever it raises into one stderr line and an exit code."""
+def run(command, args) -> int:
+    """Call command(args); whatever it raises becomes one stderr line and an exit code (--debug: a traceback)."""
     try:
         with signals.installed():
-            return main(argv) or EXIT_OK
+            return command(args) or EXIT_OK
     except BrokenPipeError:
         _silence_stdout()
         return EXIT_BROKEN_PIPE
@@ -231,7 +227,7 @@ def run(main, argv, debug: bool) -> int:
         say(f"interrupted ({signal.Signals(signum).name})")
         return 128 + signum
     except Exception as e:
-        if debug:
+        if args.debug:
             traceback.print_exc()
         if isinstance(e, ToolkitError):
             say(f"error: {e}")

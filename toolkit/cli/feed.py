@@ -1,14 +1,11 @@
-"""Requests read on their own thread, a bounded number ahead of the engine.
-
-    feed = Feed(requests, ahead=engine.max_num_seqs)   # `requests`: any iterator (a JSONL reader)
-    req = feed.get(wait=True)    # the next Request; None when none is ready yet, or once feed.done
-    feed.close()                 # stops the reader; returns the requests it had queued
+"""Requests read from any iterator (a JSONL reader) on their own thread, a bounded number ahead of the engine.
 
 The engine belongs to the main thread (LLMEngine checks), so only reading and parsing happen here:
 the main loop takes requests between engine steps, and a producer that writes a line every few
 seconds gets each result while it is still writing. The queue holds at most `ahead` requests, so
 an endless input waits in its pipe instead of in memory.
 """
+import contextlib
 import queue
 import threading
 
@@ -34,11 +31,9 @@ class Feed:
 
     def _put(self, item) -> bool:
         while not self._stop.is_set():
-            try:
+            with contextlib.suppress(queue.Full):
                 self._queue.put(item, timeout=_POLL_S)
                 return True
-            except queue.Full:
-                pass
         return False
 
     def get(self, wait: bool):

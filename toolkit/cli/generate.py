@@ -1,14 +1,8 @@
 """`python -m toolkit generate`: batch generation from prompts or a JSONL file (or stream).
 
-Requests are read as they arrive, on a thread of their own (feed.py), and run together as the
-scheduler admits them (continuous batching), at most --max-num-seqs outstanding: a producer piping
-lines in gets each result while it is still writing, and an endless one is read no faster than it
-is served. JSONL mode writes each record as its request finishes (flushed, with its `id`), so a long
-batch can be followed with `tail -f`; text mode prints completions in input order, each under a
-`[id] prompt` header, and a single command-line prompt streams bare, token by token. A timing
-summary per request goes to stderr, and a progress bar too when stderr is a terminal. A bad request
-(an unusable line, a duplicate id, a prompt longer than the context, one the KV cache cannot hold)
-becomes an error record; the rest of the batch still runs (records.py).
+Requests are read as they arrive (feed.py) and run together as the scheduler admits them (continuous
+batching); records.py writes their records (JSONL as each finishes, text in input order) and the timing
+summaries on stderr. A bad request becomes an error record; the rest of the batch still runs.
 
 The order matters for a user's time: flags are checked by argparse, then the input and output
 files are opened (a wrong path is exit 2 in a fraction of a second, not after the model loads),
@@ -113,4 +107,4 @@ def main(argv=None) -> int:
     check_sampling_args(parser, args)
     if args.logprobs is not None and args.format == "text":
         parser.error("--logprobs needs --format jsonl (text mode prints only the text)")
-    return run(lambda _: _generate(args), argv, args.debug)
+    return run(_generate, args)

@@ -14,6 +14,7 @@ request read so far, with the text it has: JSONL gets one `"finish_reason": "abo
 text mode prints the partial text marked `[aborted]`, so a script knows exactly what to rerun. Only
 when the output itself has failed (a full disk, a reader that went away) is nothing more written.
 """
+import contextlib
 import json
 import sys
 from dataclasses import dataclass, field
@@ -45,18 +46,14 @@ class Sink:
 
     def close(self):
         if self.stream is not sys.stdout:
-            try:
+            with contextlib.suppress(OSError):  # every record was flushed already; nothing is lost
                 self.stream.close()
-            except OSError:  # every record was flushed already; nothing is lost
-                pass
 
 
 def prompt_ids(engine, req: Request, chat: bool, special_in_content: bool = False) -> list[int]:
-    messages = req.messages
-    if messages is None and chat:
-        messages = [{"role": "user", "content": req.prompt}]
-    if messages is None:
+    if req.messages is None and not chat:
         return engine.tokenizer.encode(req.prompt)
+    messages = req.messages or [{"role": "user", "content": req.prompt}]  # "messages" is never an empty list
     if engine.chat_template is None:
         raise ToolkitError("this model has no chat template (needed for --chat and \"messages\")")
     # The template writes BOS and role markers itself; a special token's string in a content is text.
@@ -112,7 +109,8 @@ class Batch:
     def run(self, signals) -> int:
         """Admit what the feed has, step the engine, until both are done; signals are taken between steps."""
         try:
-            with Progress(enabled=is_terminal(sys.stderr) and not self.stream) as progress, signals.deferred():
+            show_bar = is_terminal(sys.stderr) and not self.stream
+            with Progress() if show_bar else contextlib.nullcontext() as progress, signals.deferred():
                 while True:
                     signals.check()
                     self.admit(progress)
@@ -125,10 +123,8 @@ class Batch:
         except (OutputError, BrokenPipeError):
             raise  # the output is gone: there is nowhere to write the rest
         except BaseException:  # interrupted, or a bug: account for every request, then report it
-            try:
+            with contextlib.suppress(OSError, ToolkitError):
                 self.abort_unfinished()
-            except (OSError, ToolkitError):
-                pass
             raise
         return EXIT_SOME_FAILED if self.failed else EXIT_OK
 

@@ -3,12 +3,8 @@ it runs; a JSONL stream is parsed line by line as it is read (feed.py runs this 
 
 Requests come from command-line prompts or a JSONL file, one JSON object a line:
 {"prompt": "..."} or {"messages": [{"role": ..., "content": ...}]}, optionally with "id" and any
-SamplingParams field (toolkit/sampler/params.py), and nothing else:
-    "max_tokens", "temperature", "top_k", "top_p", "min_p", "repetition_penalty", "frequency_penalty",
-    "presence_penalty", "min_tokens", "seed", "logprobs"      numbers
-    "logit_bias": {"123": -5.0}          token id (as JSON object keys are: a string) -> bias
-    "bad_words": ["word", [12, 34]]      strings, or token-id sequences
-    "stop": ["\n\n"] (or one string), "stop_token_ids": [2], "ignore_eos": true
+SamplingParams field (toolkit/sampler/params.py; README, "JSONL input"), and nothing else. As JSON spells
+them, "logit_bias" keys are token ids in strings ({"123": -5.0}) and "stop" may be one string.
 A line that cannot be used (or whose "id" an earlier request has) becomes a `Request` with `error`
 set (naming its line number and the field), so the batch reports it and goes on; nothing in this
 module raises for bad input. The fields a line gives are validated here, together (SamplingParams),

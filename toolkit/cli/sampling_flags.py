@@ -1,11 +1,5 @@
 """The sampling flags of `generate`: one per SamplingParams field (toolkit/sampler/params.py).
 
-    add_sampling_args(parser)       --temperature, --top-k, ..., --logprobs (every default None = not given)
-    check_sampling_args(parser, args)   the flags together (counts, min_tokens <= max_tokens); argparse error
-    check_against_model(args, engine)   once the model is loaded: --max-tokens fits the context, --logit-bias
-                                        names tokens of the vocabulary (an `error:` line, exit 2)
-    flag_params(args) -> dict       the fields the flags set, for SamplingParams(**...)
-
 Every flag defaults to None, so that a value nobody gave lets the model's generation_config.json show
 through (precedence: generation_config.json < flags < JSONL fields, cli/records.py). Each value is checked
 by SamplingParams itself as it is parsed, so a bad flag is an argparse error (exit 2) before the model loads,

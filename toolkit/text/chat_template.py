@@ -56,17 +56,6 @@ def _strftime_now(format):
     return datetime.now().strftime(format)
 
 
-def _make_environment() -> ImmutableSandboxedEnvironment:
-    # Templates come from model repos, i.e. untrusted code: the immutable sandbox blocks attribute tricks and
-    # in-place mutation of our message lists.
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[_GenerationTag, jinja2.ext.loopcontrols])
-    env.filters["tojson"] = _tojson
-    env.globals["raise_exception"] = _raise_exception
-    env.globals["strftime_now"] = _strftime_now
-    return env
-
-
 def _validate(messages) -> None:
     if not isinstance(messages, (list, tuple)):
         raise ToolkitError(f"chat messages must be a list of dicts, got {type(messages).__name__}")
@@ -98,8 +87,14 @@ class ChatTemplate:
         self.source = source
         self.special_tokens = dict(special_tokens or {})
         self.name = name  # where it came from, for error messages
+        # Templates come from model repos, i.e. untrusted code: the immutable sandbox blocks attribute tricks and
+        # in-place mutation of our message lists.
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                            extensions=[_GenerationTag, jinja2.ext.loopcontrols])
+        env.filters["tojson"] = _tojson
+        env.globals.update(raise_exception=_raise_exception, strftime_now=_strftime_now)
         try:
-            self._template = _make_environment().from_string(source)
+            self._template = env.from_string(source)
         except jinja2.TemplateSyntaxError as e:
             raise ToolkitError(f"{name}: template syntax error on line {e.lineno}: {e.message}") from None
 

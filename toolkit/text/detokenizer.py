@@ -23,23 +23,17 @@ _REPLACEMENT = "\ufffd"
 
 
 class StreamingDetokenizer:
-    """add_token(id) -> new text; finalize() -> held-back text; text -> everything emitted so far."""
+    """add_token(id) -> new text; finalize() -> held-back text."""
 
     def __init__(self, tokenizer):
         self._tok = tokenizer
         # Special tokens are skipped by decode(); they must not count as "the last real token" either.
-        self._special = tokenizer.special_ids
+        self._special = tokenizer.specials
         self._byte_ids = tokenizer.byte_fallback_ids
-        self.reset()
-
-    def reset(self) -> None:
-        """Forget everything: the next token starts a new text (as decode() of a fresh list would)."""
         self._window: list[int] = []   # ids from `prefix` on; earlier ids are no longer needed
         self._read = 0                 # window[:read] is already printed
         self._prefix_text = ""         # decode(window[:read]), kept to avoid decoding it again
         self._in_byte_run = False      # last non-special token was a byte-fallback token
-        self._segments: list[str] = []
-        self._text_cache: str | None = ""
 
     def _decode(self, ids: list[int]) -> str:
         return self._tok.decode(ids, skip_special_tokens=True)
@@ -52,8 +46,6 @@ class StreamingDetokenizer:
         # Not `out`: decoded on its own the chunk may lose its leading space, and the next step's new_text
         # will be decoded the same way.
         self._prefix_text = self._decode(self._window)
-        self._segments.append(out)
-        self._text_cache = None
         return out
 
     def add_token(self, token_id: int) -> str:
@@ -79,11 +71,3 @@ class StreamingDetokenizer:
             # Nothing printable (special tokens only): keep the window so later text keeps its context.
             return ""
         return self._advance(new_text)
-
-    @property
-    def text(self) -> str:
-        """All text emitted so far (not including anything still held back)."""
-        if self._text_cache is None:
-            self._text_cache = "".join(self._segments)
-            self._segments = [self._text_cache]
-        return self._text_cache

@@ -30,11 +30,9 @@ SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_
 _BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")
 
 
-def read_json(path: Path, required: bool = False) -> dict:
-    """Parse a JSON object file; a missing optional file reads as {}. Errors name the file."""
+def read_json(path: Path) -> dict:
+    """Parse a JSON object file; a missing file reads as {}. Errors name the file."""
     if not path.is_file():
-        if required:
-            raise ToolkitError(f"{path.name} not found in {path.parent}")
         return {}
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -45,18 +43,13 @@ def read_json(path: Path, required: bool = False) -> dict:
     return data
 
 
-def token_content(entry) -> str | None:
-    """tokenizer_config entries are either "<s>" or an AddedToken dict {"content": "<s>", "lstrip": ...}."""
-    if isinstance(entry, dict):
-        entry = entry.get("content")
-    return entry if isinstance(entry, str) else None
-
-
 def named_tokens(config: dict) -> dict[str, str]:
     """The named special tokens a config sets, as strings. Unset tokens are left out rather than mapped to None,
     so a chat template sees them as undefined (renders "") exactly as under transformers."""
-    values = {name: token_content(config.get(name)) for name in SPECIAL_TOKEN_NAMES}
-    return {name: v for name, v in values.items() if v is not None}
+    # An entry is either "<s>" or an AddedToken dict {"content": "<s>", "lstrip": ...}.
+    values = {name: config.get(name) for name in SPECIAL_TOKEN_NAMES}
+    values = {name: v.get("content") if isinstance(v, dict) else v for name, v in values.items()}
+    return {name: v for name, v in values.items() if isinstance(v, str)}
 
 
 def read_special_tokens(model_dir: Path) -> dict[str, str]:
@@ -85,43 +78,33 @@ class Tokenizer:
         # A bare __init__ (tests, no folder) still gets tokenizer_config's named tokens where none are given.
         self.special_tokens: dict[str, str] = {**named_tokens(tc), **(special_tokens or {})}
 
-        def named_id(name: str, key: str) -> int | None:
-            # tokenizer_config decides when it names the token at all (Qwen says bos_token: null, and HF's
-            # tokenizer.bos_token_id is then None even though config.json has a bos_token_id).
-            if name in tc:
-                text = self.special_tokens.get(name)
-                return None if text is None else self._tok.token_to_id(text)
-            if name in self.special_tokens:  # from special_tokens_map.json
-                return self._tok.token_to_id(self.special_tokens[name])
-            ids = _id_list(gc.get(key)) or _id_list(mc.get(key))
-            return ids[0] if ids else None
-
-        self.bos_id: int | None = named_id("bos_token", "bos_token_id")
-        self.pad_id: int | None = named_id("pad_token", "pad_token_id")
+        # tokenizer_config decides when it names the token at all (Qwen says bos_token: null, and HF's
+        # tokenizer.bos_token_id is then None even though config.json has a bos_token_id).
+        bos_text = self.special_tokens.get("bos_token")  # also from special_tokens_map.json
+        if "bos_token" in tc or bos_text is not None:
+            self.bos_id: int | None = None if bos_text is None else self._tok.token_to_id(bos_text)
+        else:
+            self.bos_id = next(iter(_id_list(gc.get("bos_token_id")) or _id_list(mc.get("bos_token_id"))), None)
         # Generation stops on any of these: instruct models list several (Llama 3: <|end_of_text|>, <|eom_id|>,
         # <|eot_id|>; Qwen: <|im_end|>, <|endoftext|>). config.json only speaks when generation_config doesn't.
-        eos = set(_id_list(gc.get("eos_token_id")) or _id_list(mc.get("eos_token_id")))
         eos_text = self.special_tokens.get("eos_token")
-        if eos_text is not None and self._tok.token_to_id(eos_text) is not None:
-            eos.add(self._tok.token_to_id(eos_text))
-        self.eos_ids: frozenset[int] = frozenset(eos)
         self.eos_id: int | None = None if eos_text is None else self._tok.token_to_id(eos_text)
+        eos = set(_id_list(gc.get("eos_token_id")) or _id_list(mc.get("eos_token_id")))
+        self.eos_ids: frozenset[int] = frozenset(eos if self.eos_id is None else eos | {self.eos_id})
         if self.eos_id is None and self.eos_ids:
             self.eos_id = min(self.eos_ids)
 
         # What tokenizer.json's post-processor adds by itself (Llama 3's adds <|begin_of_text|>, Qwen's nothing).
         bare = self._tok.encode("a", add_special_tokens=False).ids
         full = self._tok.encode("a", add_special_tokens=True).ids
-        self._post_bos = self.bos_id is not None and full[:1] == [self.bos_id] and bare[:1] != [self.bos_id]
-        self._post_eos = self.eos_id is not None and full[-1:] == [self.eos_id] and bare[-1:] != [self.eos_id]
+        post_bos = self.bos_id is not None and full[:1] == [self.bos_id] and bare[:1] != [self.bos_id]
+        post_eos = self.eos_id is not None and full[-1:] == [self.eos_id] and bare[-1:] != [self.eos_id]
         # add_bos_token/add_eos_token from tokenizer_config add what the post-processor lacks (transformers v4's
         # LlamaTokenizerFast rebuilt its post-processor from them). A false flag removes nothing: v5 ignores the
         # flags whenever tokenizer.json exists. Real Llama 2/Mistral folders say add_bos_token and their
         # post-processor adds <s> as well, so every version agrees on them.
-        self._flag_bos = bool(tc.get("add_bos_token")) and self.bos_id is not None and not self._post_bos
-        self._flag_eos = bool(tc.get("add_eos_token")) and self.eos_id is not None and not self._post_eos
-        self.add_bos: bool = self._post_bos or self._flag_bos
-        self.add_eos: bool = self._post_eos or self._flag_eos
+        self._flag_bos = bool(tc.get("add_bos_token")) and self.bos_id is not None and not post_bos
+        self._flag_eos = bool(tc.get("add_eos_token")) and self.eos_id is not None and not post_eos
 
     @classmethod
     def from_dir(cls, model_dir: str | Path) -> "Tokenizer":
@@ -143,13 +126,9 @@ class Tokenizer:
     # --- text <-> ids -------------------------------------------------------------------------------------
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        """Token ids for `text`; with add_special_tokens, BOS/EOS exactly as HF's fast tokenizer adds them.
-
-        Chat prompts are rendered by the template with BOS already in the text: encode those with
-        add_special_tokens=False.
-        """
-        if not isinstance(text, str):
-            raise TypeError(f"encode() wants a str, got {type(text).__name__}")
+        """Token ids for `text`; with add_special_tokens, BOS/EOS exactly as HF's fast tokenizer adds them
+        (a chat template writes BOS into its text itself: encode that with add_special_tokens=False).
+        A text that is not a str is the `tokenizers` package's TypeError."""
         ids = self._tok.encode(text, add_special_tokens=add_special_tokens).ids
         if add_special_tokens and self._flag_bos:
             ids.insert(0, self.bos_id)
@@ -174,8 +153,7 @@ class Tokenizer:
     @functools.cached_property
     def special_pattern(self) -> re.Pattern | None:
         """Matches any special token's string (longest first, as the tokenizer matches), or None if none."""
-        texts = sorted({t.content for t in self._tok.get_added_tokens_decoder().values() if t.special},
-                       key=len, reverse=True)
+        texts = sorted({t.content for t in self.specials.values()}, key=len, reverse=True)
         return re.compile("|".join(map(re.escape, texts))) if texts else None
 
     @functools.cached_property
@@ -185,12 +163,11 @@ class Tokenizer:
         name. With encode_special_tokens set, the copy reads special strings as text but still splits at twins."""
         twin = _HFTokenizer.from_str(self._tok.to_str())
         nonce = secrets.token_hex(8)
-        specials = {i: t for i, t in self._tok.get_added_tokens_decoder().items() if t.special}
-        names = {t.content: f"\ue000{nonce}.{i}\ue001" for i, t in specials.items()}
+        names = {t.content: f"\ue000{nonce}.{i}\ue001" for i, t in self.specials.items()}
         twin.add_tokens([AddedToken(names[t.content], single_word=t.single_word, lstrip=t.lstrip, rstrip=t.rstrip,
-                                    normalized=t.normalized, special=False) for t in specials.values()])
+                                    normalized=t.normalized, special=False) for t in self.specials.values()])
         twin.encode_special_tokens = True
-        return twin, names, {twin.token_to_id(names[t.content]): i for i, t in specials.items()}
+        return twin, names, {twin.token_to_id(names[t.content]): i for i, t in self.specials.items()}
 
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
         """Text for `ids`. Like transformers v5, no clean_up_tokenization_spaces: it skips that for BPE models."""
@@ -211,26 +188,19 @@ class Tokenizer:
     def token_to_id(self, token: str) -> int | None:
         return self._tok.token_to_id(token)
 
-    def id_to_token(self, token_id: int) -> str | None:
-        return self._tok.id_to_token(int(token_id))
-
     @functools.cached_property
     def byte_fallback_ids(self) -> frozenset[int]:
-        """Ids of <0xNN> byte tokens when the model uses SentencePiece byte fallback, else empty.
-
-        The streaming detokenizer needs them: the ByteFallback decoder turns a whole run of byte tokens into
-        U+FFFD if the run is not valid UTF-8, so text is only final once such a run has ended.
-        """
+        """Ids of <0xNN> byte tokens when the model uses SentencePiece byte fallback, else empty (the streaming
+        detokenizer holds text back while a run of them goes on: detokenizer.py says why)."""
         if not getattr(self._tok.model, "byte_fallback", False):  # BPE and Unigram models carry the flag
             return frozenset()
         return frozenset(i for token, i in self._tok.get_vocab(with_added_tokens=False).items()
                          if len(token) == 6 and _BYTE_TOKEN.fullmatch(token))
 
-    @property
-    def special_ids(self) -> frozenset[int]:
-        """Ids of added tokens flagged special (those decode(skip_special_tokens=True) drops)."""
-        return frozenset(i for i, t in self._tok.get_added_tokens_decoder().items() if t.special)
+    @functools.cached_property
+    def specials(self) -> dict:
+        """id -> AddedToken of the added tokens flagged special (those decode(skip_special_tokens=True) drops)."""
+        return {i: t for i, t in self._tok.get_added_tokens_decoder().items() if t.special}
 
     def __repr__(self) -> str:
-        return (f"Tokenizer(vocab_size={self.vocab_size}, bos_id={self.bos_id}, eos_ids={sorted(self.eos_ids)}, "
-                f"add_bos={self.add_bos})")
+        return f"Tokenizer(vocab_size={self.vocab_size}, bos_id={self.bos_id}, eos_ids={sorted(self.eos_ids)})"
