@@ -28,7 +28,7 @@ from toolkit.engine.timings import RequestStats, StepTiming
 from .block_manager import BlockManager
 from .runner import NAN_LOGITS, NO_TOKEN, ModelRunner
 from .scheduler import DEFAULT_POLICY, Scheduler
-from .sequence import SamplingParams, Sequence, Status
+from .sequence import SamplingParams, Sequence
 from .stops import flush, stop_strings
 
 
@@ -121,7 +121,7 @@ class LLMEngine:
             seq.detokenizer = StreamingDetokenizer(self.tokenizer)
         self._seqs[seq.request_id] = seq
         if params.max_tokens == 0:
-            self._finish(seq, "length")
+            self._finish(seq)
             self._done_now.append(self._output(seq, None, "", None, "length"))
         else:
             self.scheduler.add(seq)
@@ -131,9 +131,9 @@ class LLMEngine:
         """Stop a request; its final output (finish_reason "abort") comes with the next step()."""
         self._check_thread()
         seq = self._seqs.get(request_id)
-        if seq is None or seq.is_finished:
+        if seq is None:  # unknown, or finished already (_finish forgets it)
             return
-        self._finish(seq, "abort")
+        self._finish(seq)
         self._done_now.append(self._output(seq, None, "", None, "abort"))
 
     def detach_thread(self):
@@ -154,7 +154,7 @@ class LLMEngine:
         if sched is None:
             return outputs
         for seq in sched.out_of_memory:
-            self._finish(seq, "length")
+            self._finish(seq)
             outputs.append(self._output(seq, None, "", None, "length", error="the KV cache cannot hold this request "
                                                                   "(raise --kv-cache-tokens)"))
         if not sched.seqs:
@@ -170,7 +170,7 @@ class LLMEngine:
             if tok == NO_TOKEN:
                 continue
             if tok == NAN_LOGITS:  # a numerical fault ends this request only
-                self._finish(seq, "error")
+                self._finish(seq)
                 outputs.append(self._output(seq, None, "", None, "error",
                                             error="the model produced NaN logits (check the weights and --dtype)"))
                 continue
@@ -200,7 +200,7 @@ class LLMEngine:
             if finish != "stop":
                 seq.stats.generated_tokens += 1
             if finish:
-                self._finish(seq, finish)
+                self._finish(seq)
             outputs.append(self._output(seq, tok, text, timing, finish, logprobs=lp))
         return outputs
 
@@ -225,10 +225,8 @@ class LLMEngine:
             return text, "stop" if hit else finish
         return text, finish
 
-    def _finish(self, seq: Sequence, reason: str):
-        if seq.status is not Status.FINISHED:
-            self.scheduler.remove(seq)
-        seq.status, seq.finish_reason = Status.FINISHED, reason
+    def _finish(self, seq: Sequence):
+        self.scheduler.remove(seq)
         self._seqs.pop(seq.request_id, None)
 
     def _output(self, seq, tok, text, timing, finish, error=None, logprobs=None) -> RequestOutput:

@@ -66,19 +66,16 @@ class StepResult:
 class ModelRunner:
     def __init__(self, cfg, weights, backend, max_context: int, max_num_seqs: int, max_num_batched_tokens: int,
                  num_blocks: int, block_size: int):
-        self.cfg, self.be = cfg, backend
-        self.max_context, self.block_size = max_context, block_size
-        self.max_blocks = -(-max_context // block_size)
+        self.be, self.block_size = backend, block_size
         rows = max(max_num_batched_tokens, max_num_seqs)
         self.model = Model(cfg, weights, backend, max_context, rows, max_num_seqs)
         self.kv = KVCache.allocate(backend, cfg, num_blocks, block_size)
-        self.stager = StepStager(backend, rows, max_num_seqs, self.max_blocks)
+        self.stager = StepStager(backend, rows, max_num_seqs, -(-max_context // block_size))
         # The lm_head writes logits in the compute dtype (bf16/fp16 on the GPU), as vLLM's does; only the
         # sampler's slow path makes an FP32 copy.
         self.logits = backend.empty((max_num_seqs, cfg.vocab_size))
         self.sampler = Sampler(backend, cfg.vocab_size, max_num_seqs, max_context)
-        self.on_gpu = backend.name == "cuda"
-        self.buckets = [b for b in GRAPH_BUCKETS if b <= max_num_seqs] if self.on_gpu else []
+        self.buckets = [b for b in GRAPH_BUCKETS if b <= max_num_seqs] if backend.name == "cuda" else []
         self.context_buckets = context_buckets(max_context)
         self.graphs = {}  # _graph_key(...) -> captured graph
         self._timer = backend.section_timer()

@@ -159,14 +159,6 @@ class ModelConfig:
     # there instead of implementing a second attention pattern for one family.
     sliding_window: int | None = None
 
-    def __post_init__(self):
-        if self.num_heads % self.num_kv_heads:
-            raise ToolkitError(
-                f"num_attention_heads {self.num_heads} is not a multiple of "
-                f"num_key_value_heads {self.num_kv_heads}")
-        if self.head_dim % 2:
-            raise ToolkitError(f"head_dim {self.head_dim} must be even for RoPE")
-
     @property
     def qkv_size(self) -> int:
         return (self.num_heads + 2 * self.num_kv_heads) * self.head_dim
