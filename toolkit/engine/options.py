@@ -12,6 +12,8 @@ one place. A toggle the backend cannot run (CUDA graphs on the CPU) is not offer
 """
 from dataclasses import dataclass, field, fields, replace
 
+from toolkit.errors import ToolkitError
+
 
 def _toggle(help_text: str, gpu_only: bool = False):
     return field(default=True, metadata={"help": help_text, "gpu_only": gpu_only})
@@ -77,12 +79,15 @@ class EngineOptions:
         return tuple(n for n in cls.names() if ok.get(n, True))
 
     def validate(self):
-        """Raise ToolkitError naming the field for sparse parameters that cannot work (K, W, R, Q >= 1, W >= R,
-        keep % >= 1)."""
-        from toolkit.model.sparse import validate
-
-        validate(self.sparse_topk, self.sparse_window, self.sparse_block, self.sparse_query_tile,
-                 self.sparse_max_keep_pct)
+        """Raise ToolkitError naming the field for sparse parameters that cannot work (each >= 1, W >= R)."""
+        for name in self.param_names():
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ToolkitError(f"{name} must be an integer >= 1, got {v!r}")
+        W, R = self.sparse_window, self.sparse_block
+        if W < R:
+            raise ToolkitError(f"sparse_window ({W}) must be >= sparse_block ({R}): the window has to cover the "
+                               "partial block at the end of each query's context")
 
     def effective(self, backend) -> "EngineOptions":
         """The options as they run on this backend: a toggle it cannot run reads as off; PDL needs CUDA graphs
