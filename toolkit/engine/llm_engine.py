@@ -61,7 +61,7 @@ class LLMEngine:
         self.runner = ModelRunner(cfg, weights, backend, max_context, max_num_seqs, max_num_batched_tokens,
                                   num_blocks, block_size)
         options.validate()
-        self._pending = options
+        self.options = options  # as requested: effective_options() is what steps run
         self._seqs: dict = {}  # request id -> Sequence, until its final output is emitted
         self._done_now: list = []  # outputs due at the next step() that no forward pass produces
         self._step_index = 0
@@ -69,18 +69,14 @@ class LLMEngine:
         self._eos = frozenset(tokenizer.eos_ids) if tokenizer is not None else frozenset()
 
     # -- options --------------------------------------------------------------------------------------
-    @property
-    def options(self) -> EngineOptions:
-        return self._pending
-
     def set_options(self, options: EngineOptions):
         """Takes effect at the next step boundary (any thread may call this: it is one assignment)."""
         options.validate()
-        self._pending = options
+        self.options = options
 
     def effective_options(self) -> EngineOptions:
         """The options as they run on this backend (a toggle it cannot run reads as off)."""
-        return self._pending.effective(self.backend)
+        return self.options.effective(self.backend)
 
     # -- requests -------------------------------------------------------------------------------------
     def _check_thread(self):
