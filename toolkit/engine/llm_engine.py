@@ -87,8 +87,7 @@ class LLMEngine:
             raise RuntimeError("LLMEngine is used from a second thread; it belongs to the thread that first "
                                "used it. Drive it from other threads through toolkit.engine.worker.EngineWorker.")
 
-    def add_request(self, prompt_ids, params: SamplingParams | None = None, request_id: str | None = None,
-                    detokenize: bool = True) -> str:
+    def add_request(self, prompt_ids, params: SamplingParams | None = None, request_id: str | None = None) -> str:
         """Queue a request; raises ToolkitError (and queues nothing) if it can never run."""
         self._check_thread()
         params = params or SamplingParams()
@@ -112,7 +111,7 @@ class LLMEngine:
         stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else set(self._eos))
         seq.sampling = RequestSampling(params, ids, self.cfg.vocab_size, seq.seed, stop_ids,
                                        bad_word_ids(params.bad_words, self.tokenizer))
-        if self.tokenizer is not None and detokenize:
+        if self.tokenizer is not None:
             from toolkit.text.detokenizer import StreamingDetokenizer
             seq.detokenizer = StreamingDetokenizer(self.tokenizer)
         self._seqs[seq.request_id] = seq
@@ -160,7 +159,7 @@ class LLMEngine:
         due = [i for i, (s, n) in enumerate(zip(seqs, sched.num_new)) if s.num_computed + n == s.num_tokens]
         res = self.runner.run(batch, options, [s.sampling for s in seqs], due)
         produced, t_detok = [], 0.0
-        decoding = [n == 1 and s.num_computed >= s.num_prompt for s, n in zip(seqs, sched.num_new)]
+        decoding = [n == 1 and s.num_computed >= len(s.prompt_ids) for s, n in zip(seqs, sched.num_new)]
         for seq, n, tok, lp in zip(seqs, sched.num_new, res.tokens, res.logprobs):
             seq.num_computed += n
             if tok == NO_TOKEN:

@@ -56,10 +56,6 @@ class Sequence:
         self.stats.prompt_tokens = len(self.prompt_ids)
 
     @property
-    def num_prompt(self) -> int:
-        return len(self.prompt_ids)
-
-    @property
     def num_tokens(self) -> int:
         return len(self.token_ids)
 
