@@ -1,12 +1,5 @@
 """The one place an engine is built, for `generate`, `chat`, `bench`, the UI and `LLM`.
 
-    model folder or Hub id (toolkit/model/hub.py), or a named shape with random weights
-      -> config, tokenizer, chat template
-      -> backend (CUDA when usable, else the CPU, with the reason)
-      -> weights on the backend
-      -> sizes: context, KV-cache blocks, batch limits
-      -> LLMEngine, warmed up (kernels compiled, CUDA graphs captured)
-
 Sizing defaults, and why:
   * context: min(model maximum, 4096), as before.
   * KV cache on the GPU: half the memory left free after the weights and scratch, capped at what
