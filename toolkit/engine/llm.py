@@ -104,8 +104,7 @@ class LLM:
         """prompts: a str or a list of str. params (or vLLM's spelling, sampling_params): one SamplingParams for
         all, or one per prompt (None: get_default_sampling_params()). One result per prompt, in order."""
         params = _one_of(params, sampling_params)
-        single = isinstance(prompts, str)
-        prompts = [prompts] if single else list(prompts)
+        prompts = [prompts] if isinstance(prompts, str) else list(prompts)
         for i, p in enumerate(prompts):
             if not isinstance(p, str):
                 raise TypeError(f"prompt {i} must be a str, got {type(p).__name__}")

@@ -153,9 +153,7 @@ class ModelRunner:
         tokens = be.ids_to_host(sampler.sampled, B).astype(np.int64)  # the step's one synchronisation
         tokens[tokens < 0] = NAN_LOGITS  # the sampling kernel marks a row holding a NaN logit with -1
         tokens[~due] = NO_TOKEN  # rows that fed only part of a prompt pick nothing
-        sections = {}
-        if not use_graph:
-            sections = in_order([*self._timer.laps_ms(), ("gate", gate_ms)])  # gate: host time
+        sections = {} if use_graph else in_order([*self._timer.laps_ms(), ("gate", gate_ms)])  # gate: host time
         return StepResult(tokens, clock.elapsed_ms(), MappingProxyType(sections), use_graph,
                           "fast" if sb.fast else "slow", sb.why_slow, sampler.materialised_bytes(sb),
                           self._logprobs_to_host(lp, states, tokens) if lp is not None else [None] * B, options, plan)
@@ -169,7 +167,7 @@ class ModelRunner:
         slp, rank = get(slp, B), get(rank, B)
         out = []
         for i, s in enumerate(states):
-            k = s.params.logprobs if s is not None and s.params.logprobs is not None else None
+            k = s.params.logprobs if s is not None else None
             if k is None or tokens[i] < 0:
                 out.append(None)
                 continue
