@@ -68,11 +68,6 @@ def expected_tensors(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def _ignorable(name: str, cfg: ModelConfig) -> bool:
-    """Tensors transformers also skips: old rotary-frequency buffers, and lm_head when it is tied to the embedding."""
-    return name.endswith("rotary_emb.inv_freq") or (name == "lm_head.weight" and cfg.tie_word_embeddings)
-
-
 def check_tensor_names(ckpt: Checkpoint, cfg: ModelConfig, shapes: dict, shown: int = 3):
     """Before reading anything: every tensor the config needs is there, and nothing is left over.
 
@@ -82,7 +77,9 @@ def check_tensor_names(ckpt: Checkpoint, cfg: ModelConfig, shapes: dict, shown: 
     for name in shapes:
         if name not in ckpt:
             raise ckpt.missing(name)
-    extra = [n for n in ckpt.names() if n not in shapes and not _ignorable(n, cfg)]
+    # Not leftovers, as transformers also skips them: old rotary-frequency buffers, and a tied lm_head.
+    extra = [n for n in ckpt.names() if n not in shapes and not n.endswith("rotary_emb.inv_freq")
+             and not (n == "lm_head.weight" and cfg.tie_word_embeddings)]
     if extra:
         listed = ", ".join(repr(n) for n in extra[:shown])
         more = f" and {len(extra) - shown} more" if len(extra) > shown else ""
