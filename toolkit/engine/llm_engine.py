@@ -146,8 +146,6 @@ class LLMEngine:
         options = self.effective_options()
         self.block_manager.prefix_caching = options.prefix_caching
         sched = self.scheduler.schedule()
-        if sched is None:
-            return outputs
         for seq in sched.out_of_memory:
             self._finish(seq)
             outputs.append(self._output(seq, None, "", None, "length", error="the KV cache cannot hold this request "
