@@ -33,6 +33,7 @@ import numpy as np
 
 from toolkit.model.config import ModelConfig, rope_tables
 from toolkit.model.plan import DOWN_SLICES, SKINNY_ROWS, StepPlan, make_plan
+from toolkit.model.sparse import SparsePrefill
 from toolkit.model.weights import Weights
 
 
@@ -90,7 +91,7 @@ class Model:
             norm_parts=be.empty((max(1, H // 16 * min(rows, SKINNY_ROWS[1])),), np.float32))
         self.x_last = be.empty((max_seqs, H))
         self._plans = {}  # (rows, decodes, context bucket, options) -> StepPlan
-        self._sparse = None  # the sparse prefill's workspaces (sparse.py), made at its first use
+        self._sparse = SparsePrefill(backend)  # the sparse prefill's workspaces (sparse.py), grown at first use
 
     def plan(self, step, options) -> StepPlan:
         """The step plan for this step's shape under `options` (as effective on this backend), made once."""
@@ -178,9 +179,6 @@ class Model:
             decode(s.q[:nd], k, v, step.block_tables[:nd], step.seq_lens[:nd], bs, self.scale, s.attn[:nd],
                    step.context_bucket)
         if nd < B and plan.sparse is not None:  # prompt rows: window + top-k blocks (sparse.py)
-            if self._sparse is None:
-                from toolkit.model.sparse import SparsePrefill
-                self._sparse = SparsePrefill(self.be)
             self._sparse.run(step, k, v, bs, s.q, s.attn, nd, plan.sparse, timer, self.scale,
                              plan.prefill_attention == "tc")
         elif nd < B:
