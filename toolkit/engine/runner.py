@@ -96,10 +96,8 @@ class ModelRunner:
             qsl.append(qsl[-1] + n)
             lens.append(start + n)
             tables[i, :len(table)] = table
-        i32 = np.int32
-        return StepBatch(np.array(ids, i32), np.array(pos, i32), np.array(slots, i32), np.array(qsl, i32),
-                         np.array(lens, i32), tables, num_decodes, self.context_bucket(max(lens[:num_decodes],
-                                                                                           default=0)))
+        arrays = (np.array(a, np.int32) for a in (ids, pos, slots, qsl, lens))
+        return StepBatch(*arrays, tables, num_decodes, self.context_bucket(max(lens[:num_decodes], default=0)))
 
     def context_bucket(self, longest: int) -> int:
         """The context bucket of a step whose longest decode row has `longest` tokens of context (past

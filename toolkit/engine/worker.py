@@ -30,10 +30,7 @@ class RequestHandle:
         self._queue = queue.Queue()
 
     def __iter__(self):
-        while True:
-            out = self._queue.get()
-            if out is _DONE:
-                return
+        while (out := self._queue.get()) is not _DONE:
             yield out
             if out.finish_reason is not None:
                 return
