@@ -72,6 +72,10 @@ def test_one_result_per_prompt_in_order(llama):
     t = got[1].timings  # the request's timing record
     assert (t.prompt_tokens, t.generated_tokens) == (len(got[1].prompt_token_ids), 1)
     assert llama.generate("a", SamplingParams(max_tokens=2))[0].prompt == "a"  # a str: a list of one
+    vllm_spelling = SamplingParams(max_tokens=2, ignore_eos=True)
+    assert len(llama.generate("a", sampling_params=vllm_spelling)[0].outputs[0].token_ids) == 2
+    with pytest.raises(TypeError, match="not both"):
+        llama.generate("a", GREEDY, sampling_params=GREEDY)
     with pytest.raises(ValueError, match="2 SamplingParams for 4 prompts"):
         llama.generate(prompts, params[:2])
 

@@ -96,7 +96,7 @@ def engines(folder, options, max_context=64, **kw):
     fast = build_engine(folder, device="cpu", max_context=max_context, options=options, warmup=False, **kw)
     ref = build_engine(folder, device="cpu", max_context=max_context, options=options, warmup=False, **kw)
     ref.runner.model.be = RefBackend()  # the model's ops only; the runner keeps its own backend
-    ref.runner.model._sparse = None
+    ref.runner.model._sparse = sparse.SparsePrefill(ref.runner.model.be)
     return fast, ref
 
 

@@ -28,7 +28,6 @@ class BlockManager:
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.free = OrderedDict.fromkeys(range(num_blocks))  # ids with ref_count 0, least recently freed first
         self.cached = {}  # hash -> block id, for full blocks whose K/V are in the cache
-        self.hits = self.queries = 0  # prefix-cache counters, in blocks
 
     @property
     def num_blocks(self) -> int:
@@ -65,8 +64,6 @@ class BlockManager:
             b.ref_count += 1
             seq.block_table.append(bid)
             seq.block_hashes.append(b.hash)
-        self.queries += (len(seq.token_ids) - 1) // self.block_size
-        self.hits += len(hits)
         return len(hits) * self.block_size
 
     # -- growth ------------------------------------------------------------------------------------------

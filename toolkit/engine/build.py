@@ -1,12 +1,5 @@
 """The one place an engine is built, for `generate`, `chat`, `bench`, the UI and `LLM`.
 
-    model folder or Hub id (toolkit/model/hub.py), or a named shape with random weights
-      -> config, tokenizer, chat template
-      -> backend (CUDA when usable, else the CPU, with the reason)
-      -> weights on the backend
-      -> sizes: context, KV-cache blocks, batch limits
-      -> LLMEngine, warmed up (kernels compiled, CUDA graphs captured)
-
 Sizing defaults, and why:
   * context: min(model maximum, 4096), as before.
   * KV cache on the GPU: half the memory left free after the weights and scratch, capped at what
@@ -68,18 +61,12 @@ def _check_tokenizer(tokenizer, cfg: ModelConfig, model: Path):
         raise ToolkitError(f"{model}: bos_token_id {tokenizer.bos_id} is outside the model's embedding ({rows} rows)")
 
 
-def _free_memory(backend) -> int:
-    """Bytes the KV cache may take: free device memory on the GPU, available RAM on the CPU."""
-    if backend.name == "cuda":
-        return backend.cp.cuda.runtime.memGetInfo()[0]
-    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-
-
 def _kv_tokens(backend, cfg, requested, max_context, max_num_seqs) -> int:
     # More than max_num_seqs full contexts can never be used: larger requests are clamped to that.
     ceiling = max_num_seqs * max_context + BLOCK_SIZE
     per_token = KVCache.bytes_per_token(cfg, backend.empty((1,)).itemsize)
-    free = _free_memory(backend)
+    free = (backend.cp.cuda.runtime.memGetInfo()[0] if backend.name == "cuda"  # free device memory, or RAM
+            else os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
     if requested is not None:
         if requested < BLOCK_SIZE:
             raise ToolkitError(f"--kv-cache-tokens must be >= {BLOCK_SIZE} (one KV-cache block), got {requested}")
@@ -157,8 +144,7 @@ def warm_up(engine: LLMEngine):
     thread pool, module loading, cuBLAS handles, graph capture) never land in a request's timings."""
     # Two prompt tokens when the context allows (a prefill of more than one row), else one: the
     # smallest context, 2, holds one prompt token and one generated token.
-    for _ in engine.generate([0] * min(2, engine.max_context - 1), SamplingParams(max_tokens=2, ignore_eos=True)):
-        pass
+    list(engine.generate([0] * min(2, engine.max_context - 1), SamplingParams(max_tokens=2, ignore_eos=True)))
     options = engine.effective_options()
     if options.cuda_graphs:
         engine.runner.capture_all(options)

@@ -44,13 +44,9 @@ def resolve_device(requested: str) -> tuple[str, str]:
 
     if requested == "cpu":
         return "cpu", "CPU backend (requested)"
-    ok, why = probe_gpu()
-    if requested == "cuda":
-        if not ok:
-            raise ToolkitError(f"--device cuda: {why}")
-        return "cuda", f"CUDA backend: {why}"
-    if requested != "auto":
+    if requested not in ("auto", "cuda"):
         raise ToolkitError(f"unknown device {requested!r} (choose auto, cuda or cpu)")
-    if ok:
-        return "cuda", f"CUDA backend: {why}"
-    return "cpu", f"CPU backend: {why}"
+    ok, why = probe_gpu()
+    if requested == "cuda" and not ok:
+        raise ToolkitError(f"--device cuda: {why}")
+    return ("cuda", f"CUDA backend: {why}") if ok else ("cpu", f"CPU backend: {why}")

@@ -82,9 +82,11 @@ class LLM:
         return SamplingParams(**{"max_tokens": DEFAULT_MAX_TOKENS,
                                  **getattr(self.engine, "generation_defaults", {})})
 
-    def _params(self, params, n: int) -> list:
+    def _params(self, params, sampling_params, n: int) -> list:
         if params is None:
-            params = self.get_default_sampling_params()
+            params = sampling_params if sampling_params is not None else self.get_default_sampling_params()
+        elif sampling_params is not None:
+            raise TypeError("give params or sampling_params, not both")
         if isinstance(params, SamplingParams):
             params = [params] * n
         else:
@@ -103,14 +105,12 @@ class LLM:
     def generate(self, prompts, params=None, *, sampling_params=None) -> list[RequestResult]:
         """prompts: a str or a list of str. params (or vLLM's spelling, sampling_params): one SamplingParams for
         all, or one per prompt (None: get_default_sampling_params()). One result per prompt, in order."""
-        params = _one_of(params, sampling_params)
-        single = isinstance(prompts, str)
-        prompts = [prompts] if single else list(prompts)
+        prompts = [prompts] if isinstance(prompts, str) else list(prompts)
         for i, p in enumerate(prompts):
             if not isinstance(p, str):
                 raise TypeError(f"prompt {i} must be a str, got {type(p).__name__}")
         tok = self._tokenizer()
-        return self._run(prompts, [tok.encode(p) for p in prompts], self._params(params, len(prompts)))
+        return self._run(prompts, [tok.encode(p) for p in prompts], self._params(params, sampling_params, len(prompts)))
 
     def chat(self, messages, params=None, *, sampling_params=None, add_generation_prompt: bool = True,
              chat_template_kwargs: dict | None = None, allow_special_in_content: bool = False) -> list[RequestResult]:
@@ -118,7 +118,6 @@ class LLM:
         rendered with the model's chat template (toolkit/text/chat_template.py) and generated as a prompt; one
         result per conversation, in order. chat_template_kwargs reach the template (enable_thinking=False).
         A special token's string inside a content ("<|im_start|>") is text, unless allow_special_in_content."""
-        params = _one_of(params, sampling_params)
         template = self.engine.chat_template
         if template is None:
             raise ToolkitError("this model has no chat template (chat_template.jinja, or chat_template in "
@@ -134,7 +133,7 @@ class LLM:
         tok = self._tokenizer()
         # The template writes BOS and the role markers itself: no special tokens are added (as the CLI's --chat).
         ids = [template.encode(c, tok, allow_special_in_content, **kw) for c in convs]
-        return self._run(texts, ids, self._params(params, len(convs)))
+        return self._run(texts, ids, self._params(params, sampling_params, len(convs)))
 
     def _tokenizer(self):
         if self.engine.tokenizer is None:
@@ -180,9 +179,3 @@ class LLM:
                 engine.step()
             raise
         return [done[i] for i in range(len(prompts))]
-
-
-def _one_of(params, sampling_params):
-    if params is not None and sampling_params is not None:
-        raise TypeError("give params or sampling_params, not both")
-    return params if params is not None else sampling_params

@@ -28,7 +28,7 @@ from toolkit.engine.timings import RequestStats, StepTiming
 from .block_manager import BlockManager
 from .runner import NAN_LOGITS, NO_TOKEN, ModelRunner
 from .scheduler import DEFAULT_POLICY, Scheduler
-from .sequence import SamplingParams, Sequence, Status
+from .sequence import SamplingParams, Sequence
 from .stops import flush, stop_strings
 
 
@@ -61,7 +61,7 @@ class LLMEngine:
         self.runner = ModelRunner(cfg, weights, backend, max_context, max_num_seqs, max_num_batched_tokens,
                                   num_blocks, block_size)
         options.validate()
-        self._pending = options
+        self.options = options  # as requested: effective_options() is what steps run
         self._seqs: dict = {}  # request id -> Sequence, until its final output is emitted
         self._done_now: list = []  # outputs due at the next step() that no forward pass produces
         self._step_index = 0
@@ -69,18 +69,14 @@ class LLMEngine:
         self._eos = frozenset(tokenizer.eos_ids) if tokenizer is not None else frozenset()
 
     # -- options --------------------------------------------------------------------------------------
-    @property
-    def options(self) -> EngineOptions:
-        return self._pending
-
     def set_options(self, options: EngineOptions):
         """Takes effect at the next step boundary (any thread may call this: it is one assignment)."""
         options.validate()
-        self._pending = options
+        self.options = options
 
     def effective_options(self) -> EngineOptions:
         """The options as they run on this backend (a toggle it cannot run reads as off)."""
-        return self._pending.effective(self.backend)
+        return self.options.effective(self.backend)
 
     # -- requests -------------------------------------------------------------------------------------
     def _check_thread(self):
@@ -91,8 +87,7 @@ class LLMEngine:
             raise RuntimeError("LLMEngine is used from a second thread; it belongs to the thread that first "
                                "used it. Drive it from other threads through toolkit.engine.worker.EngineWorker.")
 
-    def add_request(self, prompt_ids, params: SamplingParams | None = None, request_id: str | None = None,
-                    detokenize: bool = True) -> str:
+    def add_request(self, prompt_ids, params: SamplingParams | None = None, request_id: str | None = None) -> str:
         """Queue a request; raises ToolkitError (and queues nothing) if it can never run."""
         self._check_thread()
         params = params or SamplingParams()
@@ -116,12 +111,12 @@ class LLMEngine:
         stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else set(self._eos))
         seq.sampling = RequestSampling(params, ids, self.cfg.vocab_size, seq.seed, stop_ids,
                                        bad_word_ids(params.bad_words, self.tokenizer))
-        if self.tokenizer is not None and detokenize:
+        if self.tokenizer is not None:
             from toolkit.text.detokenizer import StreamingDetokenizer
             seq.detokenizer = StreamingDetokenizer(self.tokenizer)
         self._seqs[seq.request_id] = seq
         if params.max_tokens == 0:
-            self._finish(seq, "length")
+            self._finish(seq)
             self._done_now.append(self._output(seq, None, "", None, "length"))
         else:
             self.scheduler.add(seq)
@@ -131,9 +126,9 @@ class LLMEngine:
         """Stop a request; its final output (finish_reason "abort") comes with the next step()."""
         self._check_thread()
         seq = self._seqs.get(request_id)
-        if seq is None or seq.is_finished:
+        if seq is None:  # unknown, or finished already (_finish forgets it)
             return
-        self._finish(seq, "abort")
+        self._finish(seq)
         self._done_now.append(self._output(seq, None, "", None, "abort"))
 
     def detach_thread(self):
@@ -151,10 +146,8 @@ class LLMEngine:
         options = self.effective_options()
         self.block_manager.prefix_caching = options.prefix_caching
         sched = self.scheduler.schedule()
-        if sched is None:
-            return outputs
         for seq in sched.out_of_memory:
-            self._finish(seq, "length")
+            self._finish(seq)
             outputs.append(self._output(seq, None, "", None, "length", error="the KV cache cannot hold this request "
                                                                   "(raise --kv-cache-tokens)"))
         if not sched.seqs:
@@ -164,13 +157,13 @@ class LLMEngine:
         due = [i for i, (s, n) in enumerate(zip(seqs, sched.num_new)) if s.num_computed + n == s.num_tokens]
         res = self.runner.run(batch, options, [s.sampling for s in seqs], due)
         produced, t_detok = [], 0.0
-        decoding = [n == 1 and s.num_computed >= s.num_prompt for s, n in zip(seqs, sched.num_new)]
+        decoding = [n == 1 and s.num_computed >= len(s.prompt_ids) for s, n in zip(seqs, sched.num_new)]
         for seq, n, tok, lp in zip(seqs, sched.num_new, res.tokens, res.logprobs):
             seq.num_computed += n
             if tok == NO_TOKEN:
                 continue
             if tok == NAN_LOGITS:  # a numerical fault ends this request only
-                self._finish(seq, "error")
+                self._finish(seq)
                 outputs.append(self._output(seq, None, "", None, "error",
                                             error="the model produced NaN logits (check the weights and --dtype)"))
                 continue
@@ -203,7 +196,7 @@ class LLMEngine:
             if finish != "stop":
                 seq.stats.generated_tokens += 1
             if finish:
-                self._finish(seq, finish)
+                self._finish(seq)
             outputs.append(self._output(seq, tok, text, timing, finish, logprobs=lp))
         return outputs
 
@@ -228,10 +221,8 @@ class LLMEngine:
             return text, "stop" if hit else finish
         return text, finish
 
-    def _finish(self, seq: Sequence, reason: str):
-        if seq.status is not Status.FINISHED:
-            self.scheduler.remove(seq)
-        seq.status, seq.finish_reason = Status.FINISHED, reason
+    def _finish(self, seq: Sequence):
+        self.scheduler.remove(seq)
         self._seqs.pop(seq.request_id, None)
 
     def _output(self, seq, tok, text, timing, finish, error=None, logprobs=None) -> RequestOutput:

@@ -12,9 +12,11 @@ one place. A toggle the backend cannot run (CUDA graphs on the CPU) is not offer
 """
 from dataclasses import dataclass, field, fields, replace
 
+from toolkit.errors import ToolkitError
 
-def _toggle(help_text: str, gpu_only: bool = False):
-    return field(default=True, metadata={"help": help_text, "gpu_only": gpu_only})
+
+def _toggle(help_text: str):
+    return field(default=True, metadata={"help": help_text})
 
 
 def _param(default: int, help_text: str):
@@ -29,13 +31,12 @@ class EngineOptions:
                                    "(exact when the selection covers every block)")
     prefix_caching: bool = _toggle("reuse the KV cache of an earlier request's identical prompt prefix")
     cuda_graphs: bool = _toggle("replay each decode step from a CUDA graph instead of launching its kernels one "
-                                "by one", gpu_only=True)
+                                "by one")
     fused_kernels: bool = _toggle("our decode kernels: a GEMV at batch 1, a tensor-core GEMM with RoPE, RMSNorm "
                                   "and SwiGLU in its epilogues at 2-32 rows, the down projection in slices; off: "
-                                  "cuBLAS for every projection and separate norm, RoPE and SwiGLU kernels",
-                                  gpu_only=True)
+                                  "cuBLAS for every projection and separate norm, RoPE and SwiGLU kernels")
     pdl: bool = _toggle("in a graph-replayed decode step, start each kernel while the previous one finishes, so "
-                        "it streams its weights early (programmatic dependent launch, Hopper)", gpu_only=True)
+                        "it streams its weights early (programmatic dependent launch, Hopper)")
     # Parameters of the sparse prefill (DeepSeek-V4-Flash's values); not toggles.
     sparse_topk: int = _param(512, "key blocks each query keeps (K)")
     sparse_window: int = _param(128, "sliding-window tokens each query always sees (W)")
@@ -77,12 +78,15 @@ class EngineOptions:
         return tuple(n for n in cls.names() if ok.get(n, True))
 
     def validate(self):
-        """Raise ToolkitError naming the field for sparse parameters that cannot work (K, W, R, Q >= 1, W >= R,
-        keep % >= 1)."""
-        from toolkit.model.sparse import validate
-
-        validate(self.sparse_topk, self.sparse_window, self.sparse_block, self.sparse_query_tile,
-                 self.sparse_max_keep_pct)
+        """Raise ToolkitError naming the field for sparse parameters that cannot work (each >= 1, W >= R)."""
+        for name in self.param_names():
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ToolkitError(f"{name} must be an integer >= 1, got {v!r}")
+        W, R = self.sparse_window, self.sparse_block
+        if W < R:
+            raise ToolkitError(f"sparse_window ({W}) must be >= sparse_block ({R}): the window has to cover the "
+                               "partial block at the end of each query's context")
 
     def effective(self, backend) -> "EngineOptions":
         """The options as they run on this backend: a toggle it cannot run reads as off; PDL needs CUDA graphs

@@ -66,19 +66,16 @@ class StepResult:
 class ModelRunner:
     def __init__(self, cfg, weights, backend, max_context: int, max_num_seqs: int, max_num_batched_tokens: int,
                  num_blocks: int, block_size: int):
-        self.cfg, self.be = cfg, backend
-        self.max_context, self.block_size = max_context, block_size
-        self.max_blocks = -(-max_context // block_size)
+        self.be, self.block_size = backend, block_size
         rows = max(max_num_batched_tokens, max_num_seqs)
         self.model = Model(cfg, weights, backend, max_context, rows, max_num_seqs)
         self.kv = KVCache.allocate(backend, cfg, num_blocks, block_size)
-        self.stager = StepStager(backend, rows, max_num_seqs, self.max_blocks)
+        self.stager = StepStager(backend, rows, max_num_seqs, -(-max_context // block_size))
         # The lm_head writes logits in the compute dtype (bf16/fp16 on the GPU), as vLLM's does; only the
         # sampler's slow path makes an FP32 copy.
         self.logits = backend.empty((max_num_seqs, cfg.vocab_size))
         self.sampler = Sampler(backend, cfg.vocab_size, max_num_seqs, max_context)
-        self.on_gpu = backend.name == "cuda"
-        self.buckets = [b for b in GRAPH_BUCKETS if b <= max_num_seqs] if self.on_gpu else []
+        self.buckets = [b for b in GRAPH_BUCKETS if b <= max_num_seqs] if backend.name == "cuda" else []
         self.context_buckets = context_buckets(max_context)
         self.graphs = {}  # _graph_key(...) -> captured graph
         self._timer = backend.section_timer()
@@ -99,10 +96,8 @@ class ModelRunner:
             qsl.append(qsl[-1] + n)
             lens.append(start + n)
             tables[i, :len(table)] = table
-        i32 = np.int32
-        return StepBatch(np.array(ids, i32), np.array(pos, i32), np.array(slots, i32), np.array(qsl, i32),
-                         np.array(lens, i32), tables, num_decodes, self.context_bucket(max(lens[:num_decodes],
-                                                                                           default=0)))
+        arrays = (np.array(a, np.int32) for a in (ids, pos, slots, qsl, lens))
+        return StepBatch(*arrays, tables, num_decodes, self.context_bucket(max(lens[:num_decodes], default=0)))
 
     def context_bucket(self, longest: int) -> int:
         """The context bucket of a step whose longest decode row has `longest` tokens of context (past
@@ -156,9 +151,7 @@ class ModelRunner:
         tokens = be.ids_to_host(sampler.sampled, B).astype(np.int64)  # the step's one synchronisation
         tokens[tokens < 0] = NAN_LOGITS  # the sampling kernel marks a row holding a NaN logit with -1
         tokens[~due] = NO_TOKEN  # rows that fed only part of a prompt pick nothing
-        sections = {}
-        if not use_graph:
-            sections = in_order([*self._timer.laps_ms(), ("gate", gate_ms)])  # gate: host time
+        sections = {} if use_graph else in_order([*self._timer.laps_ms(), ("gate", gate_ms)])  # gate: host time
         return StepResult(tokens, clock.elapsed_ms(), MappingProxyType(sections), use_graph,
                           "fast" if sb.fast else "slow", sb.why_slow, sampler.materialised_bytes(sb),
                           self._logprobs_to_host(lp, states, tokens) if lp is not None else [None] * B, options, plan)
@@ -172,7 +165,7 @@ class ModelRunner:
         slp, rank = get(slp, B), get(rank, B)
         out = []
         for i, s in enumerate(states):
-            k = s.params.logprobs if s is not None and s.params.logprobs is not None else None
+            k = s.params.logprobs if s is not None else None
             if k is None or tokens[i] < 0:
                 out.append(None)
                 continue

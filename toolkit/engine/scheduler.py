@@ -64,7 +64,7 @@ class Scheduler:
             self.waiting.remove(seq)
         self.bm.release(seq)
 
-    def schedule(self) -> ScheduledStep | None:
+    def schedule(self) -> ScheduledStep:
         out = ScheduledStep([], [], 0)
         if self.policy == "alternate":
             decodes, chunks = self._pass(out, decodes_too=False, admit=True)
@@ -77,7 +77,7 @@ class Scheduler:
             out.num_new.append(n)
             self.bm.commit(seq, seq.num_computed + n)  # written by this step: shareable from now on
         out.num_decodes = len(decodes)
-        return out if out.seqs or out.out_of_memory else None
+        return out
 
     def _pass(self, out: ScheduledStep, decodes_too: bool, admit: bool) -> tuple:
         """Running requests first (in admission order), then, if room is left, waiting ones."""

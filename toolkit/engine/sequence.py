@@ -24,7 +24,6 @@ from toolkit.engine.timings import StatsAccumulator
 class Status(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
-    FINISHED = "finished"
 
 
 _ids = itertools.count()
@@ -40,7 +39,6 @@ class Sequence:
     block_table: list = field(default_factory=list)
     block_hashes: list = field(default_factory=list)  # chained hashes of the full blocks committed so far
     status: Status = Status.WAITING
-    finish_reason: str | None = None
     detokenizer: object = None
     seed: int = 0
     sampling: object = None  # RequestSampling (toolkit/sampler/state.py), set by the engine at admission
@@ -58,10 +56,6 @@ class Sequence:
         self.stats.prompt_tokens = len(self.prompt_ids)
 
     @property
-    def num_prompt(self) -> int:
-        return len(self.prompt_ids)
-
-    @property
     def num_tokens(self) -> int:
         return len(self.token_ids)
 
@@ -72,7 +66,3 @@ class Sequence:
     @property
     def num_unfed(self) -> int:
         return len(self.token_ids) - self.num_computed
-
-    @property
-    def is_finished(self) -> bool:
-        return self.status is Status.FINISHED

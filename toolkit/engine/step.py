@@ -93,19 +93,14 @@ class StepStager:
 
     def __init__(self, backend, max_tokens: int, max_seqs: int, max_blocks: int):
         self.max_tokens, self.max_seqs, self.max_blocks = max_tokens, max_seqs, max_blocks
-        sizes = [("qsl", max_seqs + 1), ("seq_lens", max_seqs), ("logits_rows", max_seqs),
-                 ("ids", max_tokens), ("positions", max_tokens), ("slots", max_tokens),
-                 ("block_tables", max_seqs * max_blocks)]
-        self._offsets, total = {}, 0
-        for name, n in sizes:
-            self._offsets[name] = (total, n)
-            total += n
-        self.host, self.dev = backend.int_buffer(total)
+        sizes = {"qsl": max_seqs + 1, "seq_lens": max_seqs, "logits_rows": max_seqs, "ids": max_tokens,
+                 "positions": max_tokens, "slots": max_tokens, "block_tables": max_seqs * max_blocks}
+        self.host, self.dev = backend.int_buffer(sum(sizes.values()))
+        self.h, self.d, off = {}, {}, 0  # name -> its region of the host / device buffer
+        for name, n in sizes.items():
+            self.h[name], self.d[name] = self.host[off:off + n], self.dev[off:off + n]
+            off += n
         self._upload = backend.upload
-
-    def _region(self, arr, name):
-        off, n = self._offsets[name]
-        return arr[off:off + n]
 
     def stage(self, batch: StepBatch, pad_to: int | None = None) -> DeviceStep:
         """Write `batch` into the buffers; `pad_to` pads a decode batch to a graph bucket
@@ -120,31 +115,30 @@ class StepStager:
         if nd and batch.seq_lens[:nd].max() > batch.context_bucket:  # the plan would be too short for a row
             raise ValueError(f"decode context {batch.seq_lens[:nd].max()} exceeds the step's context bucket "
                              f"{batch.context_bucket}")
-        h, r = self.host, self._region
-        qsl = r(h, "qsl")
+        h = self.h
+        qsl = h["qsl"]
         qsl[:B + 1] = batch.query_start_loc
         qsl[B + 1:Bp + 1] = np.arange(N + 1, Np + 1, dtype=np.int32)
-        seq_lens = r(h, "seq_lens")
+        seq_lens = h["seq_lens"]
         seq_lens[:B] = batch.seq_lens
         seq_lens[B:Bp] = 0
-        r(h, "logits_rows")[:Bp] = qsl[1:Bp + 1] - 1
+        h["logits_rows"][:Bp] = qsl[1:Bp + 1] - 1
         for name, src, pad in (("ids", batch.input_ids, 0), ("positions", batch.positions, 0),
                                ("slots", batch.slot_mapping, -1)):
-            dst = r(h, name)
+            dst = h[name]
             dst[:N] = src
             dst[N:Np] = pad
-        bt = r(h, "block_tables")[:Bp * self.max_blocks].reshape(Bp, self.max_blocks)
+        bt = h["block_tables"][:Bp * self.max_blocks].reshape(Bp, self.max_blocks)
         M = batch.block_tables.shape[1]
         bt[:B, :M] = batch.block_tables
         bt[B:Bp] = 0
-        off, _ = self._offsets["block_tables"]
-        self._upload(self.host, self.dev, off + Bp * self.max_blocks)
-        d = self.dev
+        # The block tables are the last region: one copy up to this step's last row of them.
+        self._upload(self.host, self.dev, self.host.size - (self.max_seqs - Bp) * self.max_blocks)
+        d = self.d
         return DeviceStep(
-            input_ids=r(d, "ids")[:Np], positions=r(d, "positions")[:Np], slot_mapping=r(d, "slots")[:Np],
-            query_start_loc=r(d, "qsl")[:Bp + 1], seq_lens=r(d, "seq_lens")[:Bp],
-            block_tables=r(d, "block_tables")[:Bp * self.max_blocks].reshape(Bp, self.max_blocks),
-            logits_rows=r(d, "logits_rows")[:Bp], num_tokens=Np, num_seqs=Bp,
+            input_ids=d["ids"][:Np], positions=d["positions"][:Np], slot_mapping=d["slots"][:Np],
+            query_start_loc=d["qsl"][:Bp + 1], seq_lens=d["seq_lens"][:Bp],
+            block_tables=d["block_tables"][:Bp * self.max_blocks].reshape(Bp, self.max_blocks),
+            logits_rows=d["logits_rows"][:Bp], num_tokens=Np, num_seqs=Bp,
             num_decodes=batch.num_decodes + (Bp - B), max_query_len=max(batch.max_query_len, 1),
-            context_bucket=batch.context_bucket,
-            prefill_lens=batch.prefill_lens)
+            context_bucket=batch.context_bucket, prefill_lens=batch.prefill_lens)

@@ -19,7 +19,7 @@ from ..errors import ToolkitError
 from toolkit.engine.timings import RequestStats
 from .llm_engine import LLMEngine, RequestOutput
 
-_DONE = object()
+_DONE = object()  # on a handle's queue: no more outputs; on the command queue: close
 
 
 class RequestHandle:
@@ -30,10 +30,7 @@ class RequestHandle:
         self._queue = queue.Queue()
 
     def __iter__(self):
-        while True:
-            out = self._queue.get()
-            if out is _DONE:
-                return
+        while (out := self._queue.get()) is not _DONE:
             yield out
             if out.finish_reason is not None:
                 return
@@ -57,31 +54,32 @@ class EngineWorker:
         """[(prompt_ids, params)] as one command: they are all admitted before the next step, so N
         replies to one prompt start together as one batch."""
         handles = [RequestHandle(f"w{next(self._ids)}") for _ in requests]
-        self._commands.put(("add", [(h, list(ids), p) for h, (ids, p) in zip(handles, requests)]))
+        batch = [(h, list(ids), p) for h, (ids, p) in zip(handles, requests)]
+        self._commands.put(lambda: self._add(batch))
         return handles
 
     def cancel(self, request_id: str):
-        self._commands.put(("abort", request_id))
+        self._commands.put(lambda: self.engine.abort(request_id))
 
     def set_options(self, options):
-        self._commands.put(("options", options))
+        self._commands.put(lambda: self.engine.set_options(options))
 
     def close(self, timeout: float = 10.0):
-        self._commands.put(("close",))
+        self._commands.put(_DONE)
         self._thread.join(timeout)
 
     # -- the worker thread ------------------------------------------------------------------------------
     def _loop(self):
         engine = self.engine
         while True:
-            # Block while idle; between steps, take every command that has arrived.
+            # Block while idle; between steps, run every command that has arrived (here, on the engine's thread).
             cmd = self._commands.get() if not engine.has_unfinished() else self._next_nowait()
             while cmd is not None:
-                if cmd[0] == "close":
+                if cmd is _DONE:
                     for h in self._handles.values():
                         h._queue.put(_DONE)
                     return
-                self._apply(cmd)
+                cmd()
                 cmd = self._next_nowait()
             if engine.has_unfinished():
                 try:
@@ -105,17 +103,10 @@ class EngineWorker:
         except queue.Empty:
             return None
 
-    def _apply(self, cmd):
-        kind = cmd[0]
-        if kind == "add":
-            for handle, ids, params in cmd[1]:
-                try:
-                    self.engine.add_request(ids, params, request_id=handle.request_id)
-                    self._handles[handle.request_id] = handle
-                except ToolkitError as e:
-                    handle._queue.put(RequestOutput(handle.request_id, None, "", "error", None, RequestStats(),
-                                                    str(e)))
-        elif kind == "abort":
-            self.engine.abort(cmd[1])
-        elif kind == "options":
-            self.engine.set_options(cmd[1])
+    def _add(self, batch):
+        for handle, ids, params in batch:
+            try:
+                self.engine.add_request(ids, params, request_id=handle.request_id)
+                self._handles[handle.request_id] = handle
+            except ToolkitError as e:
+                handle._queue.put(RequestOutput(handle.request_id, None, "", "error", None, RequestStats(), str(e)))

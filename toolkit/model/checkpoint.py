@@ -58,10 +58,8 @@ class Checkpoint:
         elif single.is_file():
             weight_map, files = None, ["model.safetensors"]
         else:
-            raise ToolkitError(
-                f"{self.model_dir}: no model.safetensors or model.safetensors.index.json")
-        self._handles = {}
-        self._file_of = {}
+            raise ToolkitError(f"{self.model_dir}: no model.safetensors or model.safetensors.index.json")
+        self._handles, self._file_of = {}, {}  # file -> safetensors handle; tensor -> file
         for name in files:
             path = self.model_dir / name
             if not path.is_file():
@@ -76,8 +74,7 @@ class Checkpoint:
             except Exception as e:
                 raise ToolkitError(f"{path}: not a readable safetensors file ({str(e)[:200]})") from None
             self._handles[name] = handle
-            for key in keys:
-                self._file_of[key] = name
+            self._file_of.update(dict.fromkeys(keys, name))
         if weight_map is not None:
             for key, name in weight_map.items():
                 if self._file_of.get(key) != name:

@@ -4,7 +4,7 @@ Every supported family (llama, mistral, qwen2, qwen3) is the same decoder
 with small switches: q/k/v bias (qwen2), per-head q/k RMSNorm (qwen3), an
 explicit head_dim (qwen3, some llama), llama3-style RoPE frequency scaling,
 and tied or untied embeddings. Reading them into one flat dataclass keeps
-model.py free of per-family branches.
+decoder.py free of per-family branches.
 
 config.json is read strictly: every value is type-checked (sizes are positive
 integers, never floats or bools; eps and theta finite positive numbers), and a
@@ -159,14 +159,6 @@ class ModelConfig:
     # there instead of implementing a second attention pattern for one family.
     sliding_window: int | None = None
 
-    def __post_init__(self):
-        if self.num_heads % self.num_kv_heads:
-            raise ToolkitError(
-                f"num_attention_heads {self.num_heads} is not a multiple of "
-                f"num_key_value_heads {self.num_kv_heads}")
-        if self.head_dim % 2:
-            raise ToolkitError(f"head_dim {self.head_dim} must be even for RoPE")
-
     @property
     def qkv_size(self) -> int:
         return (self.num_heads + 2 * self.num_kv_heads) * self.head_dim
@@ -250,9 +242,7 @@ def rope_inv_freq(cfg: ModelConfig) -> np.ndarray:
         return inv_freq
     # Llama 3.1: keep high frequencies, divide low ones by `factor`, and blend the band
     # between them, so long contexts stay in the range the model saw in training.
-    factor = float(s["factor"])
-    low, high = float(s["low_freq_factor"]), float(s["high_freq_factor"])
-    old_ctx = float(s["original_max_position_embeddings"])
+    factor, low, high, old_ctx = (s[k] for k in LLAMA3_FIELDS)  # floats (_Fields.number)
     low_wavelen, high_wavelen = old_ctx / low, old_ctx / high
     wavelen = 2 * math.pi / inv_freq
     scaled = np.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)

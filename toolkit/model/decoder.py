@@ -33,6 +33,7 @@ import numpy as np
 
 from toolkit.model.config import ModelConfig, rope_tables
 from toolkit.model.plan import DOWN_SLICES, SKINNY_ROWS, StepPlan, make_plan
+from toolkit.model.sparse import SparsePrefill
 from toolkit.model.weights import Weights
 
 
@@ -48,20 +49,11 @@ class Scratch:
     gate_up: object  # [N, 2I]
     act: object  # [N, I]
     mlp_out: object  # [N, H]
-    parts: object  # fp32, flat: the down projection's partial products [S, N, H] (parts_view)
-    norm_parts: object  # fp32, flat: gemm_skinny_norm's sums of squares [H / 16, N] (norm_parts_view)
+    parts: object  # fp32, flat: the down projection's partial products [S, N, H] (shaped in forward)
+    norm_parts: object  # fp32, flat: gemm_skinny_norm's sums of squares [H / 16, N] (shaped in forward)
 
     def view(self, n: int) -> "Scratch":
         return Scratch(**{k: v if k in ("parts", "norm_parts") else v[:n] for k, v in vars(self).items()})
-
-    def parts_view(self, S: int, n: int, H: int):
-        """The first S * n * H words as [S, n, H]: each slice's rows contiguous, as linear_partials writes them."""
-        return self.parts[:S * n * H].reshape(S, n, H)
-
-    def norm_parts_view(self, n: int, H: int):
-        """The first H / 16 * n words as [H / 16, n]: a 16-column tile's sums for each row, as gemm_skinny_norm
-        writes them."""
-        return self.norm_parts[:H // 16 * n].reshape(H // 16, n)
 
 
 @dataclass
@@ -70,13 +62,12 @@ class KVCache:
     k: list
     v: list
     block_size: int
-    num_blocks: int
 
     @classmethod
     def allocate(cls, backend, cfg: ModelConfig, num_blocks: int, block_size: int) -> "KVCache":
         shape = (num_blocks * block_size, cfg.num_kv_heads, cfg.head_dim)
         return cls([backend.empty(shape) for _ in range(cfg.num_layers)],
-                   [backend.empty(shape) for _ in range(cfg.num_layers)], block_size, num_blocks)
+                   [backend.empty(shape) for _ in range(cfg.num_layers)], block_size)
 
     @staticmethod
     def bytes_per_token(cfg: ModelConfig, itemsize: int) -> int:
@@ -84,29 +75,23 @@ class KVCache:
 
 
 class Model:
-    def __init__(self, cfg: ModelConfig, weights: Weights, backend, max_context: int, max_tokens: int,
-                 max_seqs: int):
+    def __init__(self, cfg: ModelConfig, weights: Weights, backend, max_context: int, rows: int, max_seqs: int):
         self.cfg, self.w, self.be = cfg, weights, backend
-        self.max_context = max_context
         self.scale = float(cfg.head_dim) ** -0.5
         cos, sin = rope_tables(cfg, max_context)
         self.cos, self.sin = backend.from_host_f32(cos), backend.from_host_f32(sin)
-        self.scratch = self._alloc_scratch(max_tokens)
-        self.x_last = backend.empty((max_seqs, cfg.hidden_size))
-        self._plans = {}  # (rows, decodes, context bucket, options) -> StepPlan
-        self._sparse = None  # the sparse prefill's workspaces (sparse.py), made at its first use
-
-    def _alloc_scratch(self, rows: int) -> Scratch:
-        be, c = self.be, self.cfg
-        H, D, I = c.hidden_size, c.head_dim, c.intermediate_size
+        be, H, D, I = backend, cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
         slice_rows = max(s * min(rows, top) for top, s in DOWN_SLICES)  # the down projection's partials at most
-        return Scratch(
-            h=be.empty((rows, H)), x=be.empty((rows, H)), qkv=be.empty((rows, c.qkv_size)),
-            q=be.empty((rows, c.num_heads, D)), attn=be.empty((rows, c.num_heads, D)),
+        self.scratch = Scratch(
+            h=be.empty((rows, H)), x=be.empty((rows, H)), qkv=be.empty((rows, cfg.qkv_size)),
+            q=be.empty((rows, cfg.num_heads, D)), attn=be.empty((rows, cfg.num_heads, D)),
             attn_out=be.empty((rows, H)), gate_up=be.empty((rows, 2 * I)),
             act=be.empty((rows, I)), mlp_out=be.empty((rows, H)),
             parts=be.empty((slice_rows * H,), np.float32),
             norm_parts=be.empty((max(1, H // 16 * min(rows, SKINNY_ROWS[1])),), np.float32))
+        self.x_last = be.empty((max_seqs, H))
+        self._plans = {}  # (rows, decodes, context bucket, options) -> StepPlan
+        self._sparse = SparsePrefill(backend)  # the sparse prefill's workspaces (sparse.py), grown at first use
 
     def plan(self, step, options) -> StepPlan:
         """The step plan for this step's shape under `options` (as effective on this backend), made once."""
@@ -126,10 +111,12 @@ class Model:
         # it only in steps it replays from a CUDA graph.
         be = self.be.with_pdl() if plan.pdl else self.be
         s = self.scratch.view(N)
-        eps = c.rms_norm_eps
+        eps, H, S = c.rms_norm_eps, c.hidden_size, plan.down_slices
         project = {k: getattr(be, op) for k, op in _PROJECT.items()}
-        parts = s.parts_view(plan.down_slices, N, c.hidden_size) if plan.down == "slices" else None
-        norm_parts = s.norm_parts_view(N, c.hidden_size) if plan.o == "skinny_norm" else None
+        # The fp32 partial sums as their kernels write them: linear_partials each slice's rows contiguously,
+        # gemm_skinny_norm a 16-column tile's sums of h^2 for each row.
+        parts = s.parts[:S * N * H].reshape(S, N, H) if plan.down == "slices" else None
+        norm_parts = s.norm_parts[:H // 16 * N].reshape(H // 16, N) if plan.o == "skinny_norm" else None
 
         def add_norm(mlp_out, weight):  # h += the MLP's output (none before layer 0), then x = RMSNorm(h)
             if parts is not None and mlp_out is not None:
@@ -192,9 +179,6 @@ class Model:
             decode(s.q[:nd], k, v, step.block_tables[:nd], step.seq_lens[:nd], bs, self.scale, s.attn[:nd],
                    step.context_bucket)
         if nd < B and plan.sparse is not None:  # prompt rows: window + top-k blocks (sparse.py)
-            if self._sparse is None:
-                from toolkit.model.sparse import SparsePrefill
-                self._sparse = SparsePrefill(self.be)
             self._sparse.run(step, k, v, bs, s.q, s.attn, nd, plan.sparse, timer, self.scale,
                              plan.prefill_attention == "tc")
         elif nd < B:

@@ -32,25 +32,15 @@ the step is reported as "sparse-skipped".
 N = max over the requests of seq_len // R and M = N + max gather_len, the reference document's workspace
 pitch; these and the chunking are host ints from the step's host-side lengths (DeviceStep.prefill_lens), so
 nothing here synchronises with the device. Workspaces grow to the largest step seen and are then reused. That host
-work is the same for every layer of a step: the first layer makes it into a _Plan, the others only launch.
+work is the same for every layer of a step: the first layer makes it into a plan, the others only launch.
 """
-import numpy as np
+from types import SimpleNamespace
 
-from toolkit.errors import ToolkitError
+import numpy as np
 
 DENSE_WHEN_EXACT = True  # tests set False to run the sparse kernels on fully covered steps
 SCORE_BYTES = 256 << 20  # at most this much fp32 scores at once: queries are scored in chunks of rows
 UNION_BYTES = 512 << 20  # tile-union lists above this (B * tiles * min(N, 64K) * 12 bytes): per-query kernel
-
-
-def validate(K: int, W: int, R: int, Q: int = 1, keep_pct: int = 100):
-    for name, v in (("sparse_topk", K), ("sparse_window", W), ("sparse_block", R), ("sparse_query_tile", Q),
-                    ("sparse_max_keep_pct", keep_pct)):
-        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-            raise ToolkitError(f"{name} must be an integer >= 1, got {v!r}")
-    if W < R:
-        raise ToolkitError(f"sparse_window ({W}) must be >= sparse_block ({R}): the window has to cover the "
-                           "partial block at the end of each query's context")
 
 
 def query_tile(Q: int, W: int, R: int) -> int:
@@ -118,28 +108,18 @@ def merge_paths(old: str, new: str) -> str:
     return max(old, new, key=order.index)
 
 
-class _Plan:
-    """What every layer of one step shares: host ints, device slices and workspace views (made once a step)."""
-
-    def __init__(self, step, key, **kw):
-        self.step, self.key = step, key  # the step object is held: its id cannot be reused while cached
-        self.gathered = False  # gather_lens is the same for every layer: launched by the first one
-        self.chunks, self.ublk = (), None
-        self.__dict__.update(kw)
-
-
 class SparsePrefill:
     """Workspaces and the per-layer driver; one per Model.
 
     The host work of a layer (lengths, tile counts, slicing the step's arrays and the workspaces) is the same for
-    all layers of a step, so it is done once, into a _Plan, and the other layers only launch kernels: an eager
+    all layers of a step, so it is done once, into a plan, and the other layers only launch kernels: an eager
     4,096-token prefill is bound by the host's launches (experiments/NOTEBOOK.md, "How fast is a whole sparse
     prefill, and where does its host time go?")."""
 
     def __init__(self, backend):
         self.be = backend
         self._ws = {}  # name -> flat buffer, grown on demand
-        self._plan = None  # the last step's _Plan
+        self._plan = None  # the last step's plan
 
     def _buf(self, name: str, shape, dtype):
         n = int(np.prod(shape))
@@ -152,7 +132,8 @@ class SparsePrefill:
             self.be.bind_thread()
         return buf[:n].reshape(shape)
 
-    def plan(self, step, k_cache, nd: int, options, tensor_cores: bool) -> _Plan:
+    def plan(self, step, k_cache, nd: int, options, tensor_cores: bool) -> SimpleNamespace:
+        """What every layer of the step shares: host ints, device slices and workspace views."""
         K, W, R = options.sparse_topk, options.sparse_window, options.sparse_block
         lens = step.prefill_lens  # host (q_len, seq_len) of each prefill request
         Hkv, D = k_cache.shape[1:]
@@ -165,8 +146,9 @@ class SparsePrefill:
         qsl, seq_lens, tables = step.query_start_loc[nd:], step.seq_lens[nd:], step.block_tables[nd:]
         # Dense where every row sees every block (same result) or where the selection keeps too many keys.
         dense = DENSE_WHEN_EXACT if N <= K else not approximates(lens, options)
-        p = _Plan(step, key, N=N, qsl=qsl, seq_lens=seq_lens, tables=tables, dense=dense)
-        self._plan = p
+        # The plan holds the step object, so its id cannot be reused while the plan is cached.
+        p = self._plan = SimpleNamespace(step=step, key=key, N=N, qsl=qsl, seq_lens=seq_lens, tables=tables,
+                                         dense=dense, gathered=False, chunks=(), ublk=None)
         if p.dense:
             return p
         T = sum(n for n, _ in lens)
@@ -219,7 +201,7 @@ class SparsePrefill:
         else:  # every row short: all blocks in order, no indexer
             be.sparse_topk(None, qsl, seq_lens, R, K, Q, 0, p.topk, p.rows)
             timer.lap("topk")
-        if not p.gathered:
+        if not p.gathered:  # the same for every layer: launched by the first one
             be.sparse_gather_lens(qsl, seq_lens, W, p.gather)
             p.gathered = True
         be.combine_topk_swa_indices(p.topk, qsl, seq_lens, p.gather, W, R, K, M, N, p.combined, p.clens)

@@ -68,11 +68,6 @@ def expected_tensors(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def _ignorable(name: str, cfg: ModelConfig) -> bool:
-    """Tensors transformers also skips: old rotary-frequency buffers, and lm_head when it is tied to the embedding."""
-    return name.endswith("rotary_emb.inv_freq") or (name == "lm_head.weight" and cfg.tie_word_embeddings)
-
-
 def check_tensor_names(ckpt: Checkpoint, cfg: ModelConfig, shapes: dict, shown: int = 3):
     """Before reading anything: every tensor the config needs is there, and nothing is left over.
 
@@ -82,7 +77,9 @@ def check_tensor_names(ckpt: Checkpoint, cfg: ModelConfig, shapes: dict, shown: 
     for name in shapes:
         if name not in ckpt:
             raise ckpt.missing(name)
-    extra = [n for n in ckpt.names() if n not in shapes and not _ignorable(n, cfg)]
+    # Not leftovers, as transformers also skips them: old rotary-frequency buffers, and a tied lm_head.
+    extra = [n for n in ckpt.names() if n not in shapes and not n.endswith("rotary_emb.inv_freq")
+             and not (n == "lm_head.weight" and cfg.tie_word_embeddings)]
     if extra:
         listed = ", ".join(repr(n) for n in extra[:shown])
         more = f" and {len(extra) - shown} more" if len(extra) > shown else ""
@@ -95,39 +92,28 @@ def load_weights(ckpt: Checkpoint, cfg: ModelConfig, to_backend: Callable[[np.nd
     if isinstance(ckpt, Checkpoint):
         check_tensor_names(ckpt, cfg, shapes)
 
-    def get(name):
-        return ckpt.get(name, shapes[name])
+    def load(*names):  # the named tensors on the backend; several are stacked in order into one matrix
+        arrays = [ckpt.get(n, shapes[n]) for n in names]
+        return to_backend(arrays[0] if len(arrays) == 1 else np.concatenate(arrays))
 
-    def fused(p, *names):  # one matrix of the named tensors, stacked in order
-        return np.concatenate([get(p + n) for n in names])
-
-    embed = to_backend(get("model.embed_tokens.weight"))
+    embed = load("model.embed_tokens.weight")
     layers = []
     for i in range(cfg.num_layers):
-        p = f"model.layers.{i}."
-        qkv = fused(p, "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight")
-        bias = None
-        if cfg.qkv_bias:
-            bias = to_backend(fused(p, "self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"))
-        q_norm = k_norm = None
-        if cfg.qk_norm:
-            q_norm = to_backend(get(p + "self_attn.q_norm.weight"))
-            k_norm = to_backend(get(p + "self_attn.k_norm.weight"))
-        gate_up = fused(p, "mlp.gate_proj.weight", "mlp.up_proj.weight")
+        p, a, m = f"model.layers.{i}.", f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
+        # The keywords keep the order tensors have always been read in: nonfinite_warning lists them in it, and
+        # random_checkpoint draws them in it (a seed's weights stay the same).
         layers.append(LayerWeights(
-            input_norm=to_backend(get(p + "input_layernorm.weight")),
-            qkv=to_backend(qkv),
-            qkv_bias=bias,
-            q_norm=q_norm,
-            k_norm=k_norm,
-            o_proj=to_backend(get(p + "self_attn.o_proj.weight")),
-            post_norm=to_backend(get(p + "post_attention_layernorm.weight")),
-            gate_up=to_backend(gate_up),
-            down=to_backend(get(p + "mlp.down_proj.weight")),
-        ))
-    final_norm = to_backend(get("model.norm.weight"))
-    lm_head = embed if cfg.tie_word_embeddings else to_backend(get("lm_head.weight"))
-    return Weights(embed=embed, layers=layers, final_norm=final_norm, lm_head=lm_head)
+            qkv=load(a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"),
+            qkv_bias=load(a + "q_proj.bias", a + "k_proj.bias", a + "v_proj.bias") if cfg.qkv_bias else None,
+            q_norm=load(a + "q_norm.weight") if cfg.qk_norm else None,
+            k_norm=load(a + "k_norm.weight") if cfg.qk_norm else None,
+            gate_up=load(m + "gate_proj.weight", m + "up_proj.weight"),
+            input_norm=load(p + "input_layernorm.weight"),
+            o_proj=load(a + "o_proj.weight"),
+            post_norm=load(p + "post_attention_layernorm.weight"),
+            down=load(m + "down_proj.weight")))
+    return Weights(embed=embed, layers=layers, final_norm=load("model.norm.weight"),
+                   lm_head=embed if cfg.tie_word_embeddings else load("lm_head.weight"))
 
 
 def random_checkpoint(cfg: ModelConfig, dtype: str, seed: int = 0):

@@ -1,0 +1,29 @@
+"""StepStager: one host->device copy carries the whole staged step, padding rows included."""
+import numpy as np
+
+from toolkit.engine.step import StepBatch, StepStager
+
+
+class CopyingBackend:
+    """Host and device buffers apart, as on the GPU (the CPU backend shares one): only what upload copies arrives."""
+
+    def int_buffer(self, n):
+        return np.zeros(n, np.int32), np.full(n, -7, np.int32)
+
+    def upload(self, host, dev, n, offset=0):
+        dev[offset:offset + n] = host[offset:offset + n]
+
+
+def test_one_upload_carries_the_padded_step():
+    i32 = lambda *v: np.array(v, np.int32)  # noqa: E731
+    stager = StepStager(CopyingBackend(), max_tokens=8, max_seqs=4, max_blocks=3)
+    # Two decodes (contexts 5 and 21, blocks of 16), padded to a batch of 3.
+    batch = StepBatch(i32(11, 12), i32(4, 20), i32(20, 52), i32(0, 1, 2), i32(5, 21), np.array([[1, 0], [3, 2]],
+                      np.int32), 2, 32)
+    step = stager.stage(batch, pad_to=3)
+    assert (step.num_tokens, step.num_seqs, step.num_decodes) == (3, 3, 3)
+    assert step.input_ids.tolist() == [11, 12, 0] and step.positions.tolist() == [4, 20, 0]
+    assert step.slot_mapping.tolist() == [20, 52, -1]  # a padding row writes nothing
+    assert step.query_start_loc.tolist() == [0, 1, 2, 3] and step.logits_rows.tolist() == [0, 1, 2]
+    assert step.seq_lens.tolist() == [5, 21, 0]
+    assert step.block_tables.tolist() == [[1, 0, 0], [3, 2, 0], [0, 0, 0]]  # the last row came over too
