@@ -127,7 +127,6 @@ class StepStats:
         self.prefill_tokens = self.prefill_cached = 0
         self.sampler_bytes = None  # the last decode step's, where StepTiming reports it
         self.last_options = None  # the options the last step ran with (what ran, not what was asked)
-        self.last_sampler = None  # (path, why) of the last step that recorded a sampler path
         # The decode run: steps since the options or batch size last changed, so that mean_decode_ms and
         # decode_tps show the configuration now running (the A/B comparison keeps everything).
         self._run_key, self._run_ms, self._run_tokens, self._run_steps = None, 0.0, 0, 0
@@ -153,8 +152,6 @@ class StepStats:
                         self.mark(f"{name} {'on' if new else 'off'}")
             self.last_options = opts
             self._add_ab(step, opts, ms)
-        if step.sampler_path:
-            self.last_sampler = (step.sampler_path, step.sampler_why)
         if decode:
             self._add_decode(step, ms)
         else:
