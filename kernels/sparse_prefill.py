@@ -4,24 +4,9 @@ For the B prefill requests of a step (rows [qsl[b], qsl[b+1]) of the flat q, loc
 positions ending at seq_lens[b] - 1), block size R and query tile Q (toolkit/sparse.py query_tile():
 sparse_query_tile, at most W - R + 2). A request's queries form tile rows by pos // Q; tiles are aligned to
 positions, so a prompt prefilled in chunks has the same tiles as in one step wherever a chunk boundary falls on a
-multiple of Q (a tile cut by a boundary is two tile rows, each with its own queries' mean):
-
-    compress_keys   k_cache (paged) -> kbar [B, Nmax, Hkv, D] fp32   kbar[b, j, g] = mean of the post-RoPE keys
-                                                                     j*R .. j*R+R-1 of head g (complete blocks)
-    query_means     q [rows, Hq, D] -> qbar [tiles, Hkv, D] fp32     mean of the tile's queries over its rows and
-                                                                     group g's heads
-    indexer_scores  qbar, kbar -> scores [tiles, Nmax] fp32          sum_g ReLU(qbar_g . kbar_g[j]) for
-                                                                     j < (p_first+1)//R, -inf beyond (causal for
-                                                                     the tile's first row p_first)
-    topk_blocks     scores -> topk [T, K] int32                      a row with n = (pos+1)//R <= K: all blocks
-                                                                     0..n-1; any other row: its tile's selection,
-                                                                     the K best of the tile's candidates in
-                                                                     ascending block order (ties: the lower block
-                                                                     wins), or all of them if there are <= K; -1 pad
-    (kernels/combine.py merges topk with the window into workspace row ids)
-    sparse_attention  combined ids -> out [rows, Hq, D]              softmax over the union of the selected
-                                                                     blocks' tokens before the window and the
-                                                                     window's tokens, each token once
+multiple of Q (a tile cut by a boundary is two tile rows, each with its own queries' mean). The steps, one
+function each: compress_keys (key block means kbar) -> query_means (tile means qbar) -> indexer_scores ->
+topk_blocks -> kernels/combine.py (the top-k blocks and the window as workspace row ids) -> sparse_attention.
 
 Q = 1 is the issue's per-query score. Q = 64 (the default) lets 64 neighbouring queries share one selection, so
 the tensor-core kernel's 64-query tile reads K blocks instead of the union of 64 different sets (README, "Sparse
@@ -64,7 +49,8 @@ def _compress(k_cache, block_tables, seq_lens, bs, R, out):
 
 
 def compress_keys(k_cache, block_tables, seq_lens, block_size: int, R: int, out):
-    """out = kbar [B, N, Hkv, D]: block means of every request's complete blocks (zeros past seq_len // R)."""
+    """out = kbar [B, N, Hkv, D]: means of the post-RoPE keys of every request's complete blocks (zeros past
+    seq_len // R)."""
     _compress(k_cache, block_tables, seq_lens, int(block_size), int(R), out)
     return out
 
@@ -180,8 +166,10 @@ def _topk(scores, row, cnt, p0, r0, R, K, out):
 
 
 def topk_blocks(scores, query_start_loc, seq_lens, R: int, K: int, Q: int = 1, r0: int = 0, out=None):
-    """Query rows of topk int32 [T, K] from the scores of tile rows r0..r0+rows-1 (scores [rows, Nmax]; None: all
-    tile rows, and then every query row must be short, (pos+1)//R <= K, and takes 0..n-1 without any score)."""
+    """Query rows of topk int32 [T, K] from the scores of tile rows r0..r0+rows-1 (scores [rows, Nmax]). A row
+    with n = (pos+1)//R <= K takes all blocks 0..n-1 without any score; any other row its tile's selection: the K
+    best of the tile's candidates in ascending block order (ties: the lower block wins), or all of them if there
+    are <= K; -1 pads. scores None: all tile rows, and every query row must have n <= K."""
     _, row, cnt, p0 = tile_rows(query_start_loc, seq_lens, Q)
     out = np.empty((int(cnt.sum()), K), np.int32) if out is None else out
     if scores is None:
@@ -255,7 +243,8 @@ def _sparse_attention(q, k_cache, v_cache, block_tables, qsl, seq_lens, combined
 
 def sparse_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, combined, lens, M: int, N: int,
                      W: int, R: int, block_size: int, scale: float, out):
-    """out[qsl[0]:qsl[B]] = attention of those q rows over their combined key sets (see the module doc)."""
+    """out[qsl[0]:qsl[B]] = attention of those q rows over their combined key sets (workspace row ids: the module
+    doc): softmax over the union of the selected blocks' tokens before the window and the window's tokens, each once."""
     B = seq_lens.shape[0]
     T = int(query_start_loc[B] - query_start_loc[0]) if B else 0
     if combined.shape[0] < T or lens.shape[0] < T or q.shape[1] % k_cache.shape[1]:

@@ -31,12 +31,6 @@ from toolkit.sampler.batch import vocab_limit
 DEFAULT_MAX_TOKENS = 512
 
 
-def fast_path_note(params: SamplingParams, vocab_size: int | None = None) -> str | None:
-    """Why the sampler fast path cannot apply to these parameters, or None: it holds every setting, so only the
-    model's vocabulary can rule it out in advance (the sampler's gate, toolkit/sampler/batch.py)."""
-    return vocab_limit(vocab_size) or None if vocab_size is not None else None
-
-
 @dataclass
 class Turn:
     """One prompt and its N replies, as they arrive."""
@@ -116,9 +110,9 @@ class ChatSession:
         return EngineOptions.available(self.engine.backend)
 
     def fast_path_why(self) -> str | None:
-        """Why the sampler fast path will not apply to this session's requests (None: it will)."""
-        cfg = getattr(self.engine, "cfg", None)
-        return fast_path_note(self.params, getattr(cfg, "vocab_size", None))
+        """Why the sampler fast path will not apply to this session's requests (None: it will). It holds every
+        sampling setting, so only the model's vocabulary can rule it out in advance (toolkit/sampler/batch.py)."""
+        return vocab_limit(self.engine.cfg.vocab_size) or None
 
     def effective(self):
         """The options as this backend runs them (a toggle it cannot run reads as off)."""

@@ -32,11 +32,6 @@ def step_ms(step) -> float:
     return step.gpu_ms if step.gpu_ms > 0 else step.wall_ms
 
 
-def sampler_bytes(step):
-    """FP32 bytes the sampler materialised, or None for a step that does not say (no sampler path recorded)."""
-    return step.sampler_bytes if step.sampler_path else None
-
-
 @dataclass(frozen=True, order=True)
 class Shape:
     """What a step's time depends on besides the toggles: kind, batch size (requests in the step) and size.
@@ -127,7 +122,6 @@ class StepStats:
         self.prefill_tokens = self.prefill_cached = 0
         self.sampler_bytes = None  # the last decode step's, where StepTiming reports it
         self.last_options = None  # the options the last step ran with (what ran, not what was asked)
-        self.last_sampler = None  # (path, why) of the last step that recorded a sampler path
         # The decode run: steps since the options or batch size last changed, so that mean_decode_ms and
         # decode_tps show the configuration now running (the A/B comparison keeps everything).
         self._run_key, self._run_ms, self._run_tokens, self._run_steps = None, 0.0, 0, 0
@@ -153,8 +147,6 @@ class StepStats:
                         self.mark(f"{name} {'on' if new else 'off'}")
             self.last_options = opts
             self._add_ab(step, opts, ms)
-        if step.sampler_path:
-            self.last_sampler = (step.sampler_path, step.sampler_why)
         if decode:
             self._add_decode(step, ms)
         else:
@@ -179,9 +171,8 @@ class StepStats:
         self.current_ms = ms
         self.current_batch = step.n_seqs
         self.current_tps = step.n_tokens / ms * 1e3 if ms > 0 else None
-        b = sampler_bytes(step)
-        if b is not None:
-            self.sampler_bytes = b
+        if step.sampler_path:  # the FP32 bytes the sampler materialised (a step without a sampler path does not say)
+            self.sampler_bytes = step.sampler_bytes
         key = (step.options, step.n_seqs)
         if key != self._run_key:
             self._run_key, self._run_ms, self._run_tokens, self._run_steps = key, 0.0, 0, 0

@@ -90,8 +90,8 @@ def test_bad_lines_are_one_error_each_and_the_chat_goes_on(monkeypatch, capsys):
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--seed", "-1"], "argument --seed: must be >= 0"),
-    (["--temperature", "nan"], "argument --temperature: must be a finite number"),
+    (["--seed", "-1"], "argument --seed: seed must be an integer in [0, 2^64), got -1"),
+    (["--temperature", "nan"], "argument --temperature: temperature must be a finite number >= 0, got nan"),
     (["--max-tokens", "500", "--max-context", "128"], "error: --max-tokens 500 exceeds the context of 128 tokens"),
     (["--system", "bad \udcff"], "error: --system is not valid Unicode text"),
 ])

@@ -181,7 +181,7 @@ def test_bad_sampling_params_in_jsonl_cost_only_their_request(tmp_path, capsys):
     recs = {r["id"]: r for r in _jsonl(out)}
     assert rc == 1 and len(recs) == 5 and err.count("error:") == 3
     assert recs["badp"]["error"] == "line 2 (id badp): top_p must be in (0, 1], got 1.5"
-    assert recs["line 3"]["error"].startswith('line 3: "logit_bias": the bias of token 5 must be a number')
+    assert recs["line 3"]["error"] == "line 3: logit_bias[5] must be a finite number in [-100, 100], got 'much'"
     vocab = json.loads((FIXTURES / "llama" / "config.json").read_text())["vocab_size"]
     assert recs["vocab"]["error"] == f"request vocab: logit_bias: token 99999 is outside the vocabulary [0, {vocab})"
     ok1, ok2 = recs["ok1"]["params"], recs["ok2"]["params"]

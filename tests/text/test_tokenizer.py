@@ -95,7 +95,7 @@ def test_stories_encode_pins_ids(stories_dir):
 
 def test_stories_properties(stories_dir):
     tok = Tokenizer.from_dir(stories_dir)
-    assert (tok.bos_id, tok.eos_ids, tok.vocab_size) == (1, frozenset({2}), 512)
+    assert (tok.bos_id, tok.eos_ids, tok._tok.get_vocab_size(with_added_tokens=True)) == (1, frozenset({2}), 512)
     assert tok.special_tokens == {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}
     assert tok.byte_fallback_ids == frozenset(range(3, 259))
 

@@ -15,6 +15,7 @@ import contextlib
 import copy
 import ctypes
 import functools
+import operator
 
 import numpy as np
 
@@ -302,11 +303,6 @@ SPARSE_OPS = ("_sparse", {
     "sparse_attention_tiled": "attention_tiled"})
 
 
-def _forwarded(holder: str, method: str):
-    return property(lambda self: getattr(getattr(self, holder), method),
-                    doc=f"{holder}.{method} (toolkit/backends/cuda_kernels.py and its neighbours)")
-
-
 for _holder, _ops in (KERNEL_OPS, SAMPLER_OPS, SPARSE_OPS):
     for _op, _method in _ops.items():
-        setattr(CudaBackend, _op, _forwarded(_holder, _method))
+        setattr(CudaBackend, _op, property(operator.attrgetter(f"{_holder}.{_method}"), doc=f"{_holder}.{_method}"))

@@ -24,8 +24,9 @@ from ..errors import ToolkitError
 from toolkit.model.hub import is_terminal, resolve_model
 from toolkit.cli.requests import Limits, RequestError, check_size, check_text, read_lines
 from .common import (EXIT_OK, EXIT_SOME_FAILED, Interrupted, add_engine_args, add_model_args, check_max_tokens,
-                     engine_kwargs, non_negative_float, non_negative_int, run, say, seed_int, signals)
+                     engine_kwargs, non_negative_int, run, say, signals)
 from .records import Sink
+from .sampling_flags import param_type
 from tui.session import DEFAULT_MAX_TOKENS, ChatSession
 
 DEFAULT_TEMPERATURE = 0.7
@@ -40,10 +41,11 @@ def setup_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--system", default=None, help="system message")
     p.add_argument("--max-tokens", type=non_negative_int, default=None,
                    help=f"reply length limit, at most the context (default: {DEFAULT_MAX_TOKENS})")
-    p.add_argument("--temperature", type=non_negative_float, default=None,
+    p.add_argument("--temperature", type=param_type("temperature", float), default=None,
                    help=f"0 is greedy, and so is anything below 1e-5 (default: the model's "
                         f"generation_config.json, else {DEFAULT_TEMPERATURE})")
-    p.add_argument("--seed", type=seed_int, default=None, help="sampling seed in [0, 2^64) (default: random)")
+    p.add_argument("--seed", type=param_type("seed", int), default=None,
+                   help="sampling seed in [0, 2^64) (default: random)")
     add_engine_args(p)
     return p
 

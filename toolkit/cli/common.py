@@ -44,7 +44,6 @@ non_negative_int = functools.partial(_int, lo=0, hi=MAX_SIZE)
 # The minimums build_engine enforces, stated here too so the flag's own error gives the real bound.
 context_int = functools.partial(_int, lo=MIN_CONTEXT, hi=MAX_SIZE)
 kv_tokens_int = functools.partial(_int, lo=BLOCK_SIZE, hi=MAX_SIZE)
-seed_int = functools.partial(_int, lo=0, hi=2 ** 64 - 1)
 
 
 def non_negative_float(text: str) -> float:

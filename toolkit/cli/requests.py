@@ -21,7 +21,6 @@ its own lines. Sizes are bounded before tokenizing, in proportion to the context
 """
 import dataclasses
 import json
-import math
 from dataclasses import dataclass, field
 
 from toolkit.errors import ToolkitError
@@ -30,8 +29,7 @@ from toolkit.sampler.params import SamplingParams
 BYTES_PER_TOKEN = 64
 PARAM_FIELDS = tuple(f.name for f in dataclasses.fields(SamplingParams))
 FIELDS = ("id", "prompt", "messages") + PARAM_FIELDS
-_INT_FIELDS = ("top_k", "min_tokens", "logprobs")  # max_tokens and seed have their own ranges below
-_FLOAT_FIELDS = ("temperature", "top_p", "min_p", "repetition_penalty", "frequency_penalty", "presence_penalty")
+_INT_FIELDS = ("max_tokens", "seed", "top_k", "min_tokens", "logprobs")
 MESSAGE_FIELDS = ("role", "content")
 UTF8_BOM = b"\xef\xbb\xbf"
 
@@ -95,92 +93,36 @@ def check_size(nbytes: int, limits: Limits, what: str):
                            f"accepted ({limits.prompt_bytes:,} for a context of {limits.max_context} tokens)")
 
 
-def _int(d: dict, key: str, lo: int, hi: int, range_text: str):
-    v = d.get(key)
-    if v is None:
-        return None
-    # bool is an int in Python, and 5.0 is a fine integer in JSON; 1e400 is inf, 2**80 an int.
-    if isinstance(v, float) and math.isfinite(v) and v == int(v):
-        v = int(v)
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise RequestError(f'"{key}" must be an integer, got {show(v)}')
-    if not lo <= v <= hi:
-        raise RequestError(f'"{key}" must be {range_text}, got {show(v)}')
-    return v
-
-
-def _float(d: dict, key: str):
-    """A JSON number as a float (range checks: SamplingParams)."""
-    v = d.get(key)
-    if v is None:
-        return None
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise RequestError(f'"{key}" must be a number, got {show(v)}')
-    try:
-        return float(v)
-    except OverflowError:  # an integer beyond the float range
-        return math.inf
-
-
-def _ids(v, what: str) -> list:
-    if not isinstance(v, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in v):
-        raise RequestError(f"{what} must be an array of token ids (integers), got {show(v)}")
-    return v
-
-
-def _strings(v, what: str) -> list:
-    for i, x in enumerate(v):
-        if isinstance(x, str):
-            check_text(x, f"{what}[{i}]")
-    return v
-
-
 def _sampling(d: dict, limits: Limits) -> dict:
-    """The sampling fields a request gives, converted from JSON and validated together."""
-    out = {"max_tokens": _int(d, "max_tokens", 0, limits.max_context,
-                              f"in [0, {limits.max_context}] (at most the context)"),
-           "seed": _int(d, "seed", 0, 2 ** 64 - 1, "in [0, 2^64)")}
-    for key in _INT_FIELDS:
-        out[key] = _int(d, key, -math.inf, math.inf, "")  # the range: SamplingParams
-    for key in _FLOAT_FIELDS:
-        out[key] = _float(d, key)
-    if d.get("ignore_eos") is not None:
-        if not isinstance(d["ignore_eos"], bool):
-            raise RequestError(f'"ignore_eos" must be true or false, got {show(d["ignore_eos"])}')
-        out["ignore_eos"] = d["ignore_eos"]
-    if d.get("logit_bias") is not None:
-        v = d["logit_bias"]
+    """The sampling fields a request gives, in SamplingParams' spellings and validated together by it."""
+    out = {k: d[k] for k in PARAM_FIELDS if d.get(k) is not None}
+    for key in _INT_FIELDS:  # 5.0 is a fine integer in JSON (a fraction, inf or a bool stays, to be refused)
+        if isinstance(out.get(key), float) and out[key].is_integer():
+            out[key] = int(out[key])
+    if "logit_bias" in out:
+        v = out["logit_bias"]
         if not isinstance(v, dict):
             raise RequestError(f'"logit_bias" must be an object of token id -> bias, like {{"123": -5.0}}, '
                                f'got {show(v)}')
-        bias = {}
-        for k, b in v.items():
+        for k in v:
             if not (k.isascii() and k.isdigit() and len(k) <= 12):
                 raise RequestError(f'"logit_bias": key {show(k)} is not a token id')
-            if isinstance(b, bool) or not isinstance(b, (int, float)):
-                raise RequestError(f'"logit_bias": the bias of token {k} must be a number, got {show(b)}')
-            bias[int(k)] = b
-        out["logit_bias"] = bias
-    if d.get("bad_words") is not None:
-        v = d["bad_words"]
-        if not isinstance(v, list):
-            raise RequestError(f'"bad_words" must be an array of strings or token-id arrays, got {show(v)}')
-        out["bad_words"] = [w if not isinstance(w, list) else tuple(_ids(w, f'"bad_words"[{i}]'))
-                            for i, w in enumerate(_strings(v, '"bad_words"'))]
-    if d.get("stop") is not None:
-        v = [d["stop"]] if isinstance(d["stop"], str) else d["stop"]
-        if not isinstance(v, list):
-            raise RequestError(f'"stop" must be a string or an array of strings, got {show(v)}')
-        out["stop"] = _strings(v, '"stop"')
-    if d.get("stop_token_ids") is not None:
-        out["stop_token_ids"] = _ids(d["stop_token_ids"], '"stop_token_ids"')
-    out = {k: v for k, v in out.items() if v is not None}
+        out["logit_bias"] = {int(k): b for k, b in v.items()}
+    if not isinstance(out.get("bad_words", []), list):
+        raise RequestError(f'"bad_words" must be an array of strings or token-id arrays, got {show(out["bad_words"])}')
     # Validated together (min_tokens <= max_tokens, ...), with the context as max_tokens when the line
     # does not say: the flags' value is only known later, when the combination is checked again.
     try:
-        SamplingParams(**{"max_tokens": limits.max_context, **out})
+        p = SamplingParams(**{"max_tokens": limits.max_context, **out})
     except (ToolkitError, TypeError) as e:
         raise RequestError(str(e)) from None
+    if p.max_tokens > limits.max_context:
+        raise RequestError(f"max_tokens must be in [0, {limits.max_context}] (at most the context), "
+                           f"got {show(p.max_tokens)}")
+    for key in ("stop", "bad_words"):
+        for i, w in enumerate(getattr(p, key)):
+            if isinstance(w, str):
+                check_text(w, f'"{key}"[{i}]')
     return out
 
 

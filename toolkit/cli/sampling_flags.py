@@ -15,7 +15,7 @@ from .common import check_max_tokens, non_negative_int
 _ROOM = 2 ** 62  # max_tokens while one flag is checked alone (min_tokens is bounded by the real one later)
 
 
-def _checked(name: str, parse):
+def param_type(name: str, parse):
     """An argparse type: parse the text, then let SamplingParams judge the value."""
     def convert(text: str):
         try:
@@ -39,7 +39,7 @@ def _bias(text: str) -> tuple:
         pair = None
     if not sep or pair is None:
         raise argparse.ArgumentTypeError(f"expected TOKEN=BIAS (like 13=-5.0), got {text!r}")
-    return _checked("logit_bias", lambda _: (pair,))(text)[0]
+    return param_type("logit_bias", lambda _: (pair,))(text)[0]
 
 
 def _word(name: str):
@@ -65,7 +65,7 @@ def add_sampling_args(p: argparse.ArgumentParser):
                                           "negative ones (1: off)"),
             ("frequency_penalty", float, "in [-2, 2]; subtracted once per occurrence in the output (0: off)"),
             ("presence_penalty", float, "in [-2, 2]; subtracted once if the token occurs in the output (0: off)")):
-        g.add_argument("--" + name.replace("_", "-"), type=_checked(name, parse), default=None, help=text)
+        g.add_argument("--" + name.replace("_", "-"), type=param_type(name, parse), default=None, help=text)
     g.add_argument("--logit-bias", type=_bias, action="append", default=None, metavar="TOKEN=BIAS",
                    help="add BIAS (in [-100, 100]) to TOKEN's logit; repeatable")
     g.add_argument("--bad-words", type=_word("--bad-words"), action="append", default=None, metavar="WORD",
@@ -73,11 +73,11 @@ def add_sampling_args(p: argparse.ArgumentParser):
     g.add_argument("--stop", type=_word("--stop"), action="append", default=None, metavar="STR",
                    help="stop when STR appears in the output, and leave it out; repeatable")
     g.add_argument("--ignore-eos", action="store_true", default=None, help="do not stop at the end-of-text token")
-    g.add_argument("--min-tokens", type=_checked("min_tokens", int), default=None,
+    g.add_argument("--min-tokens", type=param_type("min_tokens", int), default=None,
                    help="do not stop (EOS, stop tokens) before this many tokens")
-    g.add_argument("--seed", type=_checked("seed", int), default=None,
+    g.add_argument("--seed", type=param_type("seed", int), default=None,
                    help="sampling seed in [0, 2^64) (default: random, and recorded in each JSONL record)")
-    g.add_argument("--logprobs", type=_checked("logprobs", int), default=None, metavar="N",
+    g.add_argument("--logprobs", type=param_type("logprobs", int), default=None, metavar="N",
                    help=f"record the sampled token's logprob and the top N (0 to {MAX_LOGPROBS}) in JSONL records")
 
 

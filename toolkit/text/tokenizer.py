@@ -176,11 +176,6 @@ class Tokenizer:
     # --- vocabulary ----------------------------------------------------------------------------------------
 
     @property
-    def vocab_size(self) -> int:
-        """Number of token ids including added tokens (may be less than the model's embedding rows)."""
-        return self._tok.get_vocab_size(with_added_tokens=True)
-
-    @property
     def id_limit(self) -> int:
         """One more than the largest token id (ids may have gaps): the embedding rows the model needs at least."""
         return max(self._tok.get_vocab(with_added_tokens=True).values(), default=-1) + 1
@@ -203,4 +198,5 @@ class Tokenizer:
         return {i: t for i, t in self._tok.get_added_tokens_decoder().items() if t.special}
 
     def __repr__(self) -> str:
-        return f"Tokenizer(vocab_size={self.vocab_size}, bos_id={self.bos_id}, eos_ids={sorted(self.eos_ids)})"
+        return (f"Tokenizer(vocab_size={self._tok.get_vocab_size(with_added_tokens=True)}, bos_id={self.bos_id}, "
+                f"eos_ids={sorted(self.eos_ids)})")
