@@ -123,7 +123,7 @@ def test_bad_sampling_fields_name_line_and_field():
         '"bad_words": [[1, "a"]]': "bad_words[0] token id must be an integer >= 0, got 'a'",
         '"bad_words": [""]': "bad_words[0] must be a non-empty string",
         '"bad_words": [{}]': "bad_words[0] must be a non-empty string",
-        '"stop": 5': "stop must be a list, got 5",
+        '"stop": 5': "stop must be a list or one string, got 5",
         '"stop": ["ok", ""]': "stop[1] must be a non-empty string",
         '"stop": ["\\ud800"]': '"stop"[0] is not valid Unicode text',
         '"stop_token_ids": [1.5]': "stop_token_ids entry must be an integer >= 0, got 1.5",

@@ -33,7 +33,7 @@ BAD = [  # (field, value, words the message must hold)
     ("logit_bias", 5, "logit_bias"), ("logit_bias", ((5,),), "pairs"),
     ("bad_words", [""], "bad_words[0]"), ("bad_words", [()], "bad_words[0]"), ("bad_words", [5], "bad_words[0]"),
     ("bad_words", [(1, -2)], "bad_words[0] token id"), ("bad_words", [(1, True)], "bad_words[0] token id"),
-    ("bad_words", ["w"] * 129, "at most 128"), ("bad_words", 5, "bad_words must be a list"),
+    ("bad_words", ["w"] * 129, "at most 128"), ("bad_words", 5, "bad_words must be a list or one string"),
     ("stop", [""], "stop[0]"), ("stop", [5], "stop[0]"), ("stop", ["s"] * 129, "at most 128"),
     ("stop_token_ids", [-1], "stop_token_ids"), ("stop_token_ids", [1.0], "stop_token_ids"),
     ("stop_token_ids", list(range(129)), "at most 128"), ("stop_token_ids", [True], "stop_token_ids"),

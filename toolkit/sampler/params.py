@@ -79,7 +79,7 @@ def _tuple(name: str, v, limit: int) -> tuple:
     if isinstance(v, str):
         v = (v,)
     if not isinstance(v, (tuple, list)):
-        raise ToolkitError(f"{name} must be a list, got {_show(v)}")
+        raise ToolkitError(f"{name} must be a list or one string, got {_show(v)}")
     if len(v) > limit:
         raise ToolkitError(f"{name} has {len(v)} entries; at most {limit} are allowed")
     return tuple(v)
