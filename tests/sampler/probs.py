@@ -1,4 +1,4 @@
-"""The distribution the sampler draws from, for tests and tools: `filtered_probs(logits, params)`.
+"""The distribution the sampler draws from, for the tests: `filtered_probs(logits, params)`.
 
 The engine's sampler lives in toolkit/sampler/ (the gate, the FP32 copy, the processing kernels and
 Gumbel-max sampling). This module runs the very same processing ops on a [B, V] logits array, NumPy
@@ -17,6 +17,7 @@ import numpy as np
 from toolkit.sampler.batch import SamplingStager
 from toolkit.sampler.sampler import ALL_STAGES, process
 from toolkit.sampler.state import RequestSampling
+
 
 @functools.cache
 def _backend(name: str, dtype: str | None):
