@@ -72,13 +72,10 @@ class Sampler:
             x = self.x32[:R]
             be.to_fp32(logits[:R], x)
             timer.lap("fp32")
-            self.process(x, d, stages)
+            process(be, x, d, stages)
             timer.lap("processing")
         be.gumbel_sample(x, d["sample_temp"], d["seeds"], d["positions"], self.sampled[:R])
         timer.lap("sample")
-
-    def process(self, x, d: dict, stages):
-        process(self.be, x, d, stages)
 
     def logprobs(self, logits, batch: SamplingBatch, timer):
         """Top-n logprobs and the sampled token's logprob and rank, from the raw logits (eager only)."""
