@@ -391,28 +391,27 @@ def to_fp32(logits, out):
     out[...] = logits
 
 
-def _csr_rows(offsets):
+def _csr_entries(x, offsets, tokens):
+    """(row, token, entry index) of each CSR entry whose token is in [0, V): ids outside are skipped, as on the GPU."""
     off = np.asarray(offsets, np.int64)
-    n = int(off[-1]) - int(off[0])
-    return np.repeat(np.arange(off.size - 1), np.diff(off)), slice(int(off[0]), int(off[0]) + n)
+    rows = np.repeat(np.arange(off.size - 1), np.diff(off))
+    e = np.arange(off[0], off[-1])
+    tok = np.asarray(tokens[e], np.int64)
+    ok = (tok >= 0) & (tok < x.shape[1])
+    return rows[ok], tok[ok], e[ok]
 
 
 def add_entries(x, offsets, tokens, values):
-    """x[r, tokens[e]] += values[e] for e in offsets[r] .. offsets[r+1]-1 (tokens unique within a row; ids outside
-    [0, V) are skipped, as on the GPU)."""
-    rows, sl = _csr_rows(offsets)
-    tok = np.asarray(tokens[sl], np.int64)
-    ok = (tok >= 0) & (tok < x.shape[1])
-    x[rows[ok], tok[ok]] += np.asarray(values[sl], np.float32)[ok]
+    """x[r, tokens[e]] += values[e] for e in offsets[r] .. offsets[r+1]-1 (tokens unique within a row)."""
+    rows, tok, e = _csr_entries(x, offsets, tokens)
+    x[rows, tok] += np.asarray(values, np.float32)[e]
 
 
 def apply_penalties(x, offsets, tokens, counts, rep, freq, pres):
     """Per CSR entry (token, output count) of row r, in vLLM's order: repetition (x > 0 ? x / rep : x * rep, when
     rep != 1), then x -= freq * count, then x -= pres * (count > 0). fp32 arithmetic throughout."""
-    rows, sl = _csr_rows(offsets)
-    tok = np.asarray(tokens[sl], np.int64)
-    ok = (tok >= 0) & (tok < x.shape[1])
-    rows, tok, cnt = rows[ok], tok[ok], np.asarray(counts[sl], np.int32)[ok]
+    rows, tok, e = _csr_entries(x, offsets, tokens)
+    cnt = np.asarray(counts, np.int32)[e]
     rp, f, p = (np.asarray(a, np.float32)[rows] for a in (rep, freq, pres))
     v = x[rows, tok]
     with np.errstate(over="ignore"):  # np.where computes both branches: v * rp of a huge positive v is dropped
@@ -430,6 +429,8 @@ def temperature_min_p(x, temperature, min_p):
 def top_k_top_p(x, top_k, top_p):
     """In place on fp32 x [R, V]: top_k int32[R] (<= 0 or >= V: off), top_p f32[R] (1: off); the rule at the top."""
     _top_k_top_p(x, _i32(top_k), _f32(top_p))
+
+
 def logprobs(logits, sampled, n, top_ids, top_lp, sampled_lp, sampled_rank):
     """From raw logits [R, V]: top_ids int32[R, n] (largest first, ties -> lower id), top_lp f32[R, n],
     sampled_lp f32[R] = log-softmax at sampled[r], sampled_rank int32[R] = count(x >= x[sampled]). Rows with
