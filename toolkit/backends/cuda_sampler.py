@@ -12,8 +12,6 @@ counters, row maxima) start zeroed and the kernels leave them zeroed; they are a
 by the first eager launch with more rows than reserved: do one eager launch, or call reserve, before capturing).
 One workspace per CudaSamplerKernels: use one stream per object.
 """
-import functools
-
 import numpy as np
 
 from kernels.sampler import HIST_CAP, VOCAB_CAP
@@ -43,6 +41,7 @@ class CudaSamplerKernels:
         self._fns = {}
         self._optin = {}  # (kernel, ctype) -> the dynamic shared memory opted in
         self._rows = 0
+        self._sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
         self._ws = self._counters = self._rowmax = None
 
     def _fn(self, name: str, ctype: str = "float", *more):
@@ -50,10 +49,6 @@ class CudaSamplerKernels:
         if key not in self._fns:
             self._fns[key] = _module("sampler", ctype).get_function(f"{name}<{', '.join(map(str, key[1:]))}>")
         return self._fns[key]
-
-    @functools.cached_property
-    def _sms(self) -> int:
-        return self.cp.cuda.Device().attributes["MultiProcessorCount"]
 
     def reserve(self, rows: int):
         """Allocate the zeroed per-row workspaces for up to `rows` rows (once; outside any graph capture)."""
