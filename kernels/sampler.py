@@ -33,6 +33,8 @@ y (radix select, 8-bit digits, counts for top-k, W for top-p), then tau = y*/T: 
 largest z is the k-th largest y divided by T, and the smallest kept z for top-p is y*/T, y* the smallest survivor
 y with mass strictly above it (in y) < top_p * S (a z-tie of distinct y's is kept or dropped whole either way).
 """
+import functools
+
 import numpy as np
 from numba import njit, prange
 
@@ -69,11 +71,6 @@ def _gumbel(word):
 
 
 @njit(cache=True, nogil=True)
-def _pick(w0, w1, w2, w3, q):
-    return w0 if q == 0 else w1 if q == 1 else w2 if q == 2 else w3
-
-
-@njit(cache=True, nogil=True)
 def _word(coarse, fine, i):
     """Token i's word from its coarse word (word (i >> 2) & 3 of the coarse call) and its fine word."""
     byte = (coarse >> np.uint64(8 * (i & 3))) & np.uint64(0xFF)
@@ -82,9 +79,8 @@ def _word(coarse, fine, i):
 
 @njit(cache=True, nogil=True)
 def _noise(i, pos, k0, k1):
-    c0, c1, c2, c3 = _philox(np.uint64(i >> 4), pos, np.uint64(1), k0, k1)
-    f0, f1, f2, f3 = _philox(np.uint64(i >> 2), pos, np.uint64(0), k0, k1)
-    return _word(_pick(c0, c1, c2, c3, (i >> 2) & 3), _pick(f0, f1, f2, f3, i & 3), i)
+    return _word(_philox(np.uint64(i >> 4), pos, np.uint64(1), k0, k1)[(i >> 2) & 3],
+                 _philox(np.uint64(i >> 2), pos, np.uint64(0), k0, k1)[i & 3], i)
 
 
 # log(b / 256) less a margin of 1e-9, for each top byte b of a word: a token's u is >= b / 256, so a log bound
@@ -124,7 +120,8 @@ def _sample_row(x, ht, hy, t, tau, k0, k1, pos):
     # the rounding), exactly as in the kernel. Both skips only drop tokens whose key is surely below the best.
     best = m + _gumbel(_noise(bi, pos, k0, k1))
     last_c = last_f = -1
-    c0 = c1 = c2 = c3 = f0 = f1 = f2 = f3 = np.uint64(0)
+    zero = np.uint64(0)
+    c = f = (zero, zero, zero, zero)
     j = 0
     for i in range(V):
         a = x[i]
@@ -138,17 +135,17 @@ def _sample_row(x, ht, hy, t, tau, k0, k1, pos):
         if a + np.float32(17.0) < best:
             continue
         if i >> 4 != last_c:
-            c0, c1, c2, c3 = _philox(np.uint64(i >> 4), pos, np.uint64(1), k0, k1)
+            c = _philox(np.uint64(i >> 4), pos, np.uint64(1), k0, k1)
             last_c = i >> 4
-        cw = _pick(c0, c1, c2, c3, (i >> 2) & 3)
+        cw = c[(i >> 2) & 3]
         af, bf = np.float64(a), np.float64(best)
         lthr = af - bf + 1e-3 + 1e-5 * (abs(af) + abs(bf))  # log of the bound on u
         if lthr < _LOG_BYTE[(cw >> np.uint64(8 * (i & 3))) & np.uint64(0xFF)]:
             continue  # u >= (top byte) / 256 > the bound: no fine call (as the kernel's coarse test)
         if i >> 2 != last_f:
-            f0, f1, f2, f3 = _philox(np.uint64(i >> 2), pos, np.uint64(0), k0, k1)
+            f = _philox(np.uint64(i >> 2), pos, np.uint64(0), k0, k1)
             last_f = i >> 2
-        w = _word(cw, _pick(f0, f1, f2, f3, i & 3), i)
+        w = _word(cw, f[i & 3], i)
         u = (np.float64(w >> np.uint64(9)) + 0.5) * 2.0 ** -23
         if u > np.exp(lthr):
             continue
@@ -362,12 +359,8 @@ def _top_k_top_p(x, top_k, top_p):
 
 
 # ---- the ops ----------------------------------------------------------------------------------------------------
-def _f32(a):
-    return np.ascontiguousarray(a, np.float32)
-
-
-def _i32(a):
-    return np.ascontiguousarray(a, np.int32)
+_f32 = functools.partial(np.ascontiguousarray, dtype=np.float32)
+_i32 = functools.partial(np.ascontiguousarray, dtype=np.int32)
 
 
 def gumbel_sample(logits, temperature, seeds, positions, out):
