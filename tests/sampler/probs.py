@@ -49,7 +49,7 @@ def filtered_probs(logits, params, histories=None) -> np.ndarray:
         states.append(s)
     longest = max([len(a) + len(b) for a, b in histories] + [1])
     stager = SamplingStager(be, B, longest)
-    sb = stager.build(states, np.zeros(B, np.int32), np.ones(B, bool), B, fast_path_on=False)
+    sb = stager.prepare(states, np.zeros(B, np.int32), np.ones(B, bool), B, fast_path_on=False)
     stager.stage(sb)
     x = be.empty((B, V), np.float32)
     be.to_fp32(logits, x)

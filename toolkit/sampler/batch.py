@@ -67,7 +67,7 @@ class SamplingStager:
         # Views are made once: a CuPy slice costs microseconds, and a step would otherwise make dozens.
         self.host_views = {name: self._view(self.host, name) for name in self.off}
         self._device_views = {}  # rows -> dict of device views
-        self._last_key, self._last = None, None  # the previous step's batch (see build)
+        self._last_key, self._last = None, None  # the previous step's batch (see prepare)
 
     def _view(self, arr, name):
         off, n = self.off[name]
@@ -89,8 +89,9 @@ class SamplingStager:
         return d
 
     # -- host side ------------------------------------------------------------------------------------
-    def build(self, states: list, positions, sampling_rows, rows: int, fast_path_on: bool) -> SamplingBatch:
-        """Fill the host buffer for `states` (one per request; None = a row that samples nothing)."""
+    def prepare(self, states: list, positions, sampling_rows, rows: int, fast_path_on: bool) -> SamplingBatch:
+        """Host side of a step, the gate included: fill the host buffer for `states` (one per request; None = a
+        row that samples nothing). Then `stage()` before the kernels launch."""
         h = self.host_views
         B = len(states)
         # A decode batch is usually the batch of the step before: then only the positions (and, on the slow
