@@ -33,6 +33,8 @@ y (radix select, 8-bit digits, counts for top-k, W for top-p), then tau = y*/T: 
 largest z is the k-th largest y divided by T, and the smallest kept z for top-p is y*/T, y* the smallest survivor
 y with mass strictly above it (in y) < top_p * S (a z-tie of distinct y's is kept or dropped whole either way).
 """
+import functools
+
 import numpy as np
 from numba import njit, prange
 
@@ -69,11 +71,6 @@ def _gumbel(word):
 
 
 @njit(cache=True, nogil=True)
-def _pick(w0, w1, w2, w3, q):
-    return w0 if q == 0 else w1 if q == 1 else w2 if q == 2 else w3
-
-
-@njit(cache=True, nogil=True)
 def _word(coarse, fine, i):
     """Token i's word from its coarse word (word (i >> 2) & 3 of the coarse call) and its fine word."""
     byte = (coarse >> np.uint64(8 * (i & 3))) & np.uint64(0xFF)
@@ -82,9 +79,8 @@ def _word(coarse, fine, i):
 
 @njit(cache=True, nogil=True)
 def _noise(i, pos, k0, k1):
-    c0, c1, c2, c3 = _philox(np.uint64(i >> 4), pos, np.uint64(1), k0, k1)
-    f0, f1, f2, f3 = _philox(np.uint64(i >> 2), pos, np.uint64(0), k0, k1)
-    return _word(_pick(c0, c1, c2, c3, (i >> 2) & 3), _pick(f0, f1, f2, f3, i & 3), i)
+    return _word(_philox(np.uint64(i >> 4), pos, np.uint64(1), k0, k1)[(i >> 2) & 3],
+                 _philox(np.uint64(i >> 2), pos, np.uint64(0), k0, k1)[i & 3], i)
 
 
 # log(b / 256) less a margin of 1e-9, for each top byte b of a word: a token's u is >= b / 256, so a log bound
@@ -124,7 +120,8 @@ def _sample_row(x, ht, hy, t, tau, k0, k1, pos):
     # the rounding), exactly as in the kernel. Both skips only drop tokens whose key is surely below the best.
     best = m + _gumbel(_noise(bi, pos, k0, k1))
     last_c = last_f = -1
-    c0 = c1 = c2 = c3 = f0 = f1 = f2 = f3 = np.uint64(0)
+    zero = np.uint64(0)
+    c = f = (zero, zero, zero, zero)
     j = 0
     for i in range(V):
         a = x[i]
@@ -138,17 +135,17 @@ def _sample_row(x, ht, hy, t, tau, k0, k1, pos):
         if a + np.float32(17.0) < best:
             continue
         if i >> 4 != last_c:
-            c0, c1, c2, c3 = _philox(np.uint64(i >> 4), pos, np.uint64(1), k0, k1)
+            c = _philox(np.uint64(i >> 4), pos, np.uint64(1), k0, k1)
             last_c = i >> 4
-        cw = _pick(c0, c1, c2, c3, (i >> 2) & 3)
+        cw = c[(i >> 2) & 3]
         af, bf = np.float64(a), np.float64(best)
         lthr = af - bf + 1e-3 + 1e-5 * (abs(af) + abs(bf))  # log of the bound on u
         if lthr < _LOG_BYTE[(cw >> np.uint64(8 * (i & 3))) & np.uint64(0xFF)]:
             continue  # u >= (top byte) / 256 > the bound: no fine call (as the kernel's coarse test)
         if i >> 2 != last_f:
-            f0, f1, f2, f3 = _philox(np.uint64(i >> 2), pos, np.uint64(0), k0, k1)
+            f = _philox(np.uint64(i >> 2), pos, np.uint64(0), k0, k1)
             last_f = i >> 2
-        w = _word(cw, _pick(f0, f1, f2, f3, i & 3), i)
+        w = _word(cw, f[i & 3], i)
         u = (np.float64(w >> np.uint64(9)) + 0.5) * 2.0 ** -23
         if u > np.exp(lthr):
             continue
@@ -362,12 +359,8 @@ def _top_k_top_p(x, top_k, top_p):
 
 
 # ---- the ops ----------------------------------------------------------------------------------------------------
-def _f32(a):
-    return np.ascontiguousarray(a, np.float32)
-
-
-def _i32(a):
-    return np.ascontiguousarray(a, np.int32)
+_f32 = functools.partial(np.ascontiguousarray, dtype=np.float32)
+_i32 = functools.partial(np.ascontiguousarray, dtype=np.int32)
 
 
 def gumbel_sample(logits, temperature, seeds, positions, out):
@@ -391,28 +384,27 @@ def to_fp32(logits, out):
     out[...] = logits
 
 
-def _csr_rows(offsets):
+def _csr_entries(x, offsets, tokens):
+    """(row, token, entry index) of each CSR entry whose token is in [0, V): ids outside are skipped, as on the GPU."""
     off = np.asarray(offsets, np.int64)
-    n = int(off[-1]) - int(off[0])
-    return np.repeat(np.arange(off.size - 1), np.diff(off)), slice(int(off[0]), int(off[0]) + n)
+    rows = np.repeat(np.arange(off.size - 1), np.diff(off))
+    e = np.arange(off[0], off[-1])
+    tok = np.asarray(tokens[e], np.int64)
+    ok = (tok >= 0) & (tok < x.shape[1])
+    return rows[ok], tok[ok], e[ok]
 
 
 def add_entries(x, offsets, tokens, values):
-    """x[r, tokens[e]] += values[e] for e in offsets[r] .. offsets[r+1]-1 (tokens unique within a row; ids outside
-    [0, V) are skipped, as on the GPU)."""
-    rows, sl = _csr_rows(offsets)
-    tok = np.asarray(tokens[sl], np.int64)
-    ok = (tok >= 0) & (tok < x.shape[1])
-    x[rows[ok], tok[ok]] += np.asarray(values[sl], np.float32)[ok]
+    """x[r, tokens[e]] += values[e] for e in offsets[r] .. offsets[r+1]-1 (tokens unique within a row)."""
+    rows, tok, e = _csr_entries(x, offsets, tokens)
+    x[rows, tok] += np.asarray(values, np.float32)[e]
 
 
 def apply_penalties(x, offsets, tokens, counts, rep, freq, pres):
     """Per CSR entry (token, output count) of row r, in vLLM's order: repetition (x > 0 ? x / rep : x * rep, when
     rep != 1), then x -= freq * count, then x -= pres * (count > 0). fp32 arithmetic throughout."""
-    rows, sl = _csr_rows(offsets)
-    tok = np.asarray(tokens[sl], np.int64)
-    ok = (tok >= 0) & (tok < x.shape[1])
-    rows, tok, cnt = rows[ok], tok[ok], np.asarray(counts[sl], np.int32)[ok]
+    rows, tok, e = _csr_entries(x, offsets, tokens)
+    cnt = np.asarray(counts, np.int32)[e]
     rp, f, p = (np.asarray(a, np.float32)[rows] for a in (rep, freq, pres))
     v = x[rows, tok]
     with np.errstate(over="ignore"):  # np.where computes both branches: v * rp of a huge positive v is dropped
@@ -430,6 +422,8 @@ def temperature_min_p(x, temperature, min_p):
 def top_k_top_p(x, top_k, top_p):
     """In place on fp32 x [R, V]: top_k int32[R] (<= 0 or >= V: off), top_p f32[R] (1: off); the rule at the top."""
     _top_k_top_p(x, _i32(top_k), _f32(top_p))
+
+
 def logprobs(logits, sampled, n, top_ids, top_lp, sampled_lp, sampled_rank):
     """From raw logits [R, V]: top_ids int32[R, n] (largest first, ties -> lower id), top_lp f32[R, n],
     sampled_lp f32[R] = log-softmax at sampled[r], sampled_rank int32[R] = count(x >= x[sampled]). Rows with

@@ -9,9 +9,9 @@ from hypothesis import given, settings, strategies as st
 
 from kernels import sampler as S
 from tests.sampler.fast_cases import draw, logits_rows, states_for, top_tokens
+from tests.sampler.probs import filtered_probs
 from toolkit.backends.cpu import CpuBackend
 from toolkit.sampler.params import SamplingParams
-from toolkit.sampler.probs import filtered_probs
 from toolkit.sampler.state import RequestSampling
 
 BE = CpuBackend()

@@ -8,9 +8,9 @@ cp = pytest.importorskip("cupy")
 from tests.gpu_arrays import dev, rounded  # noqa: E402
 from tests.sampler.fast_cases import draw, logits_rows, states_for, top_tokens  # noqa: E402
 from tests.sampler.test_fast_path import CHI2, KINDS  # noqa: E402
+from tests.sampler.probs import filtered_probs  # noqa: E402
 from toolkit.backends.cpu import CpuBackend  # noqa: E402
 from toolkit.sampler.params import SamplingParams  # noqa: E402
-from toolkit.sampler.probs import filtered_probs  # noqa: E402
 from toolkit.sampler.state import RequestSampling  # noqa: E402
 
 pytestmark = pytest.mark.gpu

@@ -95,12 +95,12 @@ def test_model_logits_untouched_and_gpu_matches_cpu_twin():
 
 
 def test_filtered_probs_gpu_equals_cpu():
-    """toolkit.sampler.probs.filtered_probs on CuPy bf16 logits (the CUDA kernels) and on the same values in NumPy
+    """tests.sampler.probs.filtered_probs on CuPy bf16 logits (the CUDA kernels) and on the same values in NumPy
     (the twins): the same distributions, every filter and penalty active somewhere."""
     import cupy as cp
 
     from tests.gpu_arrays import dev, rounded
-    from toolkit.sampler.probs import filtered_probs
+    from tests.sampler.probs import filtered_probs
 
     rng = np.random.default_rng(5)
     V = 4097

@@ -7,13 +7,13 @@ import numpy as np
 import pytest
 from tests.conftest import FIXTURES
 from tests.tolerance import log_softmax_bound, model_bound
+from tests.sampler.probs import filtered_probs
 
 from toolkit.engine.build import build_engine
 from toolkit.backends.cpu import CpuBackend
 from toolkit.engine import SamplingParams
 from toolkit.sampler.sampler import Sampler
 from toolkit.sampler.state import RequestSampling
-from toolkit.sampler.probs import filtered_probs
 from toolkit.engine.timings import NullTimer
 
 

@@ -12,8 +12,6 @@ counters, row maxima) start zeroed and the kernels leave them zeroed; they are a
 by the first eager launch with more rows than reserved: do one eager launch, or call reserve, before capturing).
 One workspace per CudaSamplerKernels: use one stream per object.
 """
-import functools
-
 import numpy as np
 
 from kernels.sampler import HIST_CAP, VOCAB_CAP
@@ -43,6 +41,7 @@ class CudaSamplerKernels:
         self._fns = {}
         self._optin = {}  # (kernel, ctype) -> the dynamic shared memory opted in
         self._rows = 0
+        self._sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
         self._ws = self._counters = self._rowmax = None
 
     def _fn(self, name: str, ctype: str = "float", *more):
@@ -50,10 +49,6 @@ class CudaSamplerKernels:
         if key not in self._fns:
             self._fns[key] = _module("sampler", ctype).get_function(f"{name}<{', '.join(map(str, key[1:]))}>")
         return self._fns[key]
-
-    @functools.cached_property
-    def _sms(self) -> int:
-        return self.cp.cuda.Device().attributes["MultiProcessorCount"]
 
     def reserve(self, rows: int):
         """Allocate the zeroed per-row workspaces for up to `rows` rows (once; outside any graph capture)."""
@@ -65,12 +60,14 @@ class CudaSamplerKernels:
             self._rows = rows
 
     # -- checks ---------------------------------------------------------------------------------------------------
-    def _arr(self, op, name, a, dtype, shape):
-        if not isinstance(a, self.cp.ndarray):
-            raise ValueError(f"{op}: {name} must be a CuPy array, got {type(a).__name__}")
-        if a.dtype != dtype or not a.flags.c_contiguous or a.shape != shape:
-            raise ValueError(f"{op}: {name} must be a C-contiguous {np.dtype(dtype).name} array of shape {shape}, "
-                             f"got {a.dtype} shape {a.shape}{'' if a.flags.c_contiguous else ' (strided)'}")
+    def _arr(self, op, dtype, shape, **arrays):
+        for name, a in arrays.items():
+            if not isinstance(a, self.cp.ndarray):
+                raise ValueError(f"{op}: {name} must be a CuPy array, got {type(a).__name__}")
+            if a.dtype != dtype or not a.flags.c_contiguous or a.shape != shape:
+                strided = "" if a.flags.c_contiguous else " (strided)"
+                raise ValueError(f"{op}: {name} must be a C-contiguous {np.dtype(dtype).name} array of shape "
+                                 f"{shape}, got {a.dtype} shape {a.shape}{strided}")
 
     def _logits(self, op, logits):
         ct = _CTYPE_OF.get(np.dtype(logits.dtype))
@@ -87,10 +84,9 @@ class CudaSamplerKernels:
     # -- ops ---------------------------------------------------------------------------------------------------------
     def gumbel_sample(self, logits, temperature, seeds, positions, out):
         ct, (R, V) = self._logits("gumbel_sample", logits)
-        self._arr("gumbel_sample", "temperature", temperature, F32, (R,))
-        self._arr("gumbel_sample", "seeds", seeds, U32, (R, 2))
-        self._arr("gumbel_sample", "positions", positions, I32, (R,))
-        self._arr("gumbel_sample", "out", out, I32, (R,))
+        self._arr("gumbel_sample", F32, (R,), temperature=temperature)
+        self._arr("gumbel_sample", U32, (R, 2), seeds=seeds)
+        self._arr("gumbel_sample", I32, (R,), positions=positions, out=out)
         if not R or not V:
             return
         self.reserve(R)
@@ -106,36 +102,33 @@ class CudaSamplerKernels:
 
     def to_fp32(self, logits, out):
         ct, shape = self._logits("to_fp32", logits)
-        self._arr("to_fp32", "out", out, F32, shape)
+        self._arr("to_fp32", F32, shape, out=out)
         n = logits.size
         if n:
             blocks = max(1, min(-(-n // 1024), 65536))
             self._fn("to_fp32", ct)((blocks,), (256,), (logits, out, np.int64(n)))
 
-    def _csr(self, op, R, offsets, tokens, *entry_arrays):
-        self._arr(op, "offsets", offsets, I32, (R + 1,))
-        self._arr(op, "tokens", tokens, I32, tokens.shape)
-        for name, a, dt in entry_arrays:  # shaped like tokens
-            self._arr(op, name, a, dt, tokens.shape)
+    def _csr(self, op, R, offsets, tokens, dtype, **entries):
+        self._arr(op, I32, (R + 1,), offsets=offsets)
+        self._arr(op, I32, tokens.shape, tokens=tokens)
+        self._arr(op, dtype, tokens.shape, **entries)  # shaped like tokens
 
     def add_entries(self, x, offsets, tokens, values):
         R, V = self._x32("add_entries", x)
-        self._csr("add_entries", R, offsets, tokens, ("values", values, F32))
+        self._csr("add_entries", R, offsets, tokens, F32, values=values)
         if R:
             self._fn("add_entries")((R,), (128,), (x, _i32(V), offsets, tokens, values))
 
     def apply_penalties(self, x, offsets, tokens, counts, rep, freq, pres):
         R, V = self._x32("apply_penalties", x)
-        self._csr("apply_penalties", R, offsets, tokens, ("counts", counts, I32))
-        for name, a in (("rep", rep), ("freq", freq), ("pres", pres)):
-            self._arr("apply_penalties", name, a, F32, (R,))
+        self._csr("apply_penalties", R, offsets, tokens, I32, counts=counts)
+        self._arr("apply_penalties", F32, (R,), rep=rep, freq=freq, pres=pres)
         if R:
             self._fn("apply_penalties")((R,), (128,), (x, _i32(V), offsets, tokens, counts, rep, freq, pres))
 
     def temperature_min_p(self, x, temperature, min_p):
         R, V = self._x32("temperature_min_p", x)
-        self._arr("temperature_min_p", "temperature", temperature, F32, (R,))
-        self._arr("temperature_min_p", "min_p", min_p, F32, (R,))
+        self._arr("temperature_min_p", F32, (R,), temperature=temperature, min_p=min_p)
         if not R or not V:
             return
         self.reserve(R)
@@ -145,8 +138,8 @@ class CudaSamplerKernels:
 
     def top_k_top_p(self, x, top_k, top_p):
         R, V = self._x32("top_k_top_p", x)
-        self._arr("top_k_top_p", "top_k", top_k, I32, (R,))
-        self._arr("top_k_top_p", "top_p", top_p, F32, (R,))
+        self._arr("top_k_top_p", I32, (R,), top_k=top_k)
+        self._arr("top_k_top_p", F32, (R,), top_p=top_p)
         if R and V:
             self._big("top_k_top_p", "float", LIST_BYTES)((R,), (FILTER_THREADS,), (x, _i32(V), top_k, top_p),
                                                          shared_mem=LIST_BYTES)
@@ -154,15 +147,13 @@ class CudaSamplerKernels:
     def filter_sample(self, logits, temperature, top_k, top_p, min_p, rep, freq, pres, sample_temp, seeds, positions,
                       bias_off, bias_tok, bias_val, pen_off, pen_tok, pen_cnt, ban_off, ban_tok, ban_val, out):
         ct, (R, V) = self._logits("filter_sample", logits)
-        for name, a in (("temperature", temperature), ("top_p", top_p), ("min_p", min_p), ("rep", rep),
-                        ("freq", freq), ("pres", pres), ("sample_temp", sample_temp)):
-            self._arr("filter_sample", name, a, F32, (R,))
-        for name, a in (("top_k", top_k), ("positions", positions), ("out", out)):
-            self._arr("filter_sample", name, a, I32, (R,))
-        self._arr("filter_sample", "seeds", seeds, U32, (R, 2))
-        self._csr("filter_sample", R, bias_off, bias_tok, ("bias_val", bias_val, F32))
-        self._csr("filter_sample", R, pen_off, pen_tok, ("pen_cnt", pen_cnt, I32))
-        self._csr("filter_sample", R, ban_off, ban_tok, ("ban_val", ban_val, F32))
+        self._arr("filter_sample", F32, (R,), temperature=temperature, top_p=top_p, min_p=min_p, rep=rep, freq=freq,
+                  pres=pres, sample_temp=sample_temp)
+        self._arr("filter_sample", I32, (R,), top_k=top_k, positions=positions, out=out)
+        self._arr("filter_sample", U32, (R, 2), seeds=seeds)
+        self._csr("filter_sample", R, bias_off, bias_tok, F32, bias_val=bias_val)
+        self._csr("filter_sample", R, pen_off, pen_tok, I32, pen_cnt=pen_cnt)
+        self._csr("filter_sample", R, ban_off, ban_tok, F32, ban_val=ban_val)
         if V > VOCAB_CAP:
             raise ValueError(f"filter_sample: V = {V} is above the fast path's {VOCAB_CAP} (the gate sends it slow)")
         if not R or not V:
@@ -174,7 +165,8 @@ class CudaSamplerKernels:
             bias_tok, bias_val, pen_off, pen_tok, pen_cnt, ban_off, ban_tok, ban_val, out), shared_mem=smem)
 
     def _big(self, name, ct, smem):
-        """The kernel, opted in (once per instantiation: cudaFuncSetAttribute) to smem bytes of dynamic shared memory."""
+        """The kernel, opted in (once per instantiation: cudaFuncSetAttribute) to smem bytes of dynamic shared
+        memory."""
         f = self._fn(name, ct)
         if smem > SMEM_DEFAULT and self._optin.get((name, ct), 0) < smem:
             f.max_dynamic_shared_size_bytes = smem
@@ -185,11 +177,11 @@ class CudaSamplerKernels:
         ct, (R, V) = self._logits("logprobs", logits)
         if not 0 <= n <= MAX_LOGPROBS:
             raise ValueError(f"logprobs: n must be in [0, {MAX_LOGPROBS}], got {n}")
-        self._arr("logprobs", "sampled", sampled, I32, (R,))
-        self._arr("logprobs", "top_ids", top_ids, I32, (R, n))
-        self._arr("logprobs", "top_lp", top_lp, F32, (R, n))
-        self._arr("logprobs", "sampled_lp", sampled_lp, F32, (R,))
-        self._arr("logprobs", "sampled_rank", sampled_rank, I32, (R,))
+        self._arr("logprobs", I32, (R,), sampled=sampled)
+        self._arr("logprobs", I32, (R, n), top_ids=top_ids)
+        self._arr("logprobs", F32, (R, n), top_lp=top_lp)
+        self._arr("logprobs", F32, (R,), sampled_lp=sampled_lp)
+        self._arr("logprobs", I32, (R,), sampled_rank=sampled_rank)
         if R and V:
             self._fn("logprobs", ct)((R,), (SEL_THREADS,), (logits, _i32(V), sampled, _i32(n), top_ids, top_lp,
                                                            sampled_lp, sampled_rank))

@@ -44,12 +44,6 @@ MODES = {  # name -> (params of every row, fast path switch, logits shape, promp
 HBM_BYTES_PER_S = 4.8e12  # the H200's nominal HBM bandwidth: the roofline the bytes below are set against
 
 
-def hbm_bytes(path: str, B: int, V: int, itemsize: int) -> int:
-    """The least HBM traffic of a step's logits: the fast path reads them once (later passes hit L2); the slow path
-    also writes the FP32 copy and reads it back at least once."""
-    return B * V * (itemsize if path == "fast" else itemsize + 8)
-
-
 def make_logits(rng, B: int, V: int, shape: str) -> np.ndarray:
     if shape == "flat":
         return (rng.standard_normal((B, V)) * 3).astype(np.float32)
@@ -105,9 +99,10 @@ def bench_case(be, V: int, B: int, params: dict, fast_on: bool, shape: str, step
     host_us = (time.perf_counter() - t) / steps * 1e6
     sampler.sample(logits, sb, NullTimer())  # untimed: compiles (NVRTC, Numba) and loads the kernels
     eager = [_timed(be, lambda: sampler.sample(logits, sb, NullTimer()), steps) for _ in range(repeats)]
-    path = "fast" if sb.fast else "slow"
-    row = {"batch": B, "vocab": V, "path": path, "bytes": sampler.materialised_bytes(sb),
-           "hbm_bytes": hbm_bytes(path, B, V, 2 if be.name == "cuda" else 4),
+    row = {"batch": B, "vocab": V, "path": "fast" if sb.fast else "slow", "bytes": sampler.materialised_bytes(sb),
+           # the least HBM traffic of the logits: the fast path reads them once (later passes hit L2); the slow
+           # path also writes the FP32 copy and reads it back at least once
+           "hbm_bytes": B * V * ((2 if be.name == "cuda" else 4) + (0 if sb.fast else 8)),
            "eager_us": statistics.median(eager), "host_us": host_us, "graph_us": None}
     if be.name == "cuda" and getattr(be, "graphs_supported", True):
         stages = None if sb.fast else ALL_STAGES
@@ -141,8 +136,7 @@ def run_sampler_bench(be, V: int, batches, steps: int, repeats: int) -> tuple[li
     rows, refs = [], {}
     for B in batches:
         for mode, (params, fast_on, shape, history) in MODES.items():
-            row = bench_case(be, V, B, params, fast_on, shape, steps, repeats, history)
-            rows.append({"mode": mode, **row})
+            rows.append({"mode": mode, **bench_case(be, V, B, params, fast_on, shape, steps, repeats, history)})
         if be.name == "cuda":
             refs[B] = torch_reference(B, V, repeats)
     return rows, refs

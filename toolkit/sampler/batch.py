@@ -65,17 +65,14 @@ class SamplingStager:
         self.fixed_end = self.off["bias_tok"][0]
         self.host, self.dev = backend.int_buffer(total)
         # Views are made once: a CuPy slice costs microseconds, and a step would otherwise make dozens.
-        self._host_views = {name: self._view(self.host, name) for name in self.off}
+        self.host_views = {name: self._view(self.host, name) for name in self.off}
         self._device_views = {}  # rows -> dict of device views
-        self._last_key, self._last = None, None  # the previous step's batch (see build)
+        self._last_key, self._last = None, None  # the previous step's batch (see prepare)
 
     def _view(self, arr, name):
         off, n = self.off[name]
         f32 = name in _ROW_F32 or name.endswith("_val")
         return arr[off:off + n].view(np.float32 if f32 else np.int32)  # NumPy and CuPy take NumPy dtypes
-
-    def host_view(self, name):
-        return self._host_views[name]
 
     def device(self, rows: int) -> dict:
         """Device views for R rows: per-row arrays [R], seeds uint32 [R, 2], CSR offsets [R+1], whole entry
@@ -92,9 +89,10 @@ class SamplingStager:
         return d
 
     # -- host side ------------------------------------------------------------------------------------
-    def build(self, states: list, positions, sampling_rows, rows: int, fast_path_on: bool) -> SamplingBatch:
-        """Fill the host buffer for `states` (one per request; None = a row that samples nothing)."""
-        h = self.host_view
+    def prepare(self, states: list, positions, sampling_rows, rows: int, fast_path_on: bool) -> SamplingBatch:
+        """Host side of a step, the gate included: fill the host buffer for `states` (one per request; None = a
+        row that samples nothing). Then `stage()` before the kernels launch."""
+        h = self.host_views
         B = len(states)
         # A decode batch is usually the batch of the step before: then only the positions (and, on the slow
         # path, the penalty/ban entries) change, and the per-row parameters already in the buffer stay.
@@ -105,7 +103,7 @@ class SamplingStager:
         beyond = next((why for why in map(fast_limit, needs) if why), "")
         fast = fast_path_on and not beyond
         if key == self._last_key and fast == self._last.fast:
-            h("positions")[:B] = positions
+            h["positions"][:B] = positions
             last = self._last
             if not needs:
                 return last
@@ -118,29 +116,26 @@ class SamplingStager:
         if fast and needs:  # these rows are filter_sample's
             f32[rows_needing, 6] = -1.0
         for j, name in enumerate(_ROW_F32):
-            h(name)[:B] = f32[:, j]
-            h(name)[B:rows] = _OFF_F32[j]
-        top_k, seeds, pos = h("top_k"), h("seeds"), h("positions")
+            h[name][:B] = f32[:, j]
+            h[name][B:rows] = _OFF_F32[j]
+        top_k, seeds, pos = h["top_k"], h["seeds"], h["positions"]
         top_k[:B], top_k[B:rows] = i32[:, 0], 0
         seeds[:2 * B] = i32[:, 1:3].reshape(-1)
         seeds[2 * B:2 * rows] = 0
         pos[:B], pos[B:rows] = positions, 0
         live = [s for s in states if s is not None]
         logprobs = max([s.params.logprobs for s in live if s.params.logprobs is not None] + [-1])
-        stages, ends = set(), {}
-        if needs or not fast:
-            ends, csr_stages = self._entries(states, rows)
-            stages |= csr_stages
+        ends, stages = self._entries(states, rows) if needs or not fast else ({}, frozenset())
         if fast:
-            stages = {"filter"} if needs else set()
+            stages = frozenset({"filter"} if needs else ())
         else:
             T, min_p = f32[:, 0], f32[:, 2]
             if ((T != 0) & ((T != 1) | (min_p != 0))).any():
-                stages.add("temperature")
+                stages |= {"temperature"}
             if (i32[:, 0] > 0).any() or (f32[:, 1] != 1).any():
-                stages.add("top_k_top_p")
+                stages |= {"top_k_top_p"}
         self._last_key = key
-        self._last = SamplingBatch(rows, B, fast, why, frozenset(stages), logprobs, ends)
+        self._last = SamplingBatch(rows, B, fast, why, stages, logprobs, ends)
         return self._last
 
     def _entries(self, states, rows) -> tuple:
@@ -160,15 +155,15 @@ class SamplingStager:
                                                   for b in bans], rows)
         for name, n in ends.items():
             if not n:
-                self.host_view(name + "_off")[:rows + 1] = 0
+                self.host_views[name + "_off"][:rows + 1] = 0
         stages = frozenset(k for k, n in (("bias", ends["bias"]), ("penalties", ends["pen"]), ("bans", ends["ban"]))
                            if n)
         return ends, stages
 
     def _csr(self, name, tokens, values, rows) -> int:
-        off = self.host_view(name + "_off")
-        tok = self.host_view(name + "_tok")
-        val = self.host_view(name + ("_val" if name != "pen" else "_cnt"))
+        off = self.host_views[name + "_off"]
+        tok = self.host_views[name + "_tok"]
+        val = self.host_views[name + ("_val" if name != "pen" else "_cnt")]
         n = 0
         off[0] = 0
         for i in range(rows):
@@ -202,6 +197,5 @@ def fast_limit(state) -> str:
     """Why filter_sample cannot hold this processing row ("" if it can): its shared memory keeps a bitmap of the
     vocabulary and the row's history entries."""
     n = state.history_bound()
-    if vocab_limit(state.vocab_size):
-        return vocab_limit(state.vocab_size)
-    return f"history of {n} tokens (the fast path holds {HIST_CAP})" if n > HIST_CAP else ""
+    return vocab_limit(state.vocab_size) or (f"history of {n} tokens (the fast path holds {HIST_CAP})"
+                                             if n > HIST_CAP else "")

@@ -44,13 +44,10 @@ GENERATION_CONFIG_FIELDS = ("temperature", "top_k", "top_p", "min_p", "repetitio
 
 
 # -- value checks: each names the field and shows the value ----------------------------------------------
-def _is_int(v) -> bool:  # bool is an Integral too, and never a count, an id or a seed
-    return isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_))
-
-
 def _int(name: str, v, lo: int, hi: int | None = None, what: str | None = None) -> int:
-    ok = _is_int(v) and v >= lo and (hi is None or v <= hi)
-    if not ok:
+    # bool is an Integral too, and never a count, an id or a seed
+    if not (isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_)) and v >= lo
+            and (hi is None or v <= hi)):
         rng = what or (f">= {lo}" if hi is None else f"in [{lo}, {hi}]")
         raise ToolkitError(f"{name} must be an integer {rng}, got {_show(v)}")
     return int(v)
@@ -186,10 +183,6 @@ class SamplingParams:
             put("top_p", 1.0)
             put("min_p", 0.0)
 
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0
-
     def check_vocab(self, vocab_size: int):
         """Every token id the parameters name must exist; the engine calls this at admission."""
         def check(what, tok):
@@ -204,47 +197,25 @@ class SamplingParams:
             for tok in (() if isinstance(w, str) else w):
                 check(f"bad_words[{i}]", tok)
 
-    def processing_reasons(self, vocab_size: int | None, has_stop_ids: bool) -> list[str]:
-        """Why this request changes its logits (empty: the sampler may take the fast path for it).
+    def needs_processing(self, vocab_size: int, has_stop_ids: bool) -> bool:
+        """The gate flag, computed once at admission: does this request change its logits (False: the sampler
+        may take the fast path for it)? `has_stop_ids`: the request stops on some token (stop_token_ids, or an
+        EOS it does not ignore), which min_tokens then has to mask.
 
         Exact float comparisons on purpose (vLLM PR #47711): T = 1 + 1e-7 or top_p = 0.9999 is not a no-op.
         Note the gate compares the stored float64 values: float32(1 + 1e-7) == 1, but the request still
-        takes the slow path, where dividing by that 1.0 is harmless. `vocab_size` None: any top_k counts."""
-        reasons = []
-        if self.temperature not in (0.0, 1.0):
-            reasons.append(f"temperature {self.temperature:g}")
-        if self.top_k > 0 and (vocab_size is None or self.top_k < vocab_size):
-            reasons.append(f"top_k {self.top_k}")
-        for name, off in (("top_p", 1.0), ("min_p", 0.0), ("repetition_penalty", 1.0),
-                          ("frequency_penalty", 0.0), ("presence_penalty", 0.0)):
-            if getattr(self, name) != off:
-                reasons.append(f"{name} {getattr(self, name):g}")
-        if self.logit_bias:
-            reasons.append("logit_bias")
-        if self.bad_words:
-            reasons.append("bad_words")
-        if self.min_tokens > 0 and has_stop_ids:  # stop tokens are masked until min_tokens
-            reasons.append(f"min_tokens {self.min_tokens}")
-        return reasons
-
-    def needs_processing(self, vocab_size: int, has_stop_ids: bool) -> bool:
-        """The gate flag, computed once at admission. `has_stop_ids`: the request stops on some token
-        (stop_token_ids, or an EOS it does not ignore), which min_tokens then has to mask."""
-        return bool(self.processing_reasons(vocab_size, has_stop_ids))
+        takes the slow path, where dividing by that 1.0 is harmless."""
+        return (self.temperature not in (0.0, 1.0) or 0 < self.top_k < vocab_size or self.top_p != 1.0
+                or self.min_p != 0.0 or self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0
+                or self.presence_penalty != 0.0 or bool(self.logit_bias) or bool(self.bad_words)
+                or (self.min_tokens > 0 and has_stop_ids))  # stop tokens are masked until min_tokens
 
     def as_record(self, seed_used: int | None) -> dict:
         """Every parameter as JSON values (all fields, always: a record says exactly what ran). The result
         is itself a valid set of JSONL request fields, so a record's params reproduce its run."""
-        rec = {}
-        for f in fields(self):
-            v = getattr(self, f.name)
-            if f.name == "logit_bias":
-                v = {str(tok): b for tok, b in v}
-            elif f.name == "bad_words":
-                v = [w if isinstance(w, str) else list(w) for w in v]
-            elif isinstance(v, tuple):
-                v = list(v)
-            rec[f.name] = v
+        rec = {f.name: list(v) if isinstance(v := getattr(self, f.name), tuple) else v for f in fields(self)}
+        rec["logit_bias"] = {str(tok): b for tok, b in self.logit_bias}
+        rec["bad_words"] = [w if isinstance(w, str) else list(w) for w in self.bad_words]
         rec["seed"] = self.seed if seed_used is None else seed_used
         return rec
 

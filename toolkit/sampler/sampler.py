@@ -39,20 +39,15 @@ FILTER_INPUTS = ("temperature", "top_k", "top_p", "min_p", "rep", "freq", "pres"
 ALL_STAGES = frozenset({"bias", "penalties", "bans", "temperature", "top_k_top_p", "filter"})
 
 
-class Sampler:
+class Sampler(SamplingStager):
+    """The staging of a step's inputs (SamplingStager: `prepare` on the host, then `stage`), and its kernels."""
+
     def __init__(self, backend, vocab_size: int, max_rows: int, max_context: int):
-        self.be, self.V, self.max_rows = backend, vocab_size, max_rows
-        self.stager = SamplingStager(backend, max_rows, max_context)
+        super().__init__(backend, max_rows, max_context)
+        self.V = vocab_size
         self.x32 = backend.empty((max_rows, vocab_size), np.float32)  # the slow path's FP32 copy
         self.sampled = backend.empty((max_rows,), np.int32)
         self._lp = None  # logprob outputs, allocated at the first request for them
-
-    def prepare(self, states, positions, sampling_rows, rows: int, fast_path_on: bool) -> SamplingBatch:
-        """Host side of a step (the gate included); then `stage()` before the kernels launch."""
-        return self.stager.build(states, positions, sampling_rows, rows, fast_path_on)
-
-    def stage(self, batch: SamplingBatch):
-        self.stager.stage(batch)
 
     def materialised_bytes(self, batch: SamplingBatch) -> int:
         return 0 if batch.fast else batch.rows * self.V * 4
@@ -61,7 +56,7 @@ class Sampler:
         """Device work of a step: writes self.sampled[:rows]. `stages=None` runs only the processing stages
         the batch needs (eager); a graph capture passes ALL_STAGES."""
         be, R = self.be, batch.rows
-        d = self.stager.device(R)
+        d = self.device(R)
         stages = batch.stages if stages is None else stages
         if batch.fast:
             x = logits[:R]
@@ -72,13 +67,10 @@ class Sampler:
             x = self.x32[:R]
             be.to_fp32(logits[:R], x)
             timer.lap("fp32")
-            self.process(x, d, stages)
+            process(be, x, d, stages)
             timer.lap("processing")
         be.gumbel_sample(x, d["sample_temp"], d["seeds"], d["positions"], self.sampled[:R])
         timer.lap("sample")
-
-    def process(self, x, d: dict, stages):
-        process(self.be, x, d, stages)
 
     def logprobs(self, logits, batch: SamplingBatch, timer):
         """Top-n logprobs and the sampled token's logprob and rank, from the raw logits (eager only)."""

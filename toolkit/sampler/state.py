@@ -64,11 +64,8 @@ class RequestSampling:
         self.output: list = []  # generated tokens (bad-word prefixes are matched against its end)
         self.num_generated = 0
         self._track = self.use_penalties or any(len(w) > 1 for w in self.bad_words)
-        if p.logit_bias:
-            self.bias_tokens = np.array([t for t, _ in p.logit_bias], np.int32)
-            self.bias_values = np.array([b for _, b in p.logit_bias], np.float32)
-        else:
-            self.bias_tokens, self.bias_values = np.zeros(0, np.int32), np.zeros(0, np.float32)
+        self.bias_tokens = np.array([t for t, _ in p.logit_bias], np.int32)
+        self.bias_values = np.array([b for _, b in p.logit_bias], np.float32)
 
     def on_token(self, token: int):
         """A generated token joins the output (called by the engine for every kept token)."""

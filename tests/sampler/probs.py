@@ -1,4 +1,4 @@
-"""The distribution the sampler draws from, for tests and tools: `filtered_probs(logits, params)`.
+"""The distribution the sampler draws from, for the tests: `filtered_probs(logits, params)`.
 
 The engine's sampler lives in toolkit/sampler/ (the gate, the FP32 copy, the processing kernels and
 Gumbel-max sampling). This module runs the very same processing ops on a [B, V] logits array, NumPy
@@ -17,6 +17,7 @@ import numpy as np
 from toolkit.sampler.batch import SamplingStager
 from toolkit.sampler.sampler import ALL_STAGES, process
 from toolkit.sampler.state import RequestSampling
+
 
 @functools.cache
 def _backend(name: str, dtype: str | None):
@@ -48,7 +49,7 @@ def filtered_probs(logits, params, histories=None) -> np.ndarray:
         states.append(s)
     longest = max([len(a) + len(b) for a, b in histories] + [1])
     stager = SamplingStager(be, B, longest)
-    sb = stager.build(states, np.zeros(B, np.int32), np.ones(B, bool), B, fast_path_on=False)
+    sb = stager.prepare(states, np.zeros(B, np.int32), np.ones(B, bool), B, fast_path_on=False)
     stager.stage(sb)
     x = be.empty((B, V), np.float32)
     be.to_fp32(logits, x)
