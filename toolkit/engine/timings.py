@@ -22,7 +22,6 @@ from types import MappingProxyType
 # Model sections, the sparse-prefill split of prefill attention, then the sampler's phases.
 SECTIONS = ("embedding", "attention", "indexer", "topk", "combine", "sparse_attention", "mlp", "lm_head",
             "gate", "fp32", "processing", "sample", "logprobs")
-SAMPLER_SECTIONS = ("gate", "fp32", "processing", "sample", "logprobs")  # the sampler's share of a step
 _EMPTY = MappingProxyType({})
 
 
@@ -40,7 +39,7 @@ class StepTiming:
     cached_tokens: int = 0  # prompt tokens taken from the prefix cache by requests admitted in this step
     detokenize_ms: float = 0.0
     sampler_path: str = ""  # "fast": sampled from the model's logits as they are; "slow": from an FP32 copy
-    sampler_why: str = ""  # why the slow path ran: the first request's parameter that needs it, or "switched off"
+    sampler_why: str = ""  # why the slow path ran: "switched off", or the first request beyond the fast path's limits
     sampler_bytes: int = 0  # FP32 logits bytes the sampler materialised this step (0 on the fast path)
     # Prefill attention of the step (toolkit/model/sparse.py): "dense", "sparse-exact" (every query saw every complete
     # block: the result is dense attention), "sparse-approx" (some query kept only its top-k), "sparse-skipped"
@@ -49,13 +48,6 @@ class StepTiming:
     prefill_path: str = ""
     plan: object = None  # the StepPlan: the kernel that ran each op (toolkit/model/plan.py)
     context_bucket: int = 0  # the context length decode attention's plan (and graph) was sized for
-
-    @property
-    def sampler_ms(self) -> float | None:
-        """The sampler's time on an eager step (None on a graph replay, where it is inside the graph)."""
-        if not self.sections_ms:
-            return None
-        return sum(self.sections_ms.get(k, 0.0) for k in SAMPLER_SECTIONS)
 
     @property
     def other_ms(self) -> float:
