@@ -162,8 +162,12 @@ def run_speed(engine, tests, grid, repeats, warmup, peak, peer=None) -> tuple[li
                              "were pure decode at the full batch (preemption?)")
         rows += ours
         if peer is not None:
-            ms = (peer.prefill_ms(t.length, repeats) if t.kind == "prefill"
-                  else peer.decode_ms_per_step(t.batch, t.depth, t.steps, repeats))
+            try:
+                ms = (peer.prefill_ms(t.length, repeats) if t.kind == "prefill"
+                      else peer.decode_ms_per_step(t.batch, t.depth, t.steps, repeats))
+            except Exception as e:  # e.g. torch.OutOfMemoryError: our rows stand, the cell gets no ratio
+                notes.append(f"peer skipped {t.name}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+                continue
             prow = make_row(t, peer.label, None, list(ms), None, None, nbytes, peak)
             for r in ours:
                 r["vs_peer"] = r["tok_per_s"] / prow["tok_per_s"]
