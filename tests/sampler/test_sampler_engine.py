@@ -248,3 +248,23 @@ def test_request_timings_say_the_sampler_path_and_fp32_bytes(engine):
             engine.set_options(engine.options.with_(sampler_fast_path=False))
     engine.set_options(engine.options.with_(sampler_fast_path=True))
     assert outs[-1].stats.sampler_path == "mixed"
+
+
+@pytest.mark.parametrize("rep", [1.0, 1.3])
+def test_penalty_entries_kept_sorted_as_tokens_arrive(rep):
+    """The penalties' history (every distinct token of prompt ∪ output with its output count, sorted; the prompt
+    only under a repetition penalty) is updated per token, never rebuilt: it must equal the rebuilt one."""
+    rng = np.random.default_rng(int(rep * 10))
+    prompt = rng.integers(0, 50, 40)
+    st = RequestSampling(SamplingParams(repetition_penalty=rep, frequency_penalty=0.5), prompt, 64, seed=1)
+    out = []
+    for tok in rng.integers(0, 64, 120):
+        st.on_token(int(tok))
+        out.append(int(tok))
+        toks, counts = np.unique(out, return_counts=True)
+        want = dict(zip(toks.tolist(), counts.tolist()))
+        if rep != 1.0:
+            want = {**{t: 0 for t in np.unique(prompt).tolist()}, **want}
+        tok, cnt = st.penalty_entries()
+        assert tok.tolist() == sorted(want) and cnt.tolist() == [want[t] for t in sorted(want)]
+    assert tok.dtype == cnt.dtype == np.int32 and len(st._tok) > 40  # it outgrew its first room

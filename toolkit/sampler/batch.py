@@ -147,7 +147,7 @@ class SamplingStager:
             ends["bias"] = self._csr("bias", [s.bias_tokens if s else None for s in states],
                                      [s.bias_values if s else None for s in states], rows)
         if any(s.use_penalties for s in live):
-            pens = [s.penalty_entries() if s else (None, None) for s in states]
+            pens = [s.penalty_entries() if s and s.use_penalties else (None, None) for s in states]
             ends["pen"] = self._csr("pen", [t for t, _ in pens], [c for _, c in pens], rows)
         if any(s.bad_words or s.params.min_tokens for s in live):
             bans = [s.banned() if s else None for s in states]

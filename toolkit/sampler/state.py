@@ -6,8 +6,10 @@ only reads it:
                        parameters: such a row goes to filter_sample on the fast path, the others to
                        gumbel_sample alone.
     seed_words         its 64-bit seed as two 32-bit Philox key words
-    prompt_tokens      the distinct prompt tokens (repetition penalty only)
-    counts             output token -> occurrences (penalties and bad words only)
+    penalty entries    every distinct token of prompt ∪ output, sorted, with its output count (0: prompt only;
+                       the prompt's tokens only under a repetition penalty), kept sorted as tokens arrive, in
+                       arrays with room to grow: a step copies them as they are (rebuilding them each step cost
+                       ~20 µs a row: 2.8 ms of host time a step at B = 128, more than the GPU's step)
     bad_words          token sequences; a word's last token is banned when the rest of the word
                        matches the end of the output
     stop_ids           tokens banned while fewer than min_tokens tokens have been generated
@@ -57,13 +59,14 @@ class RequestSampling:
         self.row_i32 = np.array([p.top_k, *np.array(self.seed_words, np.uint32).view(np.int32)], np.int32)
         self.use_penalties = (p.repetition_penalty != 1 or p.frequency_penalty != 0
                               or p.presence_penalty != 0)
-        self.prompt_tokens = (np.unique(np.asarray(prompt_ids, np.int32)) if p.repetition_penalty != 1
-                              else np.zeros(0, np.int32))
+        start = np.unique(np.asarray(prompt_ids, np.int32)) if p.repetition_penalty != 1 else ()
+        self._n = len(start)
+        self._tok, self._cnt = np.zeros(max(16, 2 * self._n), np.int32), np.zeros(max(16, 2 * self._n), np.int32)
+        self._tok[:self._n] = start
         self.bad_words = [tuple(w) for w in bad_words]
-        self.counts: dict = {}  # output token -> occurrences
         self.output: list = []  # generated tokens (bad-word prefixes are matched against its end)
         self.num_generated = 0
-        self._track = self.use_penalties or any(len(w) > 1 for w in self.bad_words)
+        self._track = any(len(w) > 1 for w in self.bad_words)
         self.bias_tokens = np.array([t for t, _ in p.logit_bias], np.int32)
         self.bias_values = np.array([b for _, b in p.logit_bias], np.float32)
 
@@ -72,24 +75,27 @@ class RequestSampling:
         self.num_generated += 1
         if self._track:
             self.output.append(token)
-            self.counts[token] = self.counts.get(token, 0) + 1
+        if self.use_penalties:
+            n, tok = self._n, self._tok
+            i = int(np.searchsorted(tok[:n], token))
+            if i < n and tok[i] == token:
+                self._cnt[i] += 1
+                return
+            if n == len(tok):  # full: double the room (amortised O(1) a token)
+                self._tok, self._cnt = (np.concatenate((a, np.zeros_like(a))) for a in (tok, self._cnt))
+            for a, v in ((self._tok, token), (self._cnt, 1)):  # shift the tail up one place, then insert
+                a[i + 1:n + 1] = a[i:n]
+                a[i] = v
+            self._n = n + 1
+
+    def penalty_entries(self) -> tuple:
+        """(tokens, output counts): views of the penalties' sorted history (see the top)."""
+        return self._tok[:self._n], self._cnt[:self._n]
 
     # -- per-step sparse entries -----------------------------------------------------------------------
-    def penalty_entries(self) -> tuple:
-        """(tokens, output counts) of every distinct token in prompt ∪ output, sorted by token; count 0 = prompt
-        only. Without a repetition penalty only output tokens matter (frequency/presence read output counts)."""
-        if not self.use_penalties:
-            return np.zeros(0, np.int32), np.zeros(0, np.int32)
-        out_tok = np.fromiter(self.counts.keys(), np.int32, len(self.counts))
-        out_cnt = np.fromiter(self.counts.values(), np.int32, len(self.counts))
-        prompt_only = np.setdiff1d(self.prompt_tokens, out_tok, assume_unique=True)
-        tok = np.concatenate([out_tok, prompt_only])
-        order = np.argsort(tok, kind="stable")
-        return tok[order], np.concatenate([out_cnt, np.zeros(len(prompt_only), np.int32)])[order]
-
     def history_bound(self) -> int:
         """At most how many tokens this request's logit bias, penalties and bans name at a step (the gate's)."""
-        pen = len(self.prompt_tokens) + len(self.counts) if self.use_penalties else 0
+        pen = self._n if self.use_penalties else 0
         stops = len(self.stop_ids) if self.num_generated < self.params.min_tokens else 0
         return len(self.bias_tokens) + pen + len(self.bad_words) + stops
 
