@@ -26,21 +26,19 @@ from toolkit.engine.timings import NullTimer
 
 DEFAULT = dict(temperature=0.8, top_k=40, top_p=0.95, repetition_penalty=1.1)  # the default model's settings
 PENALTIES = dict(repetition_penalty=1.1, frequency_penalty=0.3, presence_penalty=0.3)
-MODES = {  # name -> (params of every row, fast path switch, logits shape, prompt tokens of each request)
-    "greedy, fast path": (dict(temperature=0.0), True, "llm", 1),
-    "greedy, fast path off": (dict(temperature=0.0), False, "llm", 1),
-    "T=1, fast path": (dict(temperature=1.0), True, "llm", 1),
-    "T=1, fast path, N(0,3) logits": (dict(temperature=1.0), True, "flat", 1),
-    "T=1, fast path off": (dict(temperature=1.0), False, "llm", 1),
-    "T=0.7 top-k 50 top-p 0.9, fast path": (dict(temperature=0.7, top_k=50, top_p=0.9), True, "llm", 1),
-    "T=0.7 top-k 50 top-p 0.9, fast path off": (dict(temperature=0.7, top_k=50, top_p=0.9), False, "llm", 1),
-    "default model's settings, 256-token histories, fast path": (DEFAULT, True, "llm", 256),
-    "default model's settings, 256-token histories, fast path off": (DEFAULT, False, "llm", 256),
-    "top-p 0.95, fast path": (dict(temperature=1.0, top_p=0.95), True, "llm", 1),
-    "top-p 0.95, fast path off": (dict(temperature=1.0, top_p=0.95), False, "llm", 1),
-    "top-p 0.95 + penalties, 256-token histories, fast path": (dict(temperature=1.0, top_p=0.95, **PENALTIES), True, "llm", 256),
-    "top-p 0.95 + penalties, 256-token histories, fast path off": (dict(temperature=1.0, top_p=0.95, **PENALTIES), False, "llm", 256),
-}
+# (name, params of every row, prompt tokens of each request): each runs with the fast path on, then off; T=1 also
+# with it on N(0,3) logits (where every token is a contender)
+CASES = (("greedy", dict(temperature=0.0), 1), ("T=1", dict(temperature=1.0), 1),
+         ("T=0.7 top-k 50 top-p 0.9", dict(temperature=0.7, top_k=50, top_p=0.9), 1),
+         ("default model's settings, 256-token histories", DEFAULT, 256),
+         ("top-p 0.95", dict(temperature=1.0, top_p=0.95), 1),
+         ("top-p 0.95 + penalties, 256-token histories", dict(temperature=1.0, top_p=0.95, **PENALTIES), 256))
+MODES = {}  # name -> (params of every row, fast path switch, logits shape, prompt tokens of each request)
+for _name, _params, _history in CASES:
+    MODES[f"{_name}, fast path"] = (_params, True, "llm", _history)
+    if _name == "T=1":
+        MODES["T=1, fast path, N(0,3) logits"] = (_params, True, "flat", _history)
+    MODES[f"{_name}, fast path off"] = (_params, False, "llm", _history)
 HBM_BYTES_PER_S = 4.8e12  # the H200's nominal HBM bandwidth: the roofline the bytes below are set against
 
 

@@ -55,8 +55,8 @@ class BlockManager:
             hits.append(bid)
         return hits
 
-    def admit(self, seq, hits: list) -> int:
-        """Give seq the cached blocks `hits`; returns the number of tokens they hold."""
+    def admit(self, seq, hits: list):
+        """Give seq the cached blocks `hits`."""
         for bid in hits:
             b = self.blocks[bid]
             if b.ref_count == 0:
@@ -64,7 +64,6 @@ class BlockManager:
             b.ref_count += 1
             seq.block_table.append(bid)
             seq.block_hashes.append(b.hash)
-        return len(hits) * self.block_size
 
     # -- growth ------------------------------------------------------------------------------------------
     def needed(self, seq, n: int) -> int:

@@ -25,7 +25,7 @@ import numpy as np
 
 from toolkit.engine.options import EngineOptions
 from toolkit.errors import ToolkitError
-from toolkit.sampler.params import SamplingParams
+from toolkit.sampler.params import DEFAULT_MAX_TOKENS, SamplingParams
 
 _calls = itertools.count()
 
@@ -78,9 +78,7 @@ class LLM:
     # -- parameters -------------------------------------------------------------------------------------------
     def get_default_sampling_params(self) -> SamplingParams:
         """The CLI's defaults: max_tokens 256 under the model's generation_config.json."""
-        from toolkit.sampler.params import DEFAULT_MAX_TOKENS
-        return SamplingParams(**{"max_tokens": DEFAULT_MAX_TOKENS,
-                                 **getattr(self.engine, "generation_defaults", {})})
+        return SamplingParams(**{"max_tokens": DEFAULT_MAX_TOKENS, **getattr(self.engine, "generation_defaults", {})})
 
     def _params(self, params, sampling_params, n: int) -> list:
         if params is None:

@@ -208,11 +208,9 @@ class LLMEngine:
         seq.token_ids.append(tok)
         seq.sampling.on_token(tok)
         text = seq.detokenizer.add_token(tok) if seq.detokenizer is not None else ""
-        finish = None
-        if seq.num_generated >= p.max_tokens or seq.num_tokens >= self.max_context:
-            finish = "length"
-        if finish and seq.detokenizer is not None:
-            text += seq.detokenizer.finalize()
+        finish = "length" if seq.num_generated >= p.max_tokens or seq.num_tokens >= self.max_context else None
+        if finish:  # held-back text moves into `text`, where stop_strings still searches it
+            text = flush(seq, text)
         if p.stop:
             if seq.num_generated < p.min_tokens:  # stop strings count only from min_tokens on
                 seq.text += text

@@ -84,9 +84,7 @@ class Scheduler:
         budget = self.max_tokens
         decodes, chunks, taken = [], [], set()
         for seq in list(self.running):
-            if seq.status is not Status.RUNNING or budget == 0:
-                continue
-            if not decodes_too and seq.num_unfed == 1:
+            if seq.status is not Status.RUNNING or budget == 0 or (not decodes_too and seq.num_unfed == 1):
                 continue
             n = min(seq.num_unfed, budget)
             if not self._make_room(seq, n, taken, out):

@@ -33,8 +33,7 @@ def stop_strings(seq: Sequence, new: str, final: bool) -> tuple:
 
 
 def flush(seq: Sequence, text: str) -> str:
-    """Text still held back (for stop strings or an unfinished character) when the request stops."""
-    if seq.detokenizer is not None:
-        text += seq.detokenizer.finalize()
-    out, seq.held = seq.held + text, ""
+    """The request stops: text held back (for stop strings), then `text`, then the detokenizer's unfinished rest."""
+    out = seq.held + text + (seq.detokenizer.finalize() if seq.detokenizer is not None else "")
+    seq.held = ""
     return out

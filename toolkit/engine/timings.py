@@ -16,7 +16,7 @@ is one launch, and its `sections_ms` is empty (`graph=True` says why).
 each output, so an earlier output's numbers never change under its reader.
 """
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from types import MappingProxyType
 
 # Model sections, the sparse-prefill split of prefill attention, then the sampler's phases.
@@ -111,21 +111,12 @@ class NullTimer:
         pass
 
 
-@dataclass
 class StatsAccumulator:
-    """The mutable side of RequestStats, owned by the request's Sequence."""
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
-    generated_tokens: int = 0
-    arrival: float = field(default_factory=time.perf_counter)
-    ttft_ms: float = 0.0
-    prefill_ms: float = 0.0
-    decode_ms_total: float = 0.0
-    decode_steps: int = 0
-    preemptions: int = 0
-    prefill_path: str = ""
-    sampler_path: str = ""
-    sampler_fp32_bytes: int = 0
+    """The mutable side of RequestStats, owned by the request's Sequence: its fields, plus the arrival time."""
+
+    def __init__(self):
+        vars(self).update(asdict(RequestStats()))
+        self.arrival = time.perf_counter()
 
     def add_sampler_step(self, path: str, fp32_bytes: int):
         """A step sampled this request's next token on `path` ("fast" / "slow"), materialising fp32_bytes for it."""

@@ -72,36 +72,29 @@ class EngineWorker:
     def _loop(self):
         engine = self.engine
         while True:
-            # Block while idle; between steps, run every command that has arrived (here, on the engine's thread).
-            cmd = self._commands.get() if not engine.has_unfinished() else self._next_nowait()
-            while cmd is not None:
+            # Block while idle; between steps, run every command that has arrived (here, on the engine's thread: the
+            # only reader of the queue, so get() does not block once empty() is False).
+            while not engine.has_unfinished() or not self._commands.empty():
+                cmd = self._commands.get()
                 if cmd is _DONE:
                     for h in self._handles.values():
                         h._queue.put(_DONE)
                     return
                 cmd()
-                cmd = self._next_nowait()
-            if engine.has_unfinished():
-                try:
-                    outs = engine.step()
-                except Exception as e:  # a bug, not bad input: end every waiting reader with it, keep serving
-                    outs = []
-                    for rid in list(self._handles):
-                        engine.abort(rid)
-                        self._handles.pop(rid)._queue.put(
-                            RequestOutput(rid, None, "", "error", None, RequestStats(), f"{type(e).__name__}: {e}"))
-                for out in outs:
-                    h = self._handles.get(out.request_id)
-                    if h is not None:
-                        h._queue.put(out)
-                        if out.finish_reason is not None:
-                            del self._handles[out.request_id]
-
-    def _next_nowait(self):
-        try:
-            return self._commands.get_nowait()
-        except queue.Empty:
-            return None
+            try:
+                outs = engine.step()
+            except Exception as e:  # a bug, not bad input: end every waiting reader with it, keep serving
+                outs = []
+                for rid in list(self._handles):
+                    engine.abort(rid)
+                    self._handles.pop(rid)._queue.put(
+                        RequestOutput(rid, None, "", "error", None, RequestStats(), f"{type(e).__name__}: {e}"))
+            for out in outs:
+                h = self._handles.get(out.request_id)
+                if h is not None:
+                    h._queue.put(out)
+                    if out.finish_reason is not None:
+                        del self._handles[out.request_id]
 
     def _add(self, batch):
         for handle, ids, params in batch:

@@ -97,9 +97,7 @@ def step_path(lens, options) -> str:
 def request_path(seq_len: int, options, path: str) -> str:
     """The prefill path of one request in a step whose path is `path`: exact when its last query sees every
     complete block, else the step's."""
-    if path != "dense" and covered(seq_len, options):
-        return "sparse-exact"
-    return path
+    return "sparse-exact" if path != "dense" and covered(seq_len, options) else path
 
 
 def merge_paths(old: str, new: str) -> str:

@@ -185,17 +185,11 @@ class SamplingParams:
 
     def check_vocab(self, vocab_size: int):
         """Every token id the parameters name must exist; the engine calls this at admission."""
-        def check(what, tok):
+        named = [("logit_bias", t) for t, _ in self.logit_bias] + [("stop_token_ids", t) for t in self.stop_token_ids]
+        named += [(f"bad_words[{i}]", t) for i, w in enumerate(self.bad_words) if not isinstance(w, str) for t in w]
+        for what, tok in named:
             if not 0 <= tok < vocab_size:
                 raise ToolkitError(f"{what}: token {tok} is outside the vocabulary [0, {vocab_size})")
-
-        for tok, _ in self.logit_bias:
-            check("logit_bias", tok)
-        for tok in self.stop_token_ids:
-            check("stop_token_ids", tok)
-        for i, w in enumerate(self.bad_words):
-            for tok in (() if isinstance(w, str) else w):
-                check(f"bad_words[{i}]", tok)
 
     def needs_processing(self, vocab_size: int, has_stop_ids: bool) -> bool:
         """The gate flag, computed once at admission: does this request change its logits (False: the sampler
