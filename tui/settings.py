@@ -154,4 +154,3 @@ class SettingsModal(ModalScreen[Settings | None]):
     def on_input_submitted(self, event: Input.Submitted) -> None:
         event.stop()
         self.action_save()
-
