@@ -41,7 +41,7 @@ def _graph_us(cp, stream, fn, replays=REPLAYS):
     return _timed_ms(cp, stream, lambda: graph.launch(stream), reps=1) * 1e3 / replays  # one replay, warmed up
 
 
-def _eager_us(cp, stream, fn, n=REPLAYS):
+def _eager_us(stream, fn, n=REPLAYS):
     """Launch-inclusive: wall time of n back-to-back launches from Python, synchronised at the end."""
     fn()
     stream.synchronize()
@@ -84,7 +84,7 @@ def bench_combine(be, tokens):
             def fn():
                 be._sparse.combine(topk, qsl, seq_lens, gather, W, R, K, M, N, out, lens, workers=workers)
             g = _graph_us(cp, be.stream, fn)
-            e = _eager_us(cp, be.stream, fn)
+            e = _eager_us(be.stream, fn)
             name = "flat_warp" if workers is None else f"persistent {workers} workers"
             rows.append(f"| {T} | {name} | {g:.2f} | {e:.2f} | {moved / g / 1e3:.0f} |")
     return rows
@@ -257,9 +257,8 @@ def main(argv) -> int:
     args = p.parse_args(argv)
     tests = args.tests.split(",")
     tiles = tuple(int(x) for x in args.query_tiles.split(","))
-    env = environment(args.device)
     print("## Environment\n")
-    for k, v in env.items():
+    for k, v in environment(args.device).items():
         print(f"- {k}: {v}")
     if args.device == "cuda" and ("combine" in tests or "layer" in tests):
         from ..backends.cuda import CudaBackend
