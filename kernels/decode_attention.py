@@ -12,17 +12,16 @@ numba's cache does not notice a change to a callee in another file (tests/kernel
 import numpy as np
 
 import kernels.prefill_attention as _prefill
-from kernels.prefill_attention import bad_sequence, check_shapes, decode
 
 
 def decode_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, block_tables: np.ndarray,
                      seq_lens: np.ndarray, block_size: int, scale: float, out: np.ndarray) -> None:
     """q, out: float32[B, Hq, D]; k_cache, v_cache: float32[num_slots, Hkv, D]; block_tables: int32[B, M];
     seq_lens: int32[B] (0 = padding row). out is written in place."""
-    check_shapes("decode_attention", q, k_cache, v_cache, block_tables, seq_lens, block_size, out)
+    _prefill.check_shapes("decode_attention", q, k_cache, v_cache, block_tables, seq_lens, block_size, out)
     if q.shape[0] != seq_lens.shape[0]:
         raise ValueError(f"decode_attention: q {q.shape} has not one row per sequence (seq_lens {seq_lens.shape})")
-    bad = decode(q, k_cache, v_cache, block_tables, seq_lens, int(block_size), np.float32(scale), out,
-                 _prefill.PARALLEL_MIN_MACS)
+    bad = _prefill.decode(q, k_cache, v_cache, block_tables, seq_lens, int(block_size), np.float32(scale), out,
+                          _prefill.PARALLEL_MIN_MACS)
     if bad >= 0:
-        raise bad_sequence("decode_attention", bad, block_tables, seq_lens, block_size, k_cache.shape[0])
+        raise _prefill.bad_sequence("decode_attention", bad, block_tables, seq_lens, block_size, k_cache.shape[0])

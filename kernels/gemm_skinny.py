@@ -3,9 +3,8 @@ its SwiGLU form (the gate_up projection with silu(gate) * up as the epilogue), i
 (gemm_skinny_rope: the qkv projection with rope_qkv as the epilogue) and its norm form (gemm_skinny_norm: the o
 projection with add_rmsnorm's add and the norm weight as the epilogue, the norm's scale left to silu_mul_scaled).
 
-On the CPU BLAS streams the weights at memory speed for any number of rows, so the twin is the matmul the CPU
-backend's `linear` uses; it exists so the GPU kernel has a reference under its own name. (The kernel's fragment
-layout is replayed in NumPy by tests/kernels/test_gemm_skinny_layout.py.)
+The twin is kernels/gemv.py's `projection`, a matmul (that file says why). (The kernel's fragment layout is
+replayed in NumPy by tests/kernels/test_gemm_skinny_layout.py.)
 """
 import numpy as np
 
@@ -21,8 +20,7 @@ def gemm_skinny(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
 
 
 def gemm_skinny_swiglu(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
-    """out[M, I] = silu(x @ w[:I].T) * (x @ w[I:].T) for w = gate_up [2I, K]: the projection, then silu_mul's
-    rounding, as gemm_skinny.cu's SWIGLU epilogue does it. float32, M <= MAX_ROWS."""
+    """swiglu_projection over gemm_skinny, as gemm_skinny.cu's SWIGLU epilogue does it. float32, M <= MAX_ROWS."""
     swiglu_projection("gemm_skinny_swiglu", gemm_skinny, x, w, out)
 
 

@@ -37,6 +37,5 @@ def gemv(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
 
 
 def gemv_swiglu(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
-    """out[M, I] = silu(x @ w[:I].T) * (x @ w[I:].T): the gate_up projection (w [2I, K]) with SwiGLU as its
-    epilogue, as gemv.cu's gemv_swiglu does it: gemv, then silu_mul's rounding. float32, M <= MAX_ROWS."""
+    """swiglu_projection over gemv, as gemv.cu's gemv_swiglu does it. float32, M <= MAX_ROWS."""
     swiglu_projection("gemv_swiglu", gemv, x, w, out)

@@ -87,12 +87,10 @@ def query_means(q, query_start_loc, seq_lens, Q: int, r0: int, out):
     return out
 
 
-def gather_lens(query_start_loc, seq_lens, W: int, out=None):
-    """Window tokens each request needs (reference A.12): q_len + min(prefix, W - 1)."""
+def gather_lens(query_start_loc, seq_lens, W: int, out):
+    """out [B] = the window tokens each request needs (reference A.12): q_len + min(prefix, W - 1)."""
     qlen = np.diff(query_start_loc).astype(np.int64)
-    g = qlen + np.minimum(seq_lens - qlen, W - 1)
-    out = np.empty(seq_lens.shape[0], np.int32) if out is None else out
-    out[:] = g
+    out[:] = qlen + np.minimum(seq_lens - qlen, W - 1)
     return out
 
 

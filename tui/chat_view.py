@@ -121,5 +121,3 @@ class ErrorScreen(Screen):
         text = Text.assemble(("The model could not be loaded", "bold"), "\n\n", self.reason,
                              "\n\nPress q to quit.")
         yield Static(text, id="error-reason")
-
-

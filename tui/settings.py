@@ -41,11 +41,7 @@ def _kind(tp) -> tuple[type, bool]:
 
 
 def _show(value) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, tuple):
-        return ", ".join(map(str, value))
-    return str(value)
+    return "" if value is None else ", ".join(map(str, value)) if isinstance(value, tuple) else str(value)
 
 
 PARSERS = {int: (int, "an integer"), float: (float, "a number"),
@@ -154,4 +150,3 @@ class SettingsModal(ModalScreen[Settings | None]):
     def on_input_submitted(self, event: Input.Submitted) -> None:
         event.stop()
         self.action_save()
-

@@ -258,10 +258,8 @@ class TimingsPanel(Widget):
             line.append(f" (asked {'on' if wanted else 'off'})", "dim")
         if name == "sampler_fast_path" and self.fast_path_why:
             reason = f"not applicable: {self.fast_path_why}"
-            if width and line.cell_len + 1 + len(reason) > width:
-                line.append("\n" + " " * (key_w + 1))
-            else:
-                line.append(" ")
+            wrap = width and line.cell_len + 1 + len(reason) > width
+            line.append("\n" + " " * (key_w + 1) if wrap else " ")
             line.append(reason, "yellow")
         return line
 

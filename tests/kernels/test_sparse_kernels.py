@@ -260,7 +260,7 @@ def pipeline(q, kc, tables, seq_lens, qsl, K, W, R, bs, Q=None):
     Q = query_tile(64, W, R) if Q is None else Q
     T = int(qsl[-1] - qsl[0])
     N = int((seq_lens // R).max())
-    gather = sp.gather_lens(qsl, seq_lens, W)
+    gather = sp.gather_lens(qsl, seq_lens, W, np.empty(len(seq_lens), I32))
     M = N + int(gather.max())
     topk = np.empty((T, K), I32)
     if N > K:

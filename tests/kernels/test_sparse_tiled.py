@@ -114,7 +114,7 @@ def test_union_is_about_k_blocks_when_neighbours_agree():
     topk = np.where(n[:, None] <= K, np.where(np.arange(K)[None, :] < n[:, None], np.arange(K), -1),
                     np.arange(0, 2 * K, 2)[None, :]).astype(I32)  # long rows: blocks 0, 2, .., 2K-2
     qsl, seq_lens = np.array([0, T], I32), np.array([T], I32)
-    gather = sp.gather_lens(qsl, seq_lens, W)
+    gather = sp.gather_lens(qsl, seq_lens, W, np.empty(len(seq_lens), I32))
     M = N + int(gather.max())
     combined, clens = combine_twin(topk, qsl, seq_lens, gather, W, R, K, M, N)
     ublk, umask, ucount = tc.tile_union(qsl, seq_lens, combined, clens, M, N, W, R, K, 1,

@@ -16,7 +16,6 @@
     layer and quality run once per --query-tiles value (sparse_query_tile; default 64 and 1).
 """
 import argparse
-import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -42,7 +41,7 @@ def _graph_us(cp, stream, fn, replays=REPLAYS):
     return _timed_ms(cp, stream, lambda: graph.launch(stream), reps=1) * 1e3 / replays  # one replay, warmed up
 
 
-def _eager_us(cp, stream, fn, n=REPLAYS):
+def _eager_us(stream, fn, n=REPLAYS):
     """Launch-inclusive: wall time of n back-to-back launches from Python, synchronised at the end."""
     fn()
     stream.synchronize()
@@ -85,13 +84,13 @@ def bench_combine(be, tokens):
             def fn():
                 be._sparse.combine(topk, qsl, seq_lens, gather, W, R, K, M, N, out, lens, workers=workers)
             g = _graph_us(cp, be.stream, fn)
-            e = _eager_us(cp, be.stream, fn)
+            e = _eager_us(be.stream, fn)
             name = "flat_warp" if workers is None else f"persistent {workers} workers"
             rows.append(f"| {T} | {name} | {g:.2f} | {e:.2f} | {moved / g / 1e3:.0f} |")
     return rows
 
 
-def bench_layer(be, tokens, K=512, W=128, R=4, query_tiles=(64, 1), with_torch=True):
+def bench_layer(be, tokens, K=512, W=128, R=4, query_tiles=(64, 1)):
     cp = be.cp
     from toolkit.model.sparse import SparsePrefill
 
@@ -122,8 +121,8 @@ def bench_layer(be, tokens, K=512, W=128, R=4, query_tiles=(64, 1), with_torch=T
         sparse = SparsePrefill(be)
         step = SimpleNamespace(prefill_lens=((T, T),), query_start_loc=qsl, seq_lens=seq_lens, block_tables=table,
                                max_query_len=T)
-        sdpa = _sdpa_ms(q, kf, vf, Hq, Hkv) if with_torch else None
-        cudnn = _sdpa_ms(q, kf, vf, Hq, Hkv, "CUDNN_ATTENTION") if with_torch else None
+        sdpa = _sdpa_ms(q, kf, vf, Hq, Hkv)
+        cudnn = _sdpa_ms(q, kf, vf, Hq, Hkv, "CUDNN_ATTENTION")
 
         def run_laps(opts, tensor_cores, reps=3):
             """Per-section event times over `reps` runs after a warm-up (compile, workspaces), and the wall time of
@@ -258,9 +257,8 @@ def main(argv) -> int:
     args = p.parse_args(argv)
     tests = args.tests.split(",")
     tiles = tuple(int(x) for x in args.query_tiles.split(","))
-    env = environment(args.device)
     print("## Environment\n")
-    for k, v in env.items():
+    for k, v in environment(args.device).items():
         print(f"- {k}: {v}")
     if args.device == "cuda" and ("combine" in tests or "layer" in tests):
         from ..backends.cuda import CudaBackend
@@ -269,12 +267,11 @@ def main(argv) -> int:
         be.bind_thread()
         if "combine" in tests:
             print("\n## combine_topk_swa_indices (K 512, W 128, R 4, N = T/4, M = N + T)\n")
-            print("\n".join(bench_combine(be, [int(x) for x in args.tokens.split(",")])))
-            sys.stdout.flush()
+            print("\n".join(bench_combine(be, [int(x) for x in args.tokens.split(",")])), flush=True)
         if "layer" in tests:
             print("\n## One layer's prefill attention, Qwen2.5-0.5B shape (14/2 heads, D 64, bf16), K 512 W 128 R 4\n")
-            print("\n".join(bench_layer(be, [int(x) for x in args.layer_tokens.split(",")], query_tiles=tiles)))
-            sys.stdout.flush()
+            rows = bench_layer(be, [int(x) for x in args.layer_tokens.split(",")], query_tiles=tiles)
+            print("\n".join(rows), flush=True)
     if "quality" in tests:
         stories = args.stories or str(Path(__file__).resolve().parents[3] / "shared" / "models" / "stories260K")
         if Path(stories, "config.json").is_file():

@@ -56,13 +56,9 @@ class Feed:
         """Stop reading (a reader blocked on a silent stdin stays so: it is a daemon); the requests
         read but not yet taken. `done` tells whether they are the last."""
         self._stop.set()
-        left = []
-        while True:
-            try:
-                item = self._queue.get_nowait()
-            except queue.Empty:
-                return left
-            if item is _END:
-                self.done = True
-            elif not isinstance(item, BaseException):
-                left.append(item)
+        items = []
+        with contextlib.suppress(queue.Empty):
+            while True:
+                items.append(self._queue.get_nowait())
+        self.done = self.done or any(item is _END for item in items)
+        return [item for item in items if item is not _END and not isinstance(item, BaseException)]

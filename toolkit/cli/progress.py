@@ -2,8 +2,6 @@
 
 Requests are read as they are run (feed.py), so the total grows with the input and no time remaining
 is guessed."""
-import time
-
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn, TimeElapsedColumn
 
@@ -14,16 +12,15 @@ class Progress(RichProgress):
                          TextColumn("{task.fields[tps]:.0f} tok/s"), TimeElapsedColumn(),
                          console=Console(stderr=True), transient=True)
         self.task = self.add_task("generate", total=0, tps=0.0)
-        self.t0, self.n, self.total = time.perf_counter(), 0, 0
+        self.n = 0  # output tokens so far
 
     def admitted(self):
-        self.total += 1
-        self.update(self.task, total=self.total)
+        self.update(self.task, total=self.tasks[0].total + 1)
 
     def tokens(self, n: int):
         self.n += n
-        dt = time.perf_counter() - self.t0
-        self.update(self.task, tps=self.n / dt if dt > 0 else 0.0)
+        dt = self.tasks[0].elapsed  # the clock the elapsed-time column shows
+        self.update(self.task, tps=self.n / dt if dt else 0.0)
 
     def done(self):
         self.advance(self.task)

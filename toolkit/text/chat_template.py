@@ -51,11 +51,6 @@ def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False
     return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
-def _strftime_now(format):
-    # Llama 3.1+ templates print today's date in the system prompt.
-    return datetime.now().strftime(format)
-
-
 def _validate(messages) -> None:
     if not isinstance(messages, (list, tuple)):
         raise ToolkitError(f"chat messages must be a list of dicts, got {type(messages).__name__}")
@@ -92,7 +87,9 @@ class ChatTemplate:
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                             extensions=[_GenerationTag, jinja2.ext.loopcontrols])
         env.filters["tojson"] = _tojson
-        env.globals.update(raise_exception=_raise_exception, strftime_now=_strftime_now)
+        # strftime_now: Llama 3.1+ templates print today's date in the system prompt.
+        env.globals.update(raise_exception=_raise_exception,
+                           strftime_now=lambda format: datetime.now().strftime(format))
         try:
             self._template = env.from_string(source)
         except jinja2.TemplateSyntaxError as e:

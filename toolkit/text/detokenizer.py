@@ -35,9 +35,6 @@ class StreamingDetokenizer:
         self._prefix_text = ""         # decode(window[:read]), kept to avoid decoding it again
         self._in_byte_run = False      # last non-special token was a byte-fallback token
 
-    def _decode(self, ids: list[int]) -> str:
-        return self._tok.decode(ids, skip_special_tokens=True)
-
     def _advance(self, new_text: str) -> str:
         """Print everything past the read offset; the printed chunk becomes the next window's prefix."""
         out = new_text[len(self._prefix_text):]
@@ -45,7 +42,7 @@ class StreamingDetokenizer:
         self._read = len(self._window)
         # Not `out`: decoded on its own the chunk may lose its leading space, and the next step's new_text
         # will be decoded the same way.
-        self._prefix_text = self._decode(self._window)
+        self._prefix_text = self._tok.decode(self._window)
         return out
 
     def add_token(self, token_id: int) -> str:
@@ -56,7 +53,7 @@ class StreamingDetokenizer:
             self._in_byte_run = token_id in self._byte_ids
         if self._in_byte_run:
             return ""
-        new_text = self._decode(self._window)
+        new_text = self._tok.decode(self._window)
         if len(new_text) <= len(self._prefix_text) or new_text.endswith(_REPLACEMENT):
             return ""
         return self._advance(new_text)
@@ -65,7 +62,7 @@ class StreamingDetokenizer:
         """Flush what is held back (an unfinished character comes out as U+FFFD, as decode() shows it)."""
         if self._read == len(self._window):
             return ""
-        new_text = self._decode(self._window)
+        new_text = self._tok.decode(self._window)
         self._in_byte_run = False
         if len(new_text) <= len(self._prefix_text):
             # Nothing printable (special tokens only): keep the window so later text keeps its context.
