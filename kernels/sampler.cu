@@ -31,7 +31,6 @@
 constexpr int SAMPLE_THREADS = 256;  // gumbel_sample block
 constexpr int ROW_CHUNK = 4096;      // fp32 values per block of the temperature / min_p kernels
 constexpr int SEL_THREADS = 1024;    // top_k_top_p and logprobs: one block per row
-constexpr int NBINS = 4096;          // 12-bit radix digits
 constexpr int CAND_CAP = 2048;       // top-k candidates sorted in shared memory
 #define G_MAX 17.0f                  // above any computed Gumbel noise
 
@@ -482,15 +481,12 @@ min_p_mask(F* __restrict__ x, int V, const float* __restrict__ temperature, cons
     }
 }
 
-// ---- radix select over a row (top_k_top_p, logprobs) ---------------------------------------------------------
+// ---- the logprobs kernel's shared memory and row loop ------------------------------------------------------------
 struct SelSmem {
-    unsigned cnt[NBINS];
-    float mass[NBINS];
     unsigned cand[CAND_CAP];
     unsigned u32[32];
     float f32[32];
-    unsigned sel, aux, umax, usel;
-    float fsel;
+    unsigned aux;
 };
 
 // fn(i, value) over the row, 16-byte loads where the row allows.
@@ -503,108 +499,6 @@ __device__ __forceinline__ void for_row(const T* row, int V, F fn) {
 #pragma unroll
         for (int k = 0; k < 4; k++) if (4 * g + k < V) fn(4 * g + k, a[k]);
     }
-}
-
-// One radix level: histogram (counts, and mass exp(x - M) when `mass`) of the digit (key >> shift) & 0xfff over
-// the elements with key >= lo and (key & hmask) == prefix.
-// With track_max, also s.umax = the largest key of the row (s.umax must be 0 before).
-__device__ __forceinline__ float wexp(float v, float M) { return v == M ? 1.f : expf(v - M); }  // M may be +inf
-
-template <typename T>
-__device__ void histogram(const T* row, int V, unsigned lo, unsigned hmask, unsigned prefix, int shift,
-                          bool mass, float M, SelSmem& s, bool track_max = false) {
-    for (int b = threadIdx.x; b < NBINS; b += blockDim.x) { s.cnt[b] = 0; s.mass[b] = 0.f; }
-    __syncthreads();
-    unsigned mk = 0;
-    for_row(row, V, [&](int, float v) {
-        const unsigned k = ord_key(v);
-        mk = max(mk, k);
-        if (k < lo || (k & hmask) != prefix) return;
-        const unsigned d = (k >> shift) & (NBINS - 1);
-        atomicAdd(&s.cnt[d], 1u);
-        if (mass) atomicAdd(&s.mass[d], wexp(v, M));
-    });
-    if (track_max) {
-        for (int o = 16; o > 0; o >>= 1) mk = max(mk, __shfl_xor_sync(0xffffffffu, mk, o));
-        if ((threadIdx.x & 31) == 0) atomicMax(&s.umax, mk);
-    }
-    __syncthreads();
-}
-
-// Pick the digit at which the weight cumulated from the top (plus `above`, the weight above this region) first
-// reaches `target`; `above` becomes the weight above that digit. Count weights (exact) or mass weights. If
-// rounding leaves the target unreached, the lowest non-empty digit is taken (keep everything).
-__device__ __forceinline__ void put_sel(SelSmem& s, float v) { s.fsel = v; }
-__device__ __forceinline__ void put_sel(SelSmem& s, unsigned v) { s.usel = v; }
-__device__ __forceinline__ void get_sel(const SelSmem& s, float& v) { v = s.fsel; }
-__device__ __forceinline__ void get_sel(const SelSmem& s, unsigned& v) { v = s.usel; }
-
-template <typename A>
-__device__ unsigned select_digit(const A* w, A& above, A target, SelSmem& s, A* tmp) {
-    const int b0 = NBINS - 1 - 4 * threadIdx.x;  // this thread's 4 bins, descending
-    A loc = A(0);
-#pragma unroll
-    for (int j = 0; j < 4; j++) loc += w[b0 - j];
-    A total;
-    A run = above + block_excl_scan(loc, tmp, total);
-    if (threadIdx.x == 0) s.sel = 0;
-    __syncthreads();
-    int found = -1;
-    A fa = A(0);
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-        const A next = run + w[b0 - j];
-        if (found < 0 && next >= target) { found = b0 - j; fa = run; }
-        run = next;
-    }
-    if (found >= 0) atomicMax(&s.sel, (unsigned)found + 1);
-    __syncthreads();
-    const unsigned sel = s.sel;
-    if (sel) {
-        if (found == (int)sel - 1) put_sel(s, fa);
-        __syncthreads();
-        get_sel(s, above);
-        return sel - 1;
-    }
-    // Rare (float rounding): the lowest non-empty digit, and the weight above it.
-    unsigned low = NBINS;
-#pragma unroll
-    for (int j = 0; j < 4; j++) if (s.cnt[b0 - j]) low = b0 - j;
-    low = block_reduce(low, s.u32, [](unsigned a, unsigned b) { return min(a, b); });
-    if (low == NBINS) low = 0;
-    A a2 = A(0);
-    for (int b = NBINS - 1; b > (int)low; b--) a2 += w[b];
-    above = above + a2;
-    return low;
-}
-
-// The key at which the weight cumulated from the top first reaches the target, over elements with key >= lo.
-// mass: target = frac * (total mass of those elements). Levels 12, 12, 8 bits; `start` skips levels already
-// done by the caller (then `prefix`, `hmask`, `above` carry its result).
-template <typename T>
-__device__ unsigned radix_select(const T* row, int V, unsigned lo, bool mass, float M, float frac, unsigned kcount,
-                                 SelSmem& s, int start, unsigned prefix, unsigned hmask, unsigned above_c) {
-    const int shifts[3] = {20, 8, 0};
-    const unsigned masks[3] = {0xfff00000u, 0x000fff00u, 0x000000ffu};
-    float above_f = 0.f, target_f = 0.f;
-    for (int l = start; l < 3; l++) {
-        histogram(row, V, lo, hmask, prefix, shifts[l], mass, M, s);
-        unsigned d;
-        if (mass) {
-            if (l == 0) {
-                float lf = 0.f, tot;
-                for (int j = 0; j < 4; j++) lf += s.mass[NBINS - 1 - 4 * threadIdx.x - j];
-                block_excl_scan(lf, s.f32, tot);
-                target_f = frac * tot;
-            }
-            d = select_digit<float>(s.mass, above_f, target_f, s, s.f32);
-        } else {
-            d = select_digit<unsigned>(s.cnt, above_c, kcount, s, s.u32);
-        }
-        prefix |= d << shifts[l];
-        hmask |= masks[l];
-    }
-    return prefix;
 }
 
 // ---- 6. the threshold rule: top_k_top_p (FP32 path) and filter_sample (fast path) -------------------------------
@@ -1381,13 +1275,14 @@ filter_sample(const T* __restrict__ logits, int V, const float* __restrict__ tem
 
 // ---- 7. logprobs -------------------------------------------------------------------------------------------------
 // One block of 1024 threads per row of the raw logits: max M, S = sum exp(x - M), lp(id) = x[id] - M - log S;
-// rank = count(x >= x[sampled]); the n largest (ties -> lower id) via a count radix select for the n-th key,
+// rank = count(x >= x[sampled]); the n largest (ties -> lower id) via select_key's count select for the n-th key,
 // then the keys above it plus the lowest-id ties, sorted by thread 0.
 template <typename T>
 __global__ void __launch_bounds__(SEL_THREADS)
 logprobs(const T* __restrict__ logits, int V, const int* __restrict__ sampled, int n, int* __restrict__ top_ids,
          float* __restrict__ top_lp, float* __restrict__ sampled_lp, int* __restrict__ sampled_rank) {
     __shared__ SelSmem s;
+    __shared__ FilterSmem fs;
     __shared__ int s_ids[32];
     const int r = blockIdx.x;
     const T* row = logits + (size_t)r * V;
@@ -1405,7 +1300,9 @@ logprobs(const T* __restrict__ logits, int V, const int* __restrict__ sampled, i
     if (threadIdx.x == 0) { sampled_lp[r] = xs - M - logS; sampled_rank[r] = (int)rank; }
     if (n <= 0) return;
     const int nn = min(n, V);
-    const unsigned kth = radix_select(row, V, 0u, false, M, 0.f, (unsigned)nn, s, 0, 0u, 0u, 0u);
+    // the nn-th largest key: the threshold rule's count select (section 6), its one radix select
+    const unsigned kth = select_key(row, V, nullptr, nullptr, nullptr, 0, 1.f, false, NEG_INF, M, false, (unsigned)nn,
+                                    1.f, fs);
     // Keys above kth (fewer than nn) in any order, then ties in index order until nn are held.
     if (threadIdx.x == 0) s.aux = 0;
     __syncthreads();
