@@ -38,10 +38,8 @@ def _load_head(qkv, t, off, bias, has_bias, norm, has_norm, eps, buf):
 def _rotate_into(buf, cos, sin, p, dst):
     half = buf.shape[0] // 2
     for i in range(half):
-        c = cos[p, i]
-        s = sin[p, i]
-        x1 = buf[i]
-        x2 = buf[i + half]
+        c, s = cos[p, i], sin[p, i]
+        x1, x2 = buf[i], buf[i + half]
         dst[i] = x1 * c - x2 * s
         dst[i + half] = x2 * c + x1 * s
 
@@ -58,8 +56,7 @@ def _rope_qkv(qkv, bias, has_bias, q_norm, has_qn, k_norm, has_kn, eps, cos, sin
             return t
     buf = np.empty(D, np.float32)
     for t in range(T):
-        p = positions[t]
-        s = slot_mapping[t]
+        p, s = positions[t], slot_mapping[t]
         for h in range(n_heads):
             _load_head(qkv, t, h * D, bias, has_bias, q_norm, has_qn, eps, buf)
             _rotate_into(buf, cos, sin, p, q_out[t, h])

@@ -1,6 +1,9 @@
 """`python -m toolkit <command>`: each command is a module with a main(argv)."""
+import contextlib
 import importlib
+import os
 import sys
+import threading
 
 COMMANDS = {  # name -> (module, the one line `--help` shows)
     "generate": ("toolkit.cli.generate", "generate text for prompts or a JSONL file of requests (batched)"),
@@ -44,4 +47,12 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # A daemon thread still blocked in stdin (generate's reader, interrupted while its producer is silent) holds
+    # stdin's lock, and the interpreter's shutdown aborts on it (exit 134): then flush and leave without it.
+    if any(t.daemon and t.is_alive() for t in threading.enumerate()):
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError):
+                stream.flush()
+        os._exit(code)
+    sys.exit(code)

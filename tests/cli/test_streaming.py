@@ -133,6 +133,24 @@ def test_slow_producer_gets_each_result_before_writing_the_next_line(fmt, storie
         p.kill()
 
 
+@pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_interrupt_while_the_producer_is_silent_exits_with_the_signals_code(sig, code, stories_dir):
+    """The input reader is blocked in stdin (open, silent) when the signal comes: the run still ends with the
+    documented code, not the interpreter's abort on stdin's lock at shutdown (exit 134, "Fatal Python error")."""
+    p = _spawn(stories_dir, "--prompts-file", "-", "--format", "jsonl", "--max-tokens", "2", stdin=subprocess.PIPE)
+    try:
+        out = _lines(p.stdout)
+        p.stdin.write(json.dumps({"id": "a", "prompt": "Once upon a time"}).encode() + b"\n")
+        p.stdin.flush()  # and stdin stays open, silent
+        assert json.loads(out.get(timeout=WAIT_S))["id"] == "a"
+        p.send_signal(sig)
+        assert p.wait(timeout=WAIT_S) == code
+        err = p.stderr.read().decode()
+    finally:
+        p.kill()
+    assert f"interrupted ({signal.Signals(sig).name})" in err and "Fatal Python error" not in err
+
+
 def test_endless_input_is_read_no_faster_than_it_is_served(stories_dir):
     """A producer that never stops: the reader stays --max-num-seqs requests ahead of the engine, and the rest
     of the input waits in the pipe (before, the whole input was read first: 731 MB in 15 s)."""

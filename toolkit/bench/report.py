@@ -4,18 +4,14 @@ The Markdown table keeps only the columns some row fills (no GB/s column for a
 prefill-only run, no ratio column without a peer), so a small run prints a
 small table. JSON carries every field of every row, rounded only by the reader.
 """
-import functools
 import json
 
 from toolkit.engine.options import EngineOptions
 from .sweep import fmt
 
 
-def _onoff(name: str, row: dict) -> str:
-    return "-" if row["switches"] is None else ("on" if row["switches"][name] else "off")
-
-
-_SWITCH_COLUMNS = [(n, functools.partial(_onoff, n)) for n in EngineOptions.names()]
+_SWITCH_COLUMNS = [(n, lambda r, n=n: "-" if r["switches"] is None else ("on" if r["switches"][n] else "off"))
+                   for n in EngineOptions.names()]
 # (header, cell of a speed row); a column shows when some row's cell is not "-" (fmt's for a missing value).
 _SPEED_COLUMNS = [
     ("test", lambda r: r["test"]),
