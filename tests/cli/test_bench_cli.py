@@ -150,19 +150,21 @@ def test_markdown_table_and_peak_flag(fake, capsys):
     assert "x peer" not in out and "backend: cpu" in out
 
 
+class FakePeer:
+    label = "torch-fake"
+
+    def __init__(self, cfg, dtype, device, max_batch, max_seq_len, compile):
+        assert (max_batch, compile) == (2, True)
+
+    def decode_ms_per_step(self, batch, depth, steps, repeats):
+        return [2.4] * repeats
+
+    def prefill_ms(self, length, repeats):
+        return [0.32] * repeats
+
+
 def test_peer_rows_and_ratio(fake, capsys, monkeypatch):
-    class Peer:
-        label = "torch-fake"
-
-        def __init__(self, cfg, dtype, device, max_batch, max_seq_len, compile):
-            assert (max_batch, compile) == (2, True)
-
-        def decode_ms_per_step(self, batch, depth, steps, repeats):
-            return [2.4] * repeats
-
-        def prefill_ms(self, length, repeats):
-            return [0.32] * repeats
-    monkeypatch.setattr(bench_cli, "_peer_class", lambda device: Peer)
+    monkeypatch.setattr(bench_cli, "_peer_class", lambda device: FakePeer)
     data = _json(capsys, ["bench", "--device", "cpu", "--shape", "tiny", "--prefill", "64", "--batch", "2",
                           "--depth", "0", "--decode", "4", "-r", "2", "--peer", "torch", "--format", "json"])
     rows = data["results"]
@@ -174,24 +176,17 @@ def test_peer_rows_and_ratio(fake, capsys, monkeypatch):
 def test_a_peer_failure_skips_its_cell_with_a_note(fake, capsys, monkeypatch):
     """The peer running out of memory in one cell (as torch.compile's did at batch 128 x 8K) costs that cell its
     ratio, not the run: the other cells keep theirs and the note names the cell and the error."""
-    class Peer:
-        label = "torch-fake"
-
-        def __init__(self, *args, **kwargs):
-            pass
-
+    class OutOfMemoryAtDepth(FakePeer):
         def decode_ms_per_step(self, batch, depth, steps, repeats):
             if depth:
                 raise MemoryError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore detail")
-            return [2.4] * repeats
-
-        def prefill_ms(self, length, repeats):
-            return [0.32] * repeats
-    monkeypatch.setattr(bench_cli, "_peer_class", lambda device: Peer)
+            return super().decode_ms_per_step(batch, depth, steps, repeats)
+    monkeypatch.setattr(bench_cli, "_peer_class", lambda device: OutOfMemoryAtDepth)
     data = _json(capsys, ["bench", "--device", "cpu", "--shape", "tiny", "--prefill", "64", "--batch", "2",
                           "--depth", "0,16", "--decode", "4", "-r", "2", "--peer", "torch", "--format", "json"])
     assert [(r["test"], r["impl"], r["vs_peer"] is not None) for r in data["results"]] == [
-        ("pp64", "toolkit", True), ("pp64", "torch-fake", False), ("tg4@b2 d0", "toolkit", True), ("tg4@b2 d0", "torch-fake", False), ("tg4@b2 d16", "toolkit", False)]
+        ("pp64", "toolkit", True), ("pp64", "torch-fake", False), ("tg4@b2 d0", "toolkit", True),
+        ("tg4@b2 d0", "torch-fake", False), ("tg4@b2 d16", "toolkit", False)]
     assert data["notes"] == ["peer skipped tg4@b2 d16: MemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"]
 
 

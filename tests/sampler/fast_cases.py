@@ -1,7 +1,10 @@
 """Rows and settings for the fast path's equality tests (CPU twin here, the GPU in test_gpu_fast_path.py): every
 sampling setting, random and adversarial logits, histories that move tokens across the top-k boundary."""
+import math
+
 import numpy as np
 
+from tests.sampler.probs import filtered_probs
 from toolkit.engine.timings import NullTimer
 from toolkit.sampler.params import SamplingParams
 from toolkit.sampler.sampler import Sampler
@@ -81,3 +84,34 @@ def draw(be, logits, states, fast: bool, position: int = 5) -> np.ndarray:
 
 def top_tokens(x: np.ndarray, n: int = 60) -> np.ndarray:
     return np.argsort(-np.nan_to_num(x, nan=0.0), axis=1, kind="stable")[:, :n]
+
+
+CHI2 = {  # the chi-squared tests' settings (CPU twin and GPU)
+    "default model": dict(temperature=0.8, top_k=40, top_p=0.95, repetition_penalty=1.1),
+    "top_p alone": dict(temperature=1.0, top_p=0.8),
+    "min_p": dict(temperature=0.7, min_p=0.1),
+    "penalties": dict(temperature=1.2, frequency_penalty=0.7, presence_penalty=0.5, top_k=30),
+    "bias and bans": dict(temperature=0.9, logit_bias={3: 2.0, 11: -1.5}, bad_words=((5,),), top_p=0.9),
+}
+
+
+def chi2_case(row: np.ndarray, settings: dict) -> tuple:
+    """(the exact distribution, the request's sampler state) of `row` under `settings`, seed 77, with one history
+    (prompt [1, 2, 3, 9], output [4, 4, 10]): what the chi-squared tests draw from."""
+    p = SamplingParams(seed=77, **settings)
+    prompt, output = [1, 2, 3, 9], [4, 4, 10]
+    state = RequestSampling(p, prompt, row.size, 77, (), p.bad_words)
+    for t in output:
+        state.on_token(t)
+    return filtered_probs(row[None], [p], [(prompt, output)])[0], state
+
+
+def assert_follows(counts: np.ndarray, want: np.ndarray):
+    """Drawn token `counts` follow `want`: masked tokens are never drawn, and chi-squared stays below its p = 1e-4
+    critical value with df degrees of freedom (Wilson-Hilferty)."""
+    assert counts[want == 0].sum() == 0
+    live = want > 0
+    expected = want[live] * counts.sum()
+    chi2 = ((counts[live] - expected) ** 2 / expected).sum()
+    df = live.sum() - 1
+    assert chi2 < df * (1 - 2 / (9 * df) + 3.719 * math.sqrt(2 / (9 * df))) ** 3

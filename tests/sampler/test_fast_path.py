@@ -1,15 +1,12 @@
 """The fast path's CPU twin (kernels/sampler.py filter_sample) against the FP32 path, token for token, on random
 and adversarial rows for every setting; the threshold rule against a sort-based reference; and χ² goodness of fit
 of the fast path's draws against filtered_probs."""
-import math
-
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
 from kernels import sampler as S
-from tests.sampler.fast_cases import draw, logits_rows, states_for, top_tokens
-from tests.sampler.probs import filtered_probs
+from tests.sampler.fast_cases import CHI2, assert_follows, chi2_case, draw, logits_rows, states_for, top_tokens
 from toolkit.backends.cpu import CpuBackend
 from toolkit.sampler.params import SamplingParams
 from toolkit.sampler.state import RequestSampling
@@ -91,34 +88,15 @@ def test_top_p_sums_are_fixed_point():
         assert (x[0] > -np.inf).tolist() == reference_keep(z[perm], 0, 0.75).tolist() == [v < 3 for v in perm]
 
 
-CHI2 = {
-    "default model": dict(temperature=0.8, top_k=40, top_p=0.95, repetition_penalty=1.1),
-    "top_p alone": dict(temperature=1.0, top_p=0.8),
-    "min_p": dict(temperature=0.7, min_p=0.1),
-    "penalties": dict(temperature=1.2, frequency_penalty=0.7, presence_penalty=0.5, top_k=30),
-    "bias and bans": dict(temperature=0.9, logit_bias={3: 2.0, 11: -1.5}, bad_words=((5,),), top_p=0.9),
-}
-
-
 @pytest.mark.parametrize("case", list(CHI2))
 def test_chi2_fast_path_against_filtered_probs(case):
     """Draws at many positions (independent noise) on the fast path follow filtered_probs (the FP32 path's ops)."""
     rng = np.random.default_rng(len(case))
     V, N = 60, 20000
     row = (rng.standard_normal(V) * 1.5).astype(np.float32)
-    p = SamplingParams(seed=77, **CHI2[case])
-    history = ([1, 2, 3, 9], [4, 4, 10])
-    want = filtered_probs(row[None], [p], [history])[0]
-    state = RequestSampling(p, history[0], V, 77, (), p.bad_words)
-    for t in history[1]:
-        state.on_token(t)
+    want, state = chi2_case(row, CHI2[case])
     logits = np.repeat(row[None], 1000, axis=0)
     counts = np.zeros(V)
     for start in range(0, N, 1000):
         counts += np.bincount(draw(BE, logits, [state] * 1000, True, start), minlength=V)
-    assert counts[want == 0].sum() == 0  # masked tokens are never drawn
-    live = want > 0
-    expected = want[live] * N
-    chi2 = ((counts[live] - expected) ** 2 / expected).sum()
-    df = live.sum() - 1  # Wilson-Hilferty: the p = 1e-4 critical value of chi2 with df degrees of freedom
-    assert chi2 < df * (1 - 2 / (9 * df) + 3.719 * math.sqrt(2 / (9 * df))) ** 3
+    assert_follows(counts, want)

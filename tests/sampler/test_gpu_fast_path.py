@@ -6,12 +6,10 @@ import pytest
 
 cp = pytest.importorskip("cupy")
 from tests.gpu_arrays import dev, rounded  # noqa: E402
-from tests.sampler.fast_cases import draw, logits_rows, states_for, top_tokens  # noqa: E402
-from tests.sampler.test_fast_path import CHI2, KINDS  # noqa: E402
-from tests.sampler.probs import filtered_probs  # noqa: E402
+from tests.sampler.fast_cases import (CHI2, assert_follows, chi2_case, draw, logits_rows, states_for,  # noqa: E402
+                                      top_tokens)
+from tests.sampler.test_fast_path import KINDS  # noqa: E402
 from toolkit.backends.cpu import CpuBackend  # noqa: E402
-from toolkit.sampler.params import SamplingParams  # noqa: E402
-from toolkit.sampler.state import RequestSampling  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 V_BIG = 151936
@@ -56,19 +54,9 @@ def test_chi2_gpu_fast_path(case):
     rng = np.random.default_rng(len(case))
     V, N, B = 60, 50000, 1000
     row = rounded((rng.standard_normal(V) * 1.5).astype(np.float32), "bfloat16")
-    p = SamplingParams(seed=77, **CHI2[case])
-    history = ([1, 2, 3, 9], [4, 4, 10])
-    want = filtered_probs(row[None], [p], [history])[0]
-    state = RequestSampling(p, history[0], V, 77, (), p.bad_words)
-    for t in history[1]:
-        state.on_token(t)
+    want, state = chi2_case(row, CHI2[case])
     be, logits = backend("bfloat16"), dev(np.repeat(row[None], B, axis=0), "bfloat16")
     counts = np.zeros(V)
     for start in range(0, N, B):
         counts += np.bincount(draw(be, logits, [state] * B, True, start), minlength=V)
-    assert counts[want == 0].sum() == 0
-    live = want > 0
-    expected = want[live] * N
-    chi2 = ((counts[live] - expected) ** 2 / expected).sum()
-    df = live.sum() - 1
-    assert chi2 < df * (1 - 2 / (9 * df) + 3.719 * np.sqrt(2 / (9 * df))) ** 3
+    assert_follows(counts, want)
