@@ -2,11 +2,13 @@
 by level: a copy of kernels/sampler.cu with clock64() stamps at the stage boundaries of row 0's block (thread 0,
 after the barriers that end each stage), run through `bench sampler`'s cases. No hardware counters needed.
 
-    PYTHONPATH=. python3 dev/profile_filter.py [--batch 1,128] [--variant lane_chunks|no_chunk_max]
+    PYTHONPATH=. python3 dev/profile_filter.py [--batch 1,128] [--variant no_early_exit] [--source FILE]
 
 Prints, per setting and batch, the kernel's graph-timed µs and the µs between stamps (at the SM clock), the
-16-bit queue's length (tokens that can win the draw) and each select level's interval search, bin scan and digit
-pick. --variant times an edited copy (VARIANTS: the designs measured against); a stale edit stops the run.
+number of groups of 4 tokens queued for their fine Philox call, and each select level's bin scan, history scan
+and digit pick. --variant times an edited copy (VARIANTS: the designs measured against); a
+stale edit stops the run. --source times another sampler.cu (`git show <commit>:kernels/sampler.cu > FILE`: an
+earlier design, graph-timed only, no stamps).
 """
 import argparse
 
@@ -20,28 +22,19 @@ STAMP = "if (threadIdx.x == 0 && blockIdx.x == 0) g_stamp[{}] = clock64();"
 STAGES = [  # (anchor, stamp before (True) or after it, the stage that ends there)
     ("    if (!(sample_temp[r] < 0.f)) return;\n", False, "start"),
     ("    const int nh = min((int)s.nh, HIST_CAP);\n", False, "history"),
-    ("        unsigned tot = 0;\n        bool nan = false;\n", True, "histogram pass"),
-    ("        h16 = s.nq == (unsigned)(V - nh);  // else a count overflowed: the general route\n", False, "max + totals"),
+    ("        unsigned tot = 0;\n        int km = -1;", True, "histogram pass"),
+    ("    // fp32 logits: the fp32 route, its coarse", True, "totals, max and its index"),
     ("    bool listed = false;\n", True, "selects (16-bit)"),
     ("    // 3. Gumbel-max over the survivors\n", True, "selects (other routes)"),
-    ("            di = qtok;\n", True, "queue pass"),
+    ("            for (int j = threadIdx.x; j < (int)min(s.nq, QCAP); j += blockDim.x) fine(qw[j], qi[j]);\n",
+     True, "queue pass"),
     ("    if (threadIdx.x == 0) out[r] = (int)~(unsigned)s.best;\n}\n", True, "draw"),
 ]
 
 
 VARIANTS = {  # name -> (old, new) edits of kernels/sampler.cu, each old text matching exactly once
-    "lane_chunks": [  # select_key16's level scan as it was: a chunk of words a warp, lane-interleaved
-        ("            const unsigned w0 = klo >> 1, w1 = (khi + 1) >> 1;\n",
-         "            const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;\n"
-         "            const unsigned w0 = klo >> 1, w1 = (khi + 1) >> 1, per = ((w1 - w0 + nw - 1) / nw + 31) & ~31u;\n"
-         "            const unsigned a0 = w0 + warp * per, a1 = min(w1, a0 + per);\n"),
-        ("            for (unsigned w = w0 + threadIdx.x; w < w1; w += blockDim.x) {\n"
-         "                const unsigned hw = hist[w];\n",
-         "            for (unsigned w = a0 + lane; w < a1; w += 32) {\n"
-         "                const unsigned hw = hist[w];\n"),
-    ],
-    "no_chunk_max": [  # the queue pass tests every value, as it did
-        ("            }, [&](uint4 c) { return chunk_max<T>(c) >= ymin; });\n", "            }, [](uint4) { return true; });\n"),
+    "no_early_exit": [  # select_key16 runs all four levels, as it did
+        ("        if (only) return ord_key(val16<T>(lo));\n", ""),
     ],
 }
 
@@ -54,24 +47,25 @@ def edited(src: str, variant: str) -> str:
     return src
 
 
-LEVEL = "if (threadIdx.x == 0 && blockIdx.x == 0 && g_nl < 64) g_lv[g_nl++] = clock64();"
-LEVEL_STAGES = [  # inside select_key16, per level: start, the interval found, the bins scanned, the digit picked
-    ("        for (int b = threadIdx.x; b < NB; b += blockDim.x) { s.cnt[b] = 0; s.ms[b] = 0; }\n", True),
-    ("        const unsigned klo = s.klo, khi = s.khi;  // [klo, khi)\n", True),
-    ("        auto add = [&](bool valid, float y) {  // a history entry, as in select_key\n", True),
-    ("        pmask |= (NB - 1u) << shift;\n", False),
+LEVEL = "if (threadIdx.x == 0 && blockIdx.x == 0 && g_nl < 64) {{ g_lv[g_nl] = clock64(); g_tag[g_nl++] = {}; }}"
+LEVEL_STAGES = [  # inside select_key16, per level: (anchor, stamp before it, what ends there)
+    ("        for (int b = threadIdx.x; b < NB; b += blockDim.x) {\n", True, "start"),
+    ("        for (int h0 = 0; h0 < nh; h0 += blockDim.x) {  // history entries, as in select_key; also counted in rc\n",
+     True, "bins"),
+    ("        if (mass && level == 0 && threadIdx.x < 32) target = (double)p * (double)digit_mass(s);\n", True, "history"),
+    ("        pmask |= (NB - 1u) << shift;\n", False, "pick"),
 ]
 
 
 def stamped(src: str) -> str:
-    head = "__device__ unsigned long long g_stamp[16], g_lv[64];\n__device__ unsigned g_queue, g_nl;\n"
+    head = "__device__ unsigned long long g_stamp[16], g_lv[64];\n__device__ unsigned g_queue, g_nl, g_tag[64];\n"
     a = src.index("__device__ unsigned select_key16(")
     b = src.index("\n}\n", a)
     body = src[a:b]
-    for anchor, before in LEVEL_STAGES:
+    for tag, (anchor, before, _) in enumerate(LEVEL_STAGES):
         if body.count(anchor) != 1:
             raise SystemExit(f"stale anchor in select_key16: {anchor!r}")
-        stamp = "        " + LEVEL + "\n"
+        stamp = " " * (len(anchor) - len(anchor.lstrip())) + LEVEL.format(tag) + "\n"
         body = body.replace(anchor, stamp + anchor if before else anchor + stamp)
     src = src[:a] + body + src[b:]
     for n, (anchor, before, _) in enumerate(STAGES):
@@ -79,8 +73,8 @@ def stamped(src: str) -> str:
             raise SystemExit(f"stale anchor for stage {n}: {anchor!r}")
         stamp = " " * (len(anchor) - len(anchor.lstrip())) + STAMP.format(n) + "\n"
         src = src.replace(anchor, stamp + anchor if before else anchor + stamp)
-    src = src.replace("            di = qtok;\n", "            if (threadIdx.x == 0 && blockIdx.x == 0) g_queue = s.nq;\n"
-                      "            di = qtok;\n")
+    anchor = STAGES[6][0]
+    src = src.replace(anchor, "            if (threadIdx.x == 0 && blockIdx.x == 0) g_queue = s.nq;\n" + anchor)
     return src.replace("constexpr int FILTER_THREADS", head + "constexpr int FILTER_THREADS", 1)
 
 
@@ -89,13 +83,18 @@ def main():
     p.add_argument("--batch", default="1,128")
     p.add_argument("--vocab", type=int, default=151936)
     p.add_argument("--variant", default="", choices=["", *VARIANTS])
+    p.add_argument("--source", help="time this sampler.cu instead, unstamped")
     a = p.parse_args()
     original = cuda_kernels.kernel_source
-    cuda_kernels.kernel_source = lambda op: stamped(edited(original(op), a.variant)) if op == "sampler" else original(op)
+    if a.source:
+        other = cuda_kernels.inline_headers(open(a.source).read())
+        cuda_kernels.kernel_source = lambda op: other if op == "sampler" else original(op)
+    else:
+        cuda_kernels.kernel_source = lambda op: stamped(edited(original(op), a.variant)) if op == "sampler" else original(op)
     import cupy as cp
 
     be = make_backend("cuda", "bfloat16")
-    print(f"variant: {a.variant or 'kernels/sampler.cu as it is'}")
+    print(f"variant: {a.source or a.variant or 'kernels/sampler.cu as it is'}")
     khz = cp.cuda.Device().attributes["ClockRate"]
     print(f"SM clock (nominal) {khz / 1e3:.0f} MHz; µs between stamps of row 0's block, median of 5 launches")
     modes = [m for m, (prm, fast, _, _) in MODES.items() if fast and ("top" in m or "default" in m)]
@@ -103,6 +102,9 @@ def main():
         for mode in modes:
             params, fast, shape, history = MODES[mode]
             row = bench_case(be, a.vocab, B, params, fast, shape, 20, 3, history)
+            if a.source:
+                print(f"B={B:4d} {mode}: kernel {row['graph_us']:.1f} µs/step (graph)")
+                continue
             mod = next(m for (op, _), m in cuda_kernels._MODULES.items() if op == "sampler")
             g = mod.get_global("g_stamp")
             stamps = cp.ndarray((16,), cp.uint64, g)
@@ -125,11 +127,11 @@ def main():
             print(f"B={B:4d} {mode}: kernel {row['graph_us']:.1f} µs/step (graph); queue {int(q.get()[0])}; {parts}")
             del row2
             n, t = int(nl.get()[0]), lv.get().astype(np.int64)
-            # the last run's first launch: 4 levels a select (top-k, then top-p), 4 stamps a level
-            per = 4 * ((0 < params.get("top_k", 0) < a.vocab) + (params.get("top_p", 1.0) < 1.0))
-            levels = [t[i:i + 4] for i in range(0, min(n, 4 * per), 4)]
-            print("   select levels (interval, bins, pick µs): " + "; ".join(
-                "/".join(f"{(y - x) / khz * 1e3:.1f}" for x, y in zip(lv4[:-1], lv4[1:])) for lv4 in levels))
+            tags = cp.ndarray((64,), cp.uint32, mod.get_global("g_tag")).get()
+            # the last run's first launch: each level's steps, µs since the stamp before ("start": a new level)
+            print("   select levels, µs: " + " ".join(
+                ("|" if tags[i] == 0 else f"{LEVEL_STAGES[tags[i]][2]} {(t[i] - t[i - 1]) / khz * 1e3:.1f}")
+                for i in range(1, n)))
 
 
 if __name__ == "__main__":

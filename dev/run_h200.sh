@@ -7,6 +7,7 @@
 #   sampler        bench sampler, and the decode step with the sampler's fast path on and off
 #   sparse         bench sparse (combine and one layer against SDPA) and the whole sparse prefill
 #   sampler_check  the sampler's GPU tests, then its kernel profile (dev/profile_sampler.py)
+#   filter         the sampler's GPU tests, filter_sample's stage profile (dev/profile_filter.py), bench sampler
 #   sampler_ncu    the sampling kernel under Nsight Compute
 #   profile        Nsight Compute: the sampling kernel and one decode step's kernels at batch 1 and 32
 #   dev            a quick round while developing: kernel, sampler and engine GPU tests, then the peer
@@ -73,6 +74,12 @@ fi
 if run sampler_check; then
   python3 -m pytest -q -m gpu tests/kernels/test_gpu_sampler.py tests/sampler/test_gpu_sampler_engine.py 2>&1 | tail -2
   python3 dev/profile_sampler.py 2>&1 | tee "$OUT/profile_sampler.log"
+fi
+if run filter; then
+  python3 -m pytest -q -m gpu tests/kernels/test_gpu_sampler.py tests/sampler/test_gpu_fast_path.py -x 2>&1 \
+    | tee "$OUT/filter_tests.log" | tail -3
+  python3 dev/profile_filter.py --batch 1,128 2>&1 | tee "$OUT/profile_filter.log"
+  python3 -m toolkit bench sampler --device cuda 2>&1 | tee "$OUT/bench_sampler.log" | grep "^| 128"
 fi
 if run sampler_ncu profile; then
   python3 dev/profile_sampler.py 2>&1 | tee "$OUT/profile_sampler.log"

@@ -522,12 +522,15 @@ template <typename T> struct IsBf16 { static constexpr bool value = false; };
 template <> struct IsBf16<__nv_bfloat16> { static constexpr bool value = true; };
 
 struct FilterSmem {
-    unsigned cnt[NB], rc[NB];        // per-digit counts; rc: the row's own (no history) of the last row level
+    unsigned cnt[NB], rc[NB];        // per-digit counts; rc: select_key, the row's own (no history) of the last
+                                     // row level; select_key16, the history's
     unsigned long long ms[NB];       // per-digit W sums
     unsigned long long best;         // packed (key, ~index) of the best candidate (max pass, sample pass)
     unsigned long long sel_above;
     unsigned long long tot;          // select_key, mass: the W-mass of its level 0 (every survivor it saw)
+    unsigned kmn[NB], kmx[NB];       // select_key16: per digit, the least and the largest bin key counted
     unsigned sel, nh, nan, nq, nl, klo, khi;
+    int kmax;
     float M, L;
 };
 
@@ -564,8 +567,10 @@ __device__ __forceinline__ void scan_row(const T* row, int V, const unsigned* bi
     }
 }
 
-// Add (count, W) to digit d, warp-aggregated: the lanes holding the same digit sum first, one atomic per digit.
-__device__ __forceinline__ void hist_add(bool valid, unsigned d, unsigned long long w, bool mass, FilterSmem& s) {
+// Add (count, W) to digit d, warp-aggregated: the lanes holding the same digit sum first, one atomic per digit;
+// `also` (or null): a second per-digit count of the same entries.
+__device__ __forceinline__ void hist_add(bool valid, unsigned d, unsigned long long w, bool mass, FilterSmem& s,
+                                         unsigned* also = nullptr) {
     const unsigned peers = __match_any_sync(0xffffffffu, valid ? d : NB);
     if (!valid) return;
     const bool leader = (threadIdx.x & 31) == (unsigned)(__ffs(peers) - 1);
@@ -574,6 +579,7 @@ __device__ __forceinline__ void hist_add(bool valid, unsigned d, unsigned long l
         if (leader && (hi | lo)) atomicAdd(&s.ms[d], ((unsigned long long)hi << 16) + lo);
     }
     if (leader) atomicAdd(&s.cnt[d], (unsigned)__popc(peers));
+    if (leader && also) atomicAdd(also + d, (unsigned)__popc(peers));
 }
 
 // The W-mass of every digit, summed by warp 0: pick_digit, the one reader of the target, runs there (every thread
@@ -734,133 +740,162 @@ __device__ __forceinline__ unsigned bin_count(const unsigned* hist, unsigned k) 
 template <typename T> struct Pair;
 template <> struct Pair<__half> { using type = __half2; };
 template <> struct Pair<__nv_bfloat16> { using type = __nv_bfloat162; };
-// The largest of a 16-byte chunk's 8 values, as fp32: three paired max instructions, where a per-value test costs
-// a dozen. A pass that looks for the few values above a bound spends per chunk, not per value.
+// The raw 16 bits of the largest of two 16-byte chunks' 16 values: 8 paired max instructions, where a test per
+// value costs several.
 template <typename T>
-__device__ __forceinline__ float chunk_max(uint4 c) {
-    union { uint4 u; typename Pair<T>::type p[4]; } v;
-    v.u = c;
-    const auto m = __hmax2(__hmax2(v.p[0], v.p[1]), __hmax2(v.p[2], v.p[3]));
-    return fmaxf(__low2float(m), __high2float(m));
+__device__ __forceinline__ unsigned short chunk_max16(uint4 a, uint4 b) {
+    union { uint4 u; typename Pair<T>::type p[4]; } x, y;
+    x.u = a;
+    y.u = b;
+    const auto m = __hmax2(__hmax2(__hmax2(x.p[0], x.p[1]), __hmax2(x.p[2], x.p[3])),
+                           __hmax2(__hmax2(y.p[0], y.p[1]), __hmax2(y.p[2], y.p[3])));
+    union { typename Pair<T>::type p; T e[2]; } h;
+    h.p = m;
+    union { T t; unsigned short u; } r;
+    r.t = __hmax(h.e[0], h.e[1]);
+    return r.u;
 }
 
-// fn(i, raw 16 bits) over the row's tokens whose bitmap bit is clear (use_bits: the row has history), in
-// ascending order per thread; 16-byte loads, U of them in flight per thread. `may(chunk)` false: no value of the
-// chunk needs fn (a pass that only acts on values above a bound skips it).
-template <typename F, typename A>
-__device__ __forceinline__ void scan16(const unsigned short* rb, int V, const unsigned* bits, bool use_bits, F fn,
-                                       A may) {
-    if (V % 8 == 0 && reinterpret_cast<size_t>(rb) % 16 == 0) {
-        constexpr int U = 4;
-        const int G = V / 8;
-        const uint4* p = reinterpret_cast<const uint4*>(rb);
-        for (int g0 = threadIdx.x; g0 < G; g0 += U * blockDim.x) {
-            uint4 c[U];
-#pragma unroll
-            for (int j = 0; j < U; j++) {
-                const int g = g0 + j * blockDim.x;
-                c[j] = g < G ? p[g] : make_uint4(0u, 0u, 0u, 0u);
-            }
-#pragma unroll
-            for (int j = 0; j < U; j++) {
-                const int g = g0 + j * blockDim.x;
-                if (g >= G) break;
-                if (!may(c[j])) continue;
-                const unsigned hb = use_bits ? (bits[g >> 2] >> ((g & 3) * 8)) & 0xffu : 0u;
-                const unsigned w[4] = {c[j].x, c[j].y, c[j].z, c[j].w};
-#pragma unroll
-                for (int q = 0; q < 8; q++)
-                    if (!((hb >> q) & 1u)) fn(8 * g + q, (w[q >> 1] >> ((q & 1) * 16)) & 0xffffu);
-            }
-        }
-    } else {
-        for (int i = threadIdx.x; i < V; i += blockDim.x)
-            if (!use_bits || !((bits[i >> 5] >> (i & 31)) & 1u)) fn(i, (unsigned)rb[i]);
-    }
-}
-
-// The first 16-bit key k in [lo, 65536) with pred(k) (pred false then true over that interval), or 65536.
+// The first 16-bit key k in [lo, 65536) with pred(k) (pred false then true over that interval), or 65536, found by
+// the 32 lanes of the calling warp together: each round tests 32 evenly spaced keys and keeps the stretch between
+// the last false and the first true, so 4-5 rounds resolve 16 bits where one thread's bisection took 16
+// dependent steps (an interval search starts every select level).
 template <typename P>
 __device__ __forceinline__ unsigned lower_bound16(unsigned lo, P pred) {
-    unsigned hi = 0x10000u;
+    const unsigned lane = threadIdx.x & 31;
+    unsigned hi = 0x10000u;  // the answer lies in [lo, hi]; hi is 65536 or a key where pred holds
     while (lo < hi) {
-        const unsigned mid = (lo + hi) >> 1;
-        if (pred(mid)) hi = mid; else lo = mid + 1;
+        const unsigned q = lo + (unsigned)(((hi - lo) * (lane + 1ull)) >> 5);  // lane 31: hi itself
+        const unsigned t = __ballot_sync(0xffffffffu, q >= hi || pred(q));
+        const int j = __ffs(t) - 1;  // >= 0: lane 31 always votes true
+        const unsigned qj = __shfl_sync(0xffffffffu, q, j), qp = __shfl_sync(0xffffffffu, q, j > 0 ? j - 1 : 0);
+        lo = j > 0 ? qp + 1 : lo;
+        hi = qj;
     }
     return lo;
 }
 
-// select_key's twin over the histogram: the same levels, digits and picks, so the same key.
+// Add a run of bins (count n, mass m, least and largest key lo, hi) to digit d, by a warp: lanes holding the same
+// digit sum first (all of them, the level-0 case: a warp's 256 consecutive keys share their top 8 bits), one
+// atomic per digit. A mass (n * W summed, < 2^51) is summed in three 16-bit parts, each exact in 32 bits.
+__device__ __forceinline__ void bin_add(bool valid, unsigned d, unsigned n, unsigned long long m, unsigned lo,
+                                        unsigned hi, bool mass, FilterSmem& s) {
+    const unsigned any = __ballot_sync(0xffffffffu, valid);
+    if (!any) return;
+    const unsigned d0 = __shfl_sync(0xffffffffu, d, __ffs(any) - 1);
+    const bool one = __all_sync(0xffffffffu, !valid || d == d0);
+    const unsigned peers = one ? 0xffffffffu : __match_any_sync(0xffffffffu, valid ? d : NB);
+    const unsigned cn = __reduce_add_sync(peers, valid ? n : 0u);
+    const unsigned mn = __reduce_min_sync(peers, valid ? lo : 0xffffffffu), mx = __reduce_max_sync(peers, valid ? hi : 0u);
+    unsigned long long cm = 0;
+    if (mass) {
+        if (!valid) m = 0;
+        cm = ((unsigned long long)__reduce_add_sync(peers, (unsigned)(m >> 32)) << 32) +
+             ((unsigned long long)__reduce_add_sync(peers, (unsigned)(m >> 16) & 0xffffu) << 16) +
+             __reduce_add_sync(peers, (unsigned)m & 0xffffu);
+    }
+    if ((threadIdx.x & 31) == (unsigned)(__ffs(peers) - 1) && (one || valid)) {
+        const unsigned dd = one ? d0 : d;
+        atomicAdd(&s.cnt[dd], cn);
+        atomicMin(&s.kmn[dd], mn);
+        atomicMax(&s.kmx[dd], mx);
+        if (cm) atomicAdd(&s.ms[dd], cm);
+    }
+}
+
+// select_key's twin over the histogram: the same levels, digits and picks, so the same key. Level 0 scans every
+// key from -inf's up (below it lie NaN bins, absent from a row that gets here); each later level scans only the
+// keys between the least and the largest counted bin of the digit picked (kmn, kmx), so no level searches for
+// its interval. It stops once that digit holds one bin key and no history entry: the levels left would pick
+// that key's digits one by one (the count select reaches k inside the prefix; the mass select's one non-empty
+// digit has the prefix's mass above, below the target), so that key is the answer.
 template <typename T>
-__device__ unsigned select_key16(const unsigned* hist, const float* hy, int nh, float t, bool div, float c, float M,
-                                 bool mass, unsigned k, float p, FilterSmem& s) {
-    unsigned prefix = 0, pmask = 0;
+__device__ unsigned select_key16(const unsigned* hist, unsigned kneg, const float* hy, int nh, float t, bool div,
+                                 float c, float M, bool mass, unsigned k, float p, FilterSmem& s) {
+    unsigned prefix = 0, pmask = 0, lo = kneg, hi = 0x10000u;  // [lo, hi): the bin keys the level scans
     unsigned long long above = 0;
     double target = 0.0;
     for (int level = 0; level < 4; level++) {
         const int shift = 24 - 8 * level;
-        for (int b = threadIdx.x; b < NB; b += blockDim.x) { s.cnt[b] = 0; s.ms[b] = 0; }
-        if (threadIdx.x == 0) {  // the interval of 16-bit keys whose 32-bit key matches the prefix
-            const unsigned top = prefix | ~pmask;
-            // from -inf's key: below it lie negative NaNs, whose fp32 conversion need not keep their order
-            s.klo = lower_bound16(key16_of<T>(NEG_INF), [&](unsigned q) { return ord_key(val16<T>(q)) >= prefix; });
-            s.khi = lower_bound16(s.klo, [&](unsigned q) { return ord_key(val16<T>(q)) > top; });
+        for (int b = threadIdx.x; b < NB; b += blockDim.x) {
+            s.cnt[b] = 0; s.ms[b] = 0; s.rc[b] = 0; s.kmn[b] = 0xffffffffu; s.kmx[b] = 0;
         }
         __syncthreads();
-        const unsigned klo = s.klo, khi = s.khi;  // [klo, khi)
-        if (klo < khi) {
-            // Words of the interval strided over the block: a thread's keys ascend, so its digits do not
-            // decrease and runs of one digit are summed, then added once. The non-empty bins crowd into a few
-            // thousand keys; a chunk per warp left them to a few warps, a run per thread to a few threads
-            // (dev/profile_filter.py: selects 44 and 56 µs against 36, top-k 50 + top-p 0.9 at B = 128).
-            const unsigned w0 = klo >> 1, w1 = (khi + 1) >> 1;
-            unsigned cd = NB, cc = 0;
-            unsigned long long cm = 0;
-            auto flush = [&]() {
-                if (cc) atomicAdd(&s.cnt[cd], cc);
-                if (cm) atomicAdd(&s.ms[cd], cm);
-            };
-            for (unsigned w = w0 + threadIdx.x; w < w1; w += blockDim.x) {
-                const unsigned hw = hist[w];
-                if (!hw) continue;
+        auto bin = [&](unsigned kk, unsigned n, unsigned& d, unsigned long long& m) {  // false: not counted
+            const float y = val16<T>(kk), z = div ? y / t : y;
+            if (mass && !(z >= c)) return false;
+            d = (ord_key(y) >> shift) & (NB - 1);
+            m = mass ? (unsigned long long)n * weight(z, M) : 0ull;
+            return true;
+        };
+        if (level == 0) {
+            // 16-byte words of 8 keys strided over the block, from a multiple of 256 keys, so a warp's keys share
+            // one digit. A thread sums its keys of the first digit it meets into one run (bin_add, warp-uniform);
+            // keys of another digit (rare here) go straight to their atomics.
+            const uint4* h4 = reinterpret_cast<const uint4*>(hist);
+            for (unsigned u = (lo >> 3 & ~31u) + threadIdx.x; (u & ~31u) << 3 < hi; u += blockDim.x) {
+                const uint4 hw = u << 3 < hi ? h4[u] : make_uint4(0u, 0u, 0u, 0u);
+                if (!__any_sync(0xffffffffu, hw.x | hw.y | hw.z | hw.w)) continue;
+                const unsigned w[4] = {hw.x, hw.y, hw.z, hw.w};
+                unsigned rd = NB, rn = 0, rlo = 0, rhi = 0, d;
+                unsigned long long rm = 0, m;
 #pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    const unsigned kk = 2 * w + h, n = (hw >> (16 * h)) & 0xffffu;
-                    if (!n || kk < klo || kk >= khi) continue;
-                    const float y = val16<T>(kk), z = div ? y / t : y;
-                    if (mass && !(z >= c)) continue;
-                    const unsigned d = (ord_key(y) >> shift) & (NB - 1);
-                    if (d != cd) { flush(); cd = d; cc = 0; cm = 0; }
-                    cc += n;
-                    if (mass) cm += (unsigned long long)n * weight(z, M);
+                for (int q = 0; q < 8; q++) {
+                    const unsigned kk = 8 * u + q, n = (w[q >> 1] >> (16 * (q & 1))) & 0xffffu;
+                    if (!n || kk < lo || kk >= hi || !bin(kk, n, d, m)) continue;
+                    if (rd == NB || d == rd) {
+                        if (rd == NB) { rd = d; rlo = kk; }
+                        rn += n; rm += m; rhi = kk;
+                    } else {
+                        atomicAdd(&s.cnt[d], n);
+                        atomicMin(&s.kmn[d], kk);
+                        atomicMax(&s.kmx[d], kk);
+                        if (m) atomicAdd(&s.ms[d], m);
+                    }
                 }
+                bin_add(rd != NB, rd, rn, rm, rlo, rhi, mass, s);
             }
-            flush();
+        } else {
+            // A key a thread, straight to its digit's atomics: here the digits change from key to key, so the
+            // lanes' addresses differ, and bin_add's warp collectives over 32 one-lane groups serialise (a level
+            // took 5-14 µs with them, dev/profile_filter.py).
+            for (unsigned kk = lo + threadIdx.x; lo < hi && kk < hi; kk += blockDim.x) {
+                const unsigned n = bin_count(hist, kk);
+                unsigned d;
+                unsigned long long m;
+                if (!n || !bin(kk, n, d, m)) continue;
+                atomicAdd(&s.cnt[d], n);
+                atomicMin(&s.kmn[d], kk);
+                atomicMax(&s.kmx[d], kk);
+                if (m) atomicAdd(&s.ms[d], m);
+            }
         }
         __syncthreads();
-        auto add = [&](bool valid, float y) {  // a history entry, as in select_key
+        for (int h0 = 0; h0 < nh; h0 += blockDim.x) {  // history entries, as in select_key; also counted in rc
+            const int h = h0 + threadIdx.x;
+            const float y = h < nh ? hy[h] : 0.f;
             const unsigned key = ord_key(y);
-            valid = valid && (key & pmask) == prefix;
+            bool valid = h < nh && (key & pmask) == prefix;
             unsigned long long w = 0;
             if (valid && mass) {
                 const float z = div ? y / t : y;
                 valid = z >= c;
                 w = valid ? weight(z, M) : 0ull;
             }
-            hist_add(valid, (key >> shift) & (NB - 1), w, mass, s);
-        };
-        for (int h0 = 0; h0 < nh; h0 += blockDim.x) {
-            const int h = h0 + threadIdx.x;
-            add(h < nh, h < nh ? hy[h] : 0.f);
+            hist_add(valid, (key >> shift) & (NB - 1), w, mass, s, s.rc);
         }
         __syncthreads();
         if (mass && level == 0 && threadIdx.x < 32) target = (double)p * (double)digit_mass(s);
         pick_digit(s, mass, above, k, target);
         const unsigned d = s.sel;
         above = s.sel_above;
+        const bool only = s.cnt[d] > 0 && s.rc[d] == 0 && s.kmn[d] == s.kmx[d];
+        lo = s.kmn[d];
+        hi = s.kmx[d] + 1;  // no bin counted: kmn > kmx, an empty interval
         prefix |= d << shift;
         pmask |= (NB - 1u) << shift;
         __syncthreads();
+        if (only) return ord_key(val16<T>(lo));
     }
     return prefix;
 }
@@ -1084,7 +1119,8 @@ __device__ __forceinline__ int find_token(const int* tokens, int lo, int end, in
 }
 
 // Fast path: one block per row; rows with sample_temp >= 0 are gumbel_sample's and return at once. Dynamic shared
-// memory: the history bitmap ((V + 31) / 32 words), then HIST_CAP tokens and HIST_CAP values.
+// memory: the history bitmap ((V + 127) / 128 16-byte words), HIST_CAP tokens and HIST_CAP values, the 16-bit
+// histogram (or the fp32 route's list), then each chunk of 16 tokens' largest 16-bit value.
 //   1. history: every token the row's bias / penalty / ban entries name (CSR rows sorted by token), once, with its
 //      adjusted value y, in the slow path's fp32 operations and order (add_entries, apply_penalties);
 //   2. the max (and its lowest index: the greedy answer; NaN -> -1), then min-p's cut and the radix selects;
@@ -1105,7 +1141,7 @@ filter_sample(const T* __restrict__ logits, int V, const float* __restrict__ tem
     extern __shared__ unsigned dyn[];
     const int r = blockIdx.x;
     if (!(sample_temp[r] < 0.f)) return;
-    const int words = (V + 31) / 32;
+    const int words = (V + 127) / 128 * 4;  // whole 16-byte words, so the histogram after it is 16-byte aligned
     unsigned* bits = dyn;
     int* htok = reinterpret_cast<int*>(dyn + words);
     float* hy = reinterpret_cast<float*>(htok + HIST_CAP);
@@ -1120,11 +1156,15 @@ filter_sample(const T* __restrict__ logits, int V, const float* __restrict__ tem
     const int n0 = ban_off[r], n1 = ban_off[r + 1];
     const float rp = rep[r], fq = freq[r], pr = pres[r];
     for (int e = b0 + threadIdx.x; e < b1 + (p1 - p0) + (n1 - n0); e += blockDim.x) {
-        // entry e of the three lists in turn; a token is owned by the first list that names it
-        const int tk = e < b1 ? bias_tok[e] : e < b1 + (p1 - p0) ? pen_tok[e - b1 + p0] : ban_tok[e - b1 - (p1 - p0) + n0];
+        // entry e of the three lists in turn; a token is owned by the first list that names it. An entry's own
+        // list needs no search (each search is ~8 dependent global loads: most of this stage's time)
+        const int own = e < b1 ? 0 : e < b1 + (p1 - p0) ? 1 : 2;
+        const int tk = own == 0 ? bias_tok[e] : own == 1 ? pen_tok[e - b1 + p0] : ban_tok[e - b1 - (p1 - p0) + n0];
         if ((unsigned)tk >= (unsigned)V) continue;
-        const int eb = find_token(bias_tok, b0, b1, tk), ep = find_token(pen_tok, p0, p1, tk);
-        if ((e >= b1 && eb >= 0) || (e >= b1 + (p1 - p0) && ep >= 0)) continue;
+        const int eb = own == 0 ? e : find_token(bias_tok, b0, b1, tk);
+        if (own > 0 && eb >= 0) continue;
+        const int ep = own == 1 ? e - b1 + p0 : find_token(pen_tok, p0, p1, tk);
+        if (own > 1 && ep >= 0) continue;
         float y = to_f32(row[tk]);
         if (eb >= 0) y += bias_val[eb];
         if (ep >= 0) {
@@ -1133,7 +1173,7 @@ filter_sample(const T* __restrict__ logits, int V, const float* __restrict__ tem
             y = y - __fmul_rn(fq, (float)cn);
             if (cn > 0) y = y - pr;
         }
-        const int en = find_token(ban_tok, n0, n1, tk);
+        const int en = own == 2 ? e - b1 - (p1 - p0) + n0 : find_token(ban_tok, n0, n1, tk);
         if (en >= 0) y += ban_val[en];
         const unsigned slot = atomicAdd(&s.nh, 1u);
         if (slot < HIST_CAP) {  // the gate keeps every row's history within HIST_CAP
@@ -1147,6 +1187,7 @@ filter_sample(const T* __restrict__ logits, int V, const float* __restrict__ tem
 
     // 2. max, cut, thresholds. 16-bit logits: one pass builds the row's histogram and finds the max (section 6b).
     unsigned* hist = reinterpret_cast<unsigned*>(hy + HIST_CAP);  // 16-bit logits: 2^15 words, then the queue
+    unsigned short* cmax = reinterpret_cast<unsigned short*>(hist + 0x8000);  // 16-bit: each chunk's largest
     const unsigned short* rb = reinterpret_cast<const unsigned short*>(row);
     bool h16 = false;
     unsigned kneg = 0;  // key16 of -inf (keys below it are NaNs)
@@ -1154,33 +1195,98 @@ filter_sample(const T* __restrict__ logits, int V, const float* __restrict__ tem
         const unsigned kpos = key16_of<T>(-NEG_INF);
         kneg = key16_of<T>(NEG_INF);
         for (int w = threadIdx.x; w < 0x8000; w += blockDim.x) hist[w] = 0;
-        if (threadIdx.x == 0) { s.best = 0; s.nan = 0; s.nq = 0; }
+        if (threadIdx.x == 0) { s.best = 0; s.nan = 0; s.nq = 0; s.kmax = -1; }
         __syncthreads();
-        int bk = -1, bi = 0;
-        scan16(rb, V, bits, nh > 0, [&](int i, unsigned u) {
-            const unsigned k = key16(u);
-            atomicAdd(hist + (k >> 1), 1u << ((k & 1u) << 4));
-            if ((int)k > bk) { bk = (int)k; bi = i; }  // a thread's tokens ascend: the first of its max
-        }, [](uint4) { return true; });
+        // One pass: each thread takes chunks of 16 tokens (two 16-byte loads, two chunks in flight), counts every
+        // value in the histogram and keeps the chunk's largest raw value in cmax (the draw's bounds and the max's
+        // index come from there, so no later pass reads the whole row). Keys of a word's two values at once:
+        // k = u ^ 0x8000 (positive) or u ^ 0xffff (negative) in each half; -0 lands in bin 0x7fff, folded below.
+        const int G = (V + 15) / 16;
+        const bool vec = V % 16 == 0 && reinterpret_cast<size_t>(rb) % 16 == 0;
+        for (int g0 = threadIdx.x; g0 < G; g0 += 2 * blockDim.x) {
+            uint4 c[2][2];
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                const int g = g0 + j * blockDim.x;
+                if (vec && g < G) {
+                    const uint4* p16 = reinterpret_cast<const uint4*>(rb) + 2 * g;
+                    c[j][0] = p16[0];
+                    c[j][1] = p16[1];
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                const int g = g0 + j * blockDim.x;
+                if (g >= G) break;
+                const unsigned hb = nh > 0 ? (bits[g >> 1] >> ((g & 1) * 16)) & 0xffffu : 0u;
+                if (vec) {
+                    cmax[g] = chunk_max16<T>(c[j][0], c[j][1]);
+                    const unsigned w[8] = {c[j][0].x, c[j][0].y, c[j][0].z, c[j][0].w,
+                                           c[j][1].x, c[j][1].y, c[j][1].z, c[j][1].w};
+#pragma unroll
+                    for (int q = 0; q < 8; q++) {
+                        const unsigned k2 = w[q] ^ ((((w[q] & 0x80008000u) >> 15) * 0x7fffu) | 0x80008000u);
+#pragma unroll
+                        for (int h = 0; h < 2; h++) {
+                            const unsigned k = h ? k2 >> 16 : k2 & 0xffffu;
+                            if (!((hb >> (2 * q + h)) & 1u)) atomicAdd(hist + (k >> 1), 1u << ((k & 1u) << 4));
+                        }
+                    }
+                } else {  // the row's end, or an unaligned row: one value at a time
+                    int ak = -1;
+                    unsigned short mu = 0;
+                    for (int i = 16 * g; i < min(16 * g + 16, V); i++) {
+                        const unsigned u = rb[i], k = key16(u);
+                        if ((int)k > ak) { ak = (int)k; mu = (unsigned short)u; }
+                        if (!((hb >> (i & 15)) & 1u)) atomicAdd(hist + (k >> 1), 1u << ((k & 1u) << 4));
+                    }
+                    cmax[g] = mu;
+                }
+            }
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {  // -0's count onto +0's bin (one value, one key); a count past 16 bits: see below
+            const unsigned n0 = hist[0x3fff] >> 16;
+            hist[0x3fff] &= 0xffffu;
+            if ((hist[0x4000] & 0xffffu) + n0 > 0xffffu) s.nq = 1u << 31; else hist[0x4000] += n0;
+        }
         __syncthreads();
         unsigned tot = 0;
+        int km = -1;  // the largest key of the row (history aside)
         bool nan = false;
         for (int w = threadIdx.x; w < 0x8000; w += blockDim.x) {
             const unsigned hw = hist[w];
             if (!hw) continue;
             tot += (hw & 0xffffu) + (hw >> 16);
+            km = (hw >> 16) ? 2 * w + 1 : 2 * w;
             nan |= ((hw & 0xffffu) && (2u * w < kneg || 2u * w > kpos)) || ((hw >> 16) && (2u * w + 1 < kneg || 2u * w + 1 > kpos));
         }
-        unsigned long long b = bk >= 0 ? cand_key(val16<T>((unsigned)bk), bi) : 0ull;
+        unsigned long long b = 0;
         for (int h = threadIdx.x; h < nh; h += blockDim.x) { nan |= isnan(hy[h]); b = max(b, cand_key(hy[h], htok[h])); }
         for (int o = 16; o > 0; o >>= 1) {
             b = max(b, __shfl_xor_sync(0xffffffffu, b, o));
             tot += __shfl_xor_sync(0xffffffffu, tot, o);
+            km = max(km, __shfl_xor_sync(0xffffffffu, km, o));
         }
         if (__any_sync(0xffffffffu, nan) && (threadIdx.x & 31) == 0) s.nan = 1;
-        if ((threadIdx.x & 31) == 0) { atomicMax(&s.best, b); atomicAdd(&s.nq, tot); }
+        if ((threadIdx.x & 31) == 0) { atomicMax(&s.best, b); atomicAdd(&s.nq, tot); atomicMax(&s.kmax, km); }
         __syncthreads();
         h16 = s.nq == (unsigned)(V - nh);  // else a count overflowed: the general route
+        // The max's lowest index: only chunks whose largest raw value reaches the max key can hold it (usually
+        // one); each such chunk's first holder, merged by cand_key (the larger key is the lower index). Tracking
+        // each thread's best chunk inside the pass instead cost it 5 µs (dev/profile_filter.py).
+        const int kM = s.kmax;
+        if (h16 && kM >= 0)
+            for (int g = threadIdx.x; g < G; g += blockDim.x) {
+                if ((int)key16(cmax[g]) < kM) continue;
+                const unsigned hb = nh > 0 ? (bits[g >> 1] >> ((g & 1) * 16)) & 0xffffu : 0u;
+                for (int i = 16 * g; i < min(16 * g + 16, V); i++)
+                    if (!((hb >> (i & 15)) & 1u) && (int)key16(rb[i]) == kM) {
+                        atomicMax(&s.best, cand_key(val16<T>((unsigned)kM), i));
+                        break;
+                    }
+            }
+        __syncthreads();
     }
     // fp32 logits: the fp32 route, its coarse histogram and list in the same memory (see threshold_list); a 16-bit
     // row whose histogram overflowed (65,536 equal values: a list would not hold them) takes the general route
@@ -1202,7 +1308,7 @@ filter_sample(const T* __restrict__ logits, int V, const float* __restrict__ tem
     if constexpr (sizeof(T) == 2)
         if (h16)
             tau = threshold([&](float cc, bool mass, unsigned kk) {
-                return select_key16<T>(hist, hy, nh, t, div, cc, M, mass, kk, p, s);
+                return select_key16<T>(hist, kneg, hy, nh, t, div, cc, M, mass, kk, p, s);
             }, V, t, k, p, tau);
     bool listed = false;
     if (!h16) {
@@ -1223,11 +1329,10 @@ filter_sample(const T* __restrict__ logits, int V, const float* __restrict__ tem
         return !(z < tau || z + G_MAX < L);
     };
     __syncthreads();  // every thread has read s.best (the max): a row without a select has had no barrier since
-    if (threadIdx.x == 0) {
-        s.best = cand_key(L, iM);
-        s.nq = 0;
+    if (threadIdx.x < 32) {
         // 16-bit logits: the least key that can win (can_win is monotone in the value, and false below it)
-        if (h16) s.klo = lower_bound16(kneg, [&](unsigned q) { return can_win(val16<T>(q)); });
+        const unsigned kmin = h16 ? lower_bound16(kneg, [&](unsigned q) { return can_win(val16<T>(q)); }) : 0u;
+        if (threadIdx.x == 0) { s.best = cand_key(L, iM); s.nq = 0; s.klo = kmin; }
     }
     __syncthreads();
     unsigned long long b = 0;
@@ -1241,25 +1346,48 @@ filter_sample(const T* __restrict__ logits, int V, const float* __restrict__ tem
     const float* dv = ly;
     int dn = listed ? (int)s.nl : 0;
     if (h16) {
-        // The tokens that can win are queued (the histogram is done with: its memory holds the queue), then
-        // drawn for spread over every thread: their Philox calls do not run divergently inside the row's loop.
+        // As gumbel_sample does: per chunk of 16 tokens that holds a value above the least that can win, one
+        // coarse Philox call gives the top 8 bits of each token's noise word, and a group of 4 whose bytes all
+        // rule out u <= exp(z - L + d) (d: every rounding, so each skip is exact) cannot win. The other groups
+        // are queued (the histogram is done with: its memory holds the queue) and get their fine call and exact
+        // keys spread over every thread, not divergently inside the row's loop. Under top-p 0.95 thousands of
+        // tokens can win; ~1.6% of their groups are queued where most lie far below L.
         if constexpr (sizeof(T) == 2) {
-            constexpr unsigned QCAP = 0x4000;  // (token, value) pairs in the histogram's 128 KB
-            int* qtok = reinterpret_cast<int*>(hist);
-            float* qy = reinterpret_cast<float*>(hist + QCAP);
-            const unsigned kmin = s.klo;
-            const float ymin = kmin < 0x10000u ? val16<T>(kmin) : -NEG_INF;  // the row holds no NaN here
-            scan16(rb, V, bits, nh > 0, [&](int i, unsigned u) {
-                const unsigned kk = key16(u);
-                if (kk < kmin) return;
-                const float y = val16<T>(kk);
-                const unsigned slot = atomicAdd(&s.nq, 1u);
-                if (slot < QCAP) { qtok[slot] = i; qy[slot] = y; } else consider(i, y);
-            }, [&](uint4 c) { return chunk_max<T>(c) >= ymin; });
+            constexpr unsigned QCAP = 0x4000;  // coarse word qw and first token qi of each queued group
+            unsigned* qw = hist;
+            int* qi = reinterpret_cast<int*>(hist + QCAP);
+            const float ymin = s.klo < 0x10000u ? val16<T>(s.klo) : -NEG_INF;  // the row holds no NaN here
+            const float cL = 1e-4f + 1e-3f + 1e-5f * (fabsf(M) + 2.f * fabsf(L) + G_MAX) - L;
+            auto fine = [&](unsigned cw, int i0) {  // the group's fine call, then each token's exact test and key
+                const uint4 f = fine_call(i0, pos, k0, k1);
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    const int i = i0 + j;
+                    if (i >= V || (nh > 0 && ((bits[i >> 5] >> (i & 31)) & 1u))) continue;
+                    const float y = to_f32(row[i]), z = div ? y / t : y;
+                    if (!(z >= tau)) continue;
+                    const float u = __uint_as_float((noise_word(cw, sel4(f, j), j) >> 9) | 0x3f800000u) - 0.99999994f;
+                    if (u > __expf(z + cL)) continue;
+                    b = max(b, cand_key(exact_key(z, u), i));
+                }
+            };
+            for (int g = threadIdx.x; g < (V + 15) / 16; g += blockDim.x) {
+                const float cm = val16<T>(key16(cmax[g]));  // the histogram pass's chunk maxima: no row read
+                if (!(cm >= ymin)) continue;
+                const uint4 cw4 = coarse_call(16 * g, pos, k0, k1);
+                // the chunk's bound u <= exp(z + cL) <= thr, as bytes: gumbel_sample's step 3 has the derivation
+                const float t1 = fminf(__expf((div ? cm / t : cm) + cL), 0.99999988f) + 1.0f;
+                const unsigned n = (((__float_as_uint(t1) & 0x7fffffu) << 9) >> 24) + 1u;
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    const unsigned cw = sel4(cw4, j);
+                    if (n <= 128u && !((cw - n * 0x01010101u) & ~cw & 0x80808080u)) continue;
+                    const unsigned slot = atomicAdd(&s.nq, 1u);
+                    if (slot < QCAP) { qw[slot] = cw; qi[slot] = 16 * g + 4 * j; } else fine(cw, 16 * g + 4 * j);
+                }
+            }
             __syncthreads();
-            di = qtok;
-            dv = qy;
-            dn = (int)min(s.nq, QCAP);
+            for (int j = threadIdx.x; j < (int)min(s.nq, QCAP); j += blockDim.x) fine(qw[j], qi[j]);
         }
     } else if (!listed) {
         // one load in flight: the draw's Philox state fills the registers (min-p alone, or the general route)

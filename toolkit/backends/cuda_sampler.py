@@ -158,8 +158,9 @@ class CudaSamplerKernels:
             raise ValueError(f"filter_sample: V = {V} is above the fast path's {VOCAB_CAP} (the gate sends it slow)")
         if not R or not V:
             return
-        # the history bitmap, HIST_CAP (token, value) pairs, and the row's 16-bit histogram or fp32 list (128 KB)
-        smem = 4 * ((V + 31) // 32) + 8 * HIST_CAP + LIST_BYTES
+        # the history bitmap, HIST_CAP (token, value) pairs, the row's 16-bit histogram or fp32 list (128 KB), and
+        # the largest 16-bit value of each chunk of 16 tokens
+        smem = 16 * ((V + 127) // 128) + 8 * HIST_CAP + LIST_BYTES + 4 * ((V + 31) // 32)
         self._big("filter_sample", ct, smem)((R,), (FILTER_THREADS,), (
             logits, _i32(V), temperature, top_k, top_p, min_p, rep, freq, pres, sample_temp, seeds, positions, bias_off,
             bias_tok, bias_val, pen_off, pen_tok, pen_cnt, ban_off, ban_tok, ban_val, out), shared_mem=smem)
