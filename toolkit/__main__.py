@@ -9,7 +9,8 @@ COMMANDS = {  # name -> (module, the one line `--help` shows)
     "generate": ("toolkit.cli.generate", "generate text for prompts or a JSONL file of requests (batched)"),
     "chat": ("toolkit.cli.chat", "chat with a model: a terminal UI with live timings (--plain, or no terminal: "
                                  "one line per turn)"),
-    "bench": ("toolkit.cli.bench", "measure prefill/decode speed (bench throughput: many requests)"),
+    "bench": ("toolkit.cli.bench", "measure prefill/decode speed (bench throughput: many requests; bench suite: "
+                                   "the table of several shapes)"),
 }
 
 

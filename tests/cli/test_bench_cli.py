@@ -1,6 +1,7 @@
 """`python -m toolkit bench` and `bench throughput`: table, sweep and statistics logic on a fake engine
 with exact step times, then the real engine on the CPU (tiny shape and the default model)."""
 import json
+import math
 import sys
 from types import SimpleNamespace
 
@@ -10,10 +11,12 @@ from tests.conftest import FIXTURES
 import toolkit.cli.bench as bench_cli
 from toolkit.__main__ import main
 from toolkit.bench.sampler import MODES
+from toolkit.bench.speed import prefill_flops
 from toolkit.bench.sweep import fmt, int_list, mean_std, percentile, switch_list
 from toolkit.bench.throughput import workload
 from toolkit.engine.options import EngineOptions
 from toolkit.model.shapes import shape_config
+from toolkit.model.weights import expected_tensors
 
 
 class FakeEngine:
@@ -152,6 +155,7 @@ def test_markdown_table_and_peak_flag(fake, capsys):
 
 class FakePeer:
     label = "torch-fake"
+    model = SimpleNamespace(cfg=shape_config("tiny"))
 
     def __init__(self, cfg, dtype, device, max_batch, max_seq_len, compile):
         assert (max_batch, compile) == (2, True)
@@ -171,6 +175,68 @@ def test_peer_rows_and_ratio(fake, capsys, monkeypatch):
     assert [r["impl"] for r in rows] == ["toolkit", "torch-fake", "toolkit", "torch-fake"]
     assert rows[0]["vs_peer"] == pytest.approx(0.32 / 0.64) and rows[2]["vs_peer"] == pytest.approx(2.0)
     assert rows[1]["switches"] is None and data["environment"]["peer"] == "torch-fake"
+    flops = prefill_flops(shape_config("tiny"), 64)
+    assert rows[0]["tflops"] == pytest.approx(flops / 0.64e-3 / 1e12)  # the fake engine: 0.01 ms a token
+    assert rows[1]["tflops"] == pytest.approx(flops / 0.32e-3 / 1e12) and rows[2]["tflops"] is None
+
+
+def test_peer_only_builds_no_engine(fake, capsys, monkeypatch):
+    """`bench suite`'s process for a cell whose two caches do not fit in one: the peer's rows alone."""
+    monkeypatch.setattr(bench_cli, "_peer_class", lambda device: FakePeer)
+    data = _json(capsys, ["bench", "--device", "cpu", "--shape", "tiny", "--prefill", "64", "--batch", "2",
+                          "--depth", "0", "--decode", "4", "-r", "2", "--peer", "torch", "--peer-only",
+                          "--format", "json"])
+    assert fake == [] and [(r["test"], r["impl"]) for r in data["results"]] == [
+        ("pp64", "torch-fake"), ("tg4@b2 d0", "torch-fake")]
+    assert data["results"][1]["tok_per_s"] == pytest.approx(2 / 2.4e-3) and data["results"][1]["gb_per_s"] is None
+    env = data["environment"]
+    assert env["peer"] == "torch-fake" and env["dtype"] == "float32" and "kv_cache_tokens" not in env
+
+
+def test_a_peer_that_cannot_be_built_is_a_note(fake, capsys, monkeypatch):
+    class NoRoom(FakePeer):
+        def __init__(self, *args, **kw):
+            raise MemoryError("CUDA out of memory. Tried to allocate 120.00 GiB")
+    monkeypatch.setattr(bench_cli, "_peer_class", lambda device: NoRoom)
+    argv = ["bench", "--device", "cpu", "--shape", "tiny", "--prefill", "64", "--batch", "2", "--depth", "0",
+            "--decode", "4", "-r", "1", "--peer", "torch", "--format", "json"]
+    data = _json(capsys, argv)
+    assert [r["impl"] for r in data["results"]] == ["toolkit", "toolkit"]
+    assert data["notes"] == ["peer skipped: MemoryError: CUDA out of memory. Tried to allocate 120.00 GiB"]
+    assert main(argv + ["--peer-only"]) == 2  # the peer alone and no peer: nothing to time
+    assert capsys.readouterr().err.endswith("error: --peer-only: the peer could not be built: MemoryError: CUDA out "
+                                            "of memory. Tried to allocate 120.00 GiB\n")
+
+
+@pytest.mark.parametrize("flags,tests", [
+    (["--prefill", "64", "--decode", "0"], ["pp64"]),  # llama-bench's -n 0: no decode tests
+    (["--decode", "0"], ["pp64", "pp256"]),  # the default prefills, not nothing
+    (["--prefill", "0", "--batch", "2", "--decode", "4"], ["tg4@b2 d0", "tg4@b2 d128"]),  # -p 0
+])
+def test_zero_prefill_or_decode_means_none_of_that_kind(flags, tests, fake, capsys):
+    data = _json(capsys, ["bench", "--device", "cpu", "--shape", "tiny", "-r", "1", *flags, "--format", "json"])
+    assert [r["test"] for r in data["results"]] == tests
+
+
+@pytest.mark.parametrize("flags,error", [
+    (["--prefill", "0", "--decode", "0"], "error: --prefill 0 with --decode 0 leaves no test to run"),
+    (["--peer-only"], "error: --peer-only needs --peer torch"),
+])
+def test_nothing_to_time_is_a_usage_error(flags, error, capsys):
+    assert main(["bench", "--device", "cpu", "--shape", "tiny", *flags]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == error
+
+
+def test_prefill_flops_count_every_weight_matrix_once_per_token():
+    """Against the parameter count: 2 FLOPs per weight of every layer matrix and token, the causal score and value
+    products, and the lm_head for the last token only (our prefill and the peer's compute no other logits)."""
+    for name in ("qwen2.5-0.5b", "llama-3.2-1b", "tiny"):
+        cfg = shape_config(name)
+        matrices = sum(math.prod(s) for n, s in expected_tensors(cfg).items() if n.startswith("model.layers.")
+                       and n.endswith("proj.weight"))
+        attention = cfg.num_layers * 2 * 2 * cfg.num_heads * cfg.head_dim * (4096 * 4097 // 2)
+        assert prefill_flops(cfg, 4096) == pytest.approx(2 * matrices * 4096 + attention
+                                                         + 2 * cfg.vocab_size * cfg.hidden_size)
 
 
 def test_a_peer_failure_skips_its_cell_with_a_note(fake, capsys, monkeypatch):

@@ -146,7 +146,7 @@ def test_top_level_help_version_and_unknown_command(capsys):
 
 
 @pytest.mark.parametrize("argv", [["generate"], ["chat"], ["bench"], ["bench", "throughput"], ["bench", "sampler"],
-                                  ["bench", "sparse"]])
+                                  ["bench", "sparse"], ["bench", "suite"]])
 def test_every_subcommand_help(argv, capsys):
     """--help prints and exits 0 (argparse %-formats help strings: an option's help saying "%" once crashed it)."""
     with pytest.raises(SystemExit) as e:

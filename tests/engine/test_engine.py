@@ -176,6 +176,9 @@ def test_kv_cache_budget_is_clamped_and_bounded_by_memory():
     eng = build_engine(FIXTURES / "llama", device="cpu", max_context=64, max_num_seqs=2,
                        kv_cache_tokens=2 ** 31 - 1, warmup=False)
     assert eng.kv_cache_tokens == 2 * 64 + 16  # more than 2 full contexts could never be used
+    eng = build_engine(FIXTURES / "llama", device="cpu", max_context=70, max_num_seqs=2,
+                       kv_cache_tokens=2 ** 31 - 1, warmup=False)
+    assert eng.kv_cache_tokens == 2 * 80 + 16  # a context of 70 fills 5 whole blocks (the clamp once gave 9 for 2)
     with pytest.raises(ToolkitError, match="GiB is free"):
         build_engine(FIXTURES / "llama", device="cpu", max_context=64, max_num_seqs=2 ** 30,
                      max_num_batched_tokens=2 ** 30, kv_cache_tokens=2 ** 40, warmup=False)

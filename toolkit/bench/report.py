@@ -22,6 +22,7 @@ _SPEED_COLUMNS = [
     ("tok/s", lambda r: fmt(r["tok_per_s"], r["tok_per_s_std"], 2)),
     ("GB/s", lambda r: fmt(r["gb_per_s"], None, 1)),
     ("% HBM", lambda r: fmt(r["hbm_pct"], None, 1)),
+    ("TFLOPS", lambda r: fmt(r["tflops"], None, 1)),
     ("x peer", lambda r: fmt(r["vs_peer"], None, 2)),
 ]
 

@@ -18,17 +18,20 @@ test measures the cold path whatever `--prefix-caching` says. Decode reads all
 weights plus every sequence's K/V once per step; that byte count over the step
 time is the achieved bandwidth set against the HBM roofline (K/V counted at the
 prompt plus half the timed steps: a slight undercount where early requests ran
-ahead). A test the engine
-cannot hold (context, KV budget, batch limit) is skipped with a note.
+ahead). A prefill's dense-equivalent FLOPs over its time give its TFLOPS. A test
+the engine cannot hold (context, KV budget, batch limit) is skipped with a note.
 """
 import statistics
 from dataclasses import dataclass
 
 import numpy as np
 
+from ..engine.build import BLOCK_SIZE as BLOCK
 from ..engine.sequence import SamplingParams
 from ..errors import ToolkitError
 from .sweep import mean_std, switches_label
+
+MIN_STEP_TOKENS = 2048
 
 
 @dataclass(frozen=True)
@@ -57,8 +60,28 @@ class Test:
 
 
 def plan(prefill, batches, depths, decode) -> list[Test]:
-    return ([Test("prefill", length=n) for n in prefill]
-            + [Test("decode", batch=b, depth=d, steps=decode) for d in depths for b in batches])
+    """The tests of the flags; a prefill length of 0 or 0 decode steps means none of that kind (llama-bench's -p 0,
+    -n 0)."""
+    return ([Test("prefill", length=n) for n in prefill if n]
+            + [Test("decode", batch=b, depth=d, steps=decode) for d in depths for b in batches if decode])
+
+
+def engine_sizes(tests, context_limit, max_seqs=None, step_tokens=None, max_context=None, kv_tokens=None) -> tuple:
+    """(max_num_seqs, max_num_batched_tokens, max_context, kv_cache_tokens) that hold `tests`; a given value stays."""
+    max_seqs = max_seqs or max(t.batch for t in tests)
+    # One step must hold the longest prefill; at least MIN_STEP_TOKENS keeps the untimed depth prefill short.
+    longest = max([t.length for t in tests if t.length < context_limit] or [0])
+    step_tokens = step_tokens or max(longest, MIN_STEP_TOKENS, max_seqs)
+    max_context = max_context or min(context_limit, max(t.context(step_tokens) for t in tests))
+    fits = [t for t in tests if t.context(step_tokens) <= max_context]
+    kv_tokens = kv_tokens or max(  # whole blocks
+        [t.batch * (-(-t.context(step_tokens) // BLOCK) + 1) * BLOCK for t in fits] or [max_context + BLOCK])
+    return max_seqs, step_tokens, max_context, kv_tokens
+
+
+def peer_sizes(tests, step_tokens) -> tuple[int, int]:
+    """(max_batch, max_seq_len) of the peer's static cache for `tests`: every row holds the longest context."""
+    return max([t.batch for t in tests] or [1]), max([t.context(step_tokens) for t in tests] or [2])
 
 
 def skip_reason(engine, t: Test) -> str | None:
@@ -73,6 +96,14 @@ def skip_reason(engine, t: Test) -> str | None:
     if t.kind == "prefill" and t.length > engine.max_num_batched_tokens:
         return f"would be chunked: --max-num-batched-tokens is {engine.max_num_batched_tokens}"
     return None
+
+
+def prefill_flops(cfg, length: int) -> float:
+    """Dense-equivalent FLOPs of a prefill (the sparse prefill skips some): the projections and MLP of every token,
+    causal attention (QK^T and PV over length (length + 1) / 2 pairs), and the lm_head of the last token."""
+    per_token = 2 * cfg.hidden_size * (cfg.qkv_size + cfg.num_heads * cfg.head_dim + 3 * cfg.intermediate_size)
+    attention = 4 * cfg.num_heads * cfg.head_dim * length * (length + 1) / 2
+    return cfg.num_layers * (length * per_token + attention) + 2 * cfg.hidden_size * cfg.vocab_size
 
 
 def decode_bytes(engine, t: Test) -> float:
@@ -121,7 +152,8 @@ def measure(engine, t: Test, rng) -> tuple:
             pure[-1].options)
 
 
-def make_row(t: Test, impl: str, switches, ms: list, wall: list | None, n_steps, bytes_per_step, peak) -> dict:
+def make_row(t: Test, impl: str, switches, ms: list, wall: list | None, n_steps, bytes_per_step, peak,
+             flops=None) -> dict:
     tokens = t.length if t.kind == "prefill" else t.batch
     ms_m, ms_s = mean_std(ms)
     tps_m, tps_s = mean_std(tokens * 1e3 / x for x in ms)
@@ -130,7 +162,7 @@ def make_row(t: Test, impl: str, switches, ms: list, wall: list | None, n_steps,
            "prefill": t.length, "decode": t.steps, "repeats": len(ms),
            "ms": ms_m, "ms_std": ms_s, "wall_ms": None, "wall_ms_std": None,
            "tok_per_s": tps_m, "tok_per_s_std": tps_s, "timed_steps": n_steps,
-           "gb_per_s": None, "hbm_pct": None, "vs_peer": None}
+           "gb_per_s": None, "hbm_pct": None, "tflops": flops and flops / (ms_m / 1e3) / 1e12, "vs_peer": None}
     if wall:
         row["wall_ms"], row["wall_ms_std"] = mean_std(wall)
     if bytes_per_step:
@@ -140,23 +172,31 @@ def make_row(t: Test, impl: str, switches, ms: list, wall: list | None, n_steps,
     return row
 
 
+def failure(e: Exception) -> str:
+    """An exception in one line: its type and the first line of its message."""
+    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+
+
 def run_speed(engine, tests, grid, repeats, warmup, peak, peer=None) -> tuple[list[dict], list[str]]:
-    """Rows grouped by test: one per switch setting, then the peer's, with the ours/peer speed ratio."""
+    """Rows grouped by test: one per switch setting, then the peer's, with the ours/peer speed ratio. Without an
+    engine (`--peer-only`) the peer's rows alone, without GB/s (the byte count takes our engine's weights)."""
     rng = np.random.default_rng(0)
     rows, notes = [], []
+    cfg = (engine or peer.model).cfg
     for t in tests:
-        why = skip_reason(engine, t)
+        why = engine and skip_reason(engine, t)
         if why:
             notes.append(f"skipped {t.name}: {why}")
             continue
-        nbytes = decode_bytes(engine, t) if t.kind == "decode" else None
+        nbytes = decode_bytes(engine, t) if engine and t.kind == "decode" else None
+        flops = prefill_flops(cfg, t.length) if t.kind == "prefill" else None
         ours = []
         for opts in grid:
             engine.set_options(opts)
             runs = [measure(engine, t, rng) for _ in range(warmup + repeats)][warmup:]
             eff = runs[-1][3]  # as the steps ran them (a switch the backend cannot honour reads as off)
             ours.append(make_row(t, "toolkit", eff.as_dict(), [r[0] for r in runs], [r[1] for r in runs],
-                                 min(r[2] for r in runs), nbytes, peak))
+                                 min(r[2] for r in runs), nbytes, peak, flops))
             if t.kind == "decode" and ours[-1]["timed_steps"] < t.steps:
                 notes.append(f"{t.name} ({switches_label(eff)}): only {ours[-1]['timed_steps']} of {t.steps} steps "
                              "were pure decode at the full batch (preemption?)")
@@ -166,9 +206,9 @@ def run_speed(engine, tests, grid, repeats, warmup, peak, peer=None) -> tuple[li
                 ms = (peer.prefill_ms(t.length, repeats) if t.kind == "prefill"
                       else peer.decode_ms_per_step(t.batch, t.depth, t.steps, repeats))
             except Exception as e:  # e.g. torch.OutOfMemoryError: our rows stand, the cell gets no ratio
-                notes.append(f"peer skipped {t.name}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+                notes.append(f"peer skipped {t.name}: {failure(e)}")
                 continue
-            prow = make_row(t, peer.label, None, list(ms), None, None, nbytes, peak)
+            prow = make_row(t, peer.label, None, list(ms), None, None, nbytes, peak, flops)
             for r in ours:
                 r["vs_peer"] = r["tok_per_s"] / prow["tok_per_s"]
             rows.append(prow)

@@ -32,6 +32,17 @@ def int_list(minimum: int):
     return parse
 
 
+def choice_list(choices):
+    """An argparse type: `"a,b"` -> ["a", "b"], each one of `choices`, duplicates dropped."""
+    def parse(text: str) -> list[str]:
+        words = list(dict.fromkeys(w.strip() for w in text.split(",") if w.strip()))
+        if not words or any(w not in choices for w in words):
+            raise argparse.ArgumentTypeError(f"expected a comma-separated list from {', '.join(choices)}, "
+                                             f"got {text!r}")
+        return words
+    return parse
+
+
 def switch_list(text: str) -> list[bool]:
     """An argparse type: `"on,off"` -> [True, False]."""
     words = [w.strip().lower() for w in text.split(",") if w.strip()]

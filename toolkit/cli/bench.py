@@ -1,4 +1,5 @@
-"""`python -m toolkit bench`: prefill and decode speed, llama-bench style; `bench throughput`: many requests.
+"""`python -m toolkit bench`: prefill and decode speed, llama-bench style; `bench throughput`: many requests;
+`bench suite`: the speed table of several shapes, from child processes of `bench` (toolkit/bench/suite.py).
 
 Random weights of a named shape (`--shape qwen2.5-0.5b`, no checkpoint) or a
 model folder (default: the embedded model). Every list flag is a sweep and
@@ -12,23 +13,28 @@ are small on the CPU, so a bare `bench` finishes in seconds there.
 """
 import argparse
 import gc
+import json
+import subprocess
 import sys
+import time
+from pathlib import Path
 
+from ..bench import suite
 from ..bench.env import environment, peak_gbps
 from ..bench.report import as_json, markdown
-from ..bench.speed import plan, run_speed, skip_reason
-from ..bench.sweep import add_switch_args, int_list, option_grid
-from toolkit.engine.build import BLOCK_SIZE as BLOCK
+from ..bench.speed import engine_sizes, failure, peer_sizes, plan, run_speed, skip_reason
+from ..bench.sweep import add_switch_args, choice_list, int_list, option_grid
 from ..bench.throughput import run_throughput
 from toolkit.model.config import ModelConfig
 from toolkit.model.hub import resolve_model
-from toolkit.engine.device import resolve_device
+from toolkit.engine.build import default_dtype
+from toolkit.engine.device import free_memory, resolve_device
 from ..engine.scheduler import POLICIES
 from ..errors import ToolkitError
 from toolkit.engine.options import EngineOptions
 from toolkit.model.shapes import NAMES, shape_config
-from .common import (add_model_args, add_sparse_args, kv_tokens_int, non_negative_float, non_negative_int,
-                     positive_int, run, sparse_options)
+from .common import (EXIT_SOME_FAILED, OutputError, add_model_args, add_sparse_args, kv_tokens_int,
+                     non_negative_float, non_negative_int, positive_int, run, say, sparse_options)
 
 DEFAULTS = {  # llama-bench's tests on the GPU; a set that finishes in seconds on the CPU
     "cuda": dict(batch=[1, 8, 32, 128], depth=[0, 4096], prefill=[512, 4096], decode=128, repeats=5,
@@ -36,7 +42,6 @@ DEFAULTS = {  # llama-bench's tests on the GPU; a set that finishes in seconds o
     "cpu": dict(batch=[1, 4], depth=[0, 128], prefill=[64, 256], decode=16, repeats=3,
                 num_requests=16, min_len=16, max_len=128),
 }
-MIN_STEP_TOKENS = 2048
 
 
 def _common_args(p: argparse.ArgumentParser):
@@ -57,24 +62,41 @@ def speed_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m toolkit bench",
                                 description="Measure prefill and decode speed (`bench throughput -h`: many requests).")
     _common_args(p)
-    p.add_argument("--prefill", type=int_list(1), help="prefill lengths at batch 1 (GPU 512,4096; CPU 64,256)")
+    p.add_argument("--prefill", type=int_list(0), help="prefill lengths at batch 1 (GPU 512,4096; CPU 64,256; "
+                                                        "0: none)")
     p.add_argument("--batch", type=int_list(1), help="decode batch sizes (GPU 1,8,32,128; CPU 1,4)")
     p.add_argument("--depth", type=int_list(0), help="context before decode (GPU 0,4096; CPU 0,128)")
-    p.add_argument("--decode", type=positive_int, help="decode steps per test (GPU 128, CPU 16)")
+    p.add_argument("--decode", type=non_negative_int, help="decode steps per test (GPU 128, CPU 16; 0: no decode "
+                                                            "tests)")
     p.add_argument("--warmup", type=non_negative_int, default=1, help="untimed runs per test (default: 1)")
     p.add_argument("--peak-gbps", type=non_negative_float, default=None,
                    help="HBM peak for the roofline column (default: from the GPU's memory clock and bus)")
     p.add_argument("--peer", choices=("torch",),
                    help="also time the torch.compile peer (toolkit/bench/peer.py) in this process")
+    p.add_argument("--peer-only", action="store_true",
+                   help="time the peer alone, building no engine of ours (bench suite's process for a cell whose "
+                        "two caches do not fit in one)")
     return p
 
 
-def _policy_list(text: str) -> list[str]:
-    words = list(dict.fromkeys(w.strip() for w in text.split(",") if w.strip()))
-    bad = [w for w in words if w not in POLICIES]
-    if bad or not words:
-        raise argparse.ArgumentTypeError(f"expected policies from {', '.join(POLICIES)}, got {text!r}")
-    return words
+def suite_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m toolkit bench suite", description=_SUITE_HELP,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shapes", type=choice_list(NAMES), help=f"shapes, one row each (GPU {','.join(suite.SHAPES)}; "
+                                                            "CPU tiny)")
+    p.add_argument("--batch", type=int_list(1), help="decode batch sizes (GPU 1,32,128; CPU 1,4)")
+    p.add_argument("--depth", type=int_list(0), help="context before decode (GPU 0,2048,8192; CPU 0,128)")
+    p.add_argument("--prefill", type=positive_int, help="prefill length (GPU 4096, CPU 256)")
+    p.add_argument("--decode", type=positive_int, help="decode steps per cell (GPU 128, CPU 16)")
+    p.add_argument("-r", "--repeats", type=positive_int, help="timed runs per cell (GPU 5, CPU 3)")
+    p.add_argument("--peer", choices=("torch",), help="also time the torch.compile peer: cells become ratios")
+    p.add_argument("--peak-gbps", type=non_negative_float, default=None,
+                   help="HBM peak for the %% HBM figures (default: from the GPU's memory clock and bus)")
+    p.add_argument("--out", type=Path, default=Path("bench-suite"),
+                   help="folder for suite.md and suite.json (default: bench-suite)")
+    p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
+    p.add_argument("--debug", action="store_true", help="show tracebacks for errors")
+    return p
 
 
 def throughput_parser() -> argparse.ArgumentParser:
@@ -85,8 +107,8 @@ def throughput_parser() -> argparse.ArgumentParser:
     p.add_argument("--min-len", type=positive_int, help="shortest prompt/output (GPU 100, CPU 16)")
     p.add_argument("--max-len", type=positive_int, help="longest prompt/output (GPU 1024, CPU 128)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--scheduler", type=_policy_list, help=f"sweep the scheduler policy ({','.join(POLICIES)}; "
-                                                          "default: the engine's, alternate)")
+    p.add_argument("--scheduler", type=choice_list(POLICIES),
+                   help=f"sweep the scheduler policy ({','.join(POLICIES)}; default: the engine's, alternate)")
     return p
 
 
@@ -102,8 +124,8 @@ def sampler_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _fill_defaults(args, backend_name: str):
-    for k, v in DEFAULTS[backend_name].items():
+def _fill_defaults(args, defaults: dict):
+    for k, v in defaults.items():
         if getattr(args, k, v) is None:
             setattr(args, k, v)
 
@@ -139,9 +161,10 @@ def _free_device_memory(backend_name: str):
 
 def _environment(engine, args, backend_name) -> dict:
     env = environment(backend_name)
-    env.update(model=f"{args.shape} (random weights)" if args.shape else args.model, dtype=engine.backend.dtype,
-               weights_gb=round(engine.weight_bytes / 1e9, 3), max_context=engine.max_context,
-               kv_cache_tokens=engine.kv_cache_tokens)
+    env["model"] = f"{args.shape} (random weights)" if args.shape else args.model
+    if engine is not None:
+        env.update(dtype=engine.backend.dtype, weights_gb=round(engine.weight_bytes / 1e9, 3),
+                   max_context=engine.max_context, kv_cache_tokens=engine.kv_cache_tokens)
     return env
 
 
@@ -158,49 +181,60 @@ def _requested(tests, asked: set) -> list:
     """The tests the flags asked for: --prefill's, and the decode tests of --batch, --depth or --decode (the
     defaults fill in the rest); every test when none of them was given."""
     kinds = ({"prefill"} & asked) | ({"decode"} if asked & {"batch", "depth", "decode"} else set())
-    return [t for t in tests if not kinds or t.kind in kinds]
+    return [t for t in tests if not kinds or t.kind in kinds] or tests  # --decode 0 alone: the prefills run
 
 
 def _speed(args) -> int:
-    backend_name, _ = resolve_device(args.device)
+    backend_name, device_note = resolve_device(args.device)
     asked = {k for k in ("prefill", "batch", "depth", "decode") if getattr(args, k) is not None}
-    _fill_defaults(args, backend_name)
+    _fill_defaults(args, DEFAULTS[backend_name])
+    if args.peer_only and not args.peer:
+        raise ToolkitError("--peer-only needs --peer torch")
     peer_cls = _peer_class(backend_name) if args.peer else None
     cfg = _config(args)
     tests = plan(args.prefill, args.batch, args.depth, args.decode)
-    max_seqs = args.max_num_seqs or max(args.batch)
-    # One step must hold the longest prefill; at least MIN_STEP_TOKENS keeps the untimed depth prefill short.
-    longest = max([n for n in args.prefill if n < cfg.context_limit] or [0])
-    step_tokens = args.max_num_batched_tokens or max(longest, MIN_STEP_TOKENS, max_seqs)
-    max_context = args.max_context or min(cfg.context_limit, max(t.context(step_tokens) for t in tests))
-    fits = [t for t in tests if t.context(step_tokens) <= max_context]
-    kv_tokens = args.kv_cache_tokens or max(
-        [t.batch * (-(-t.context(step_tokens) // BLOCK) + 1) * BLOCK for t in fits] or [max_context + BLOCK])  # whole blocks
-    engine = _build(args, backend_name, max_context, kv_tokens, max_seqs, step_tokens, EngineOptions())
-    requested = _requested(tests, asked)
-    skipped = [f"{t.name} {why}" for t in requested if (why := skip_reason(engine, t))]
-    if len(skipped) == len(requested):  # nothing asked for can run: a usage error, not a table of nothing
-        more = f" (and {len(skipped) - 1} more)" if len(skipped) > 1 else ""
-        raise ToolkitError(f"every requested test would be skipped: {skipped[0]}{more}")
-    grid, notes = _grid(args, engine)
-    peak, peak_src = peak_gbps(engine.backend.name, args.peak_gbps)
+    if not tests:
+        raise ToolkitError("--prefill 0 with --decode 0 leaves no test to run")
+    max_seqs, step_tokens, max_context, kv_tokens = engine_sizes(
+        tests, cfg.context_limit, args.max_num_seqs, args.max_num_batched_tokens, args.max_context,
+        args.kv_cache_tokens)
+    engine, grid, notes, runnable = None, [], [], tests  # --peer-only: no engine of ours; the peer runs every test
+    if not args.peer_only:
+        engine = _build(args, backend_name, max_context, kv_tokens, max_seqs, step_tokens, EngineOptions())
+        device_note = engine.device_note
+        requested = _requested(tests, asked)
+        skipped = [f"{t.name} {why}" for t in requested if (why := skip_reason(engine, t))]
+        if len(skipped) == len(requested):  # nothing asked for can run: a usage error, not a table of nothing
+            more = f" (and {len(skipped) - 1} more)" if len(skipped) > 1 else ""
+            raise ToolkitError(f"every requested test would be skipped: {skipped[0]}{more}")
+        grid, notes = _grid(args, engine)
+        runnable = [t for t in tests if skip_reason(engine, t) is None]
+    peak, peak_src = peak_gbps(backend_name, args.peak_gbps)
     env = _environment(engine, args, backend_name)
     env["peak_hbm_gbps"] = f"{peak:.0f} ({peak_src})" if peak else peak_src
     peer = None
     if peer_cls is not None:
-        runnable = [t for t in tests if skip_reason(engine, t) is None]
-        peer = peer_cls(engine.cfg, engine.backend.dtype, device=backend_name,
-                        max_batch=max([t.batch for t in runnable] or [1]),
-                        max_seq_len=max([t.context(step_tokens) for t in runnable] or [2]), compile=True)
-        env["peer"] = peer.label
+        dtype = engine.backend.dtype if engine else "float32"  # build_engine's pick: the CPU backend is fp32
+        if engine is None and backend_name == "cuda":
+            dtype = args.dtype or default_dtype(cfg)
+        max_batch, max_seq_len = peer_sizes(runnable, step_tokens)
+        try:
+            peer = peer_cls(cfg, dtype, device=backend_name, max_batch=max_batch, max_seq_len=max_seq_len,
+                            compile=True)
+        except Exception as e:  # e.g. torch.OutOfMemoryError for its static cache: our rows still stand
+            if engine is None:
+                raise ToolkitError(f"--peer-only: the peer could not be built: {failure(e)}") from None
+            notes.append(f"peer skipped: {failure(e)}")
+        else:
+            env.update(dtype=dtype, peer=peer.label)
     rows, run_notes = run_speed(engine, tests, grid, args.repeats, args.warmup, peak, peer)
-    return _print(args, engine.device_note, env, rows, notes + run_notes, throughput=False)
+    return _print(args, device_note, env, rows, notes + run_notes, throughput=False)
 
 
 def _throughput(args) -> int:
     backend_name, _ = resolve_device(args.device)
     args.repeats = args.repeats or 1  # one pass over 256 requests is already a long average
-    _fill_defaults(args, backend_name)
+    _fill_defaults(args, DEFAULTS[backend_name])
     if args.min_len > args.max_len:
         raise ToolkitError(f"--min-len {args.min_len} > --max-len {args.max_len}")
     cfg = _config(args)
@@ -246,6 +280,84 @@ def _print(args, note, env, rows, notes, throughput) -> int:
     return 0
 
 
+_SUITE_HELP = """\
+The speed table for several shapes: decode at each batch x depth and one prefill per shape; with --peer
+torch each cell is a ratio to the torch.compile peer. Decode cells add our % of peak HBM bandwidth, the
+prefill our TFLOPS. Each shape runs in child processes of `bench --format json`, so its memory is freed
+before the next shape and a failed child becomes a note, not the end of the suite. A cell whose two
+caches do not fit in one process runs ours and the peer in separate processes; one that does not fit
+even alone is reported with the arithmetic (toolkit/bench/suite.py). OUT/suite.md and OUT/suite.json
+are written after each shape, and the table is printed; the exit code is 1 if a child failed.
+
+Splitting over device calls (10 minutes each): run the shapes in parts, `--shapes A,B` then `--shapes
+C,D`, with one --out. A call keeps the other shapes' rows of OUT/suite.json when they were made with the
+same settings, so the last call's table has every shape, and a call cut short keeps the shapes it
+finished. stderr shows each child's time, to size the parts; -r and --decode shorten every cell.
+"""
+_ROOT = Path(__file__).resolve().parents[2]  # the children import this toolkit: `python -m toolkit` from here
+_PER_ENGINE = ("model", "weights_gb", "max_context", "kv_cache_tokens")  # a child's environment, not the suite's
+
+
+def _suite_table(out: Path, s: dict, shapes: list[str]) -> dict:
+    """A new table, or OUT/suite.json's when it was made with the same settings (a suite run in parts)."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)  # before any child runs: an unwritable --out costs no device time
+        old = json.loads((out / "suite.json").read_text()) if (out / "suite.json").exists() else None
+    except ValueError:  # not a table: a new one replaces it
+        old = None
+    except OSError as e:
+        raise OutputError(f"--out {out}: {e.strerror or e}") from None
+    if not isinstance(old, dict) or old.get("settings") != s:
+        return {"settings": s, "environment": {}, "shapes": {}}
+    kept = [shape for shape in old["shapes"] if shape not in shapes]
+    if kept:
+        say(f"suite: keeping {', '.join(kept)} from {out / 'suite.json'} (same settings)")
+    return old
+
+
+def _suite(args) -> int:
+    backend_name, _ = resolve_device(args.device)
+    _fill_defaults(args, suite.DEFAULTS[backend_name])
+    if args.peer:
+        _peer_class(backend_name)  # no torch: the one-line error, before any child starts
+    s = {"device": backend_name,
+         **{k: getattr(args, k) for k in ("batch", "depth", "prefill", "decode", "repeats", "peer", "peak_gbps")}}
+    table = _suite_table(args.out, s, args.shapes)
+    free, failed = free_memory(backend_name), 0
+    for shape in args.shapes:
+        cfg = shape_config(shape)
+        itemsize = 2 if backend_name == "cuda" and default_dtype(cfg) != "float32" else 4
+        runs, notes = suite.plan_runs(shape, cfg, itemsize, s, free)
+        rows, seconds = [], {}
+        for r in runs:
+            say(f"suite: {r.label} ...")
+            start = time.perf_counter()
+            child = subprocess.run([sys.executable, "-m", "toolkit", "bench", *suite.child_argv(r, s)],
+                                   capture_output=True, text=True, cwd=_ROOT)
+            try:
+                data = json.loads(child.stdout) if child.returncode == 0 else None
+            except ValueError:
+                data = None
+            seconds[r.label] = round(time.perf_counter() - start, 1)
+            say(f"suite: {r.label}: {seconds[r.label]:.0f} s")
+            if data is None:
+                failed += 1
+                why = (child.stderr.strip().splitlines() or ["no output"])[-1]
+                notes.append(f"{r.label} failed (exit {child.returncode}): {why}")
+                continue
+            rows += data["results"]
+            notes += [f"{shape}: {n}" for n in data["notes"]]
+            table["environment"].update((k, v) for k, v in data["environment"].items() if k not in _PER_ENGINE)
+        table["shapes"][shape] = {"cells": suite.cells(rows), "notes": notes, "seconds": seconds}
+        try:
+            (args.out / "suite.json").write_text(json.dumps(table, indent=2) + "\n")
+            (args.out / "suite.md").write_text(suite.markdown(table) + "\n")
+        except OSError as e:
+            raise OutputError(f"--out {args.out}: {e.strerror or e}") from None
+    print(suite.markdown(table))
+    return EXIT_SOME_FAILED if failed else 0
+
+
 def _sampler(args) -> int:
     from ..backends import make_backend
     from ..bench.sampler import markdown as sampler_markdown, run_sampler_bench
@@ -269,6 +381,8 @@ def main(argv=None) -> int:
         from ..bench.sparse import main as sparse_main
 
         return sparse_main(argv[1:])
+    if argv[:1] == ["suite"]:
+        return run(_suite, suite_parser().parse_args(argv[1:]))
     if argv[:1] == ["throughput"]:
         return run(_throughput, throughput_parser().parse_args(argv[1:]))
     return run(_speed, speed_parser().parse_args(argv))

@@ -9,14 +9,13 @@ Sizing defaults, and why:
   * max_num_batched_tokens 8192 on the GPU (a 4,096-token prompt prefills in one step),
     2048 on the CPU (bounds the scratch memory and a step's latency).
 """
-import os
 import sys
 from pathlib import Path
 
 from toolkit.backends import make_backend
 from toolkit.model.checkpoint import Checkpoint
 from toolkit.model.config import ModelConfig
-from toolkit.engine.device import resolve_device
+from toolkit.engine.device import free_memory, resolve_device
 from toolkit.engine import LLMEngine, SamplingParams
 from toolkit.engine.scheduler import DEFAULT_POLICY
 from toolkit.errors import ToolkitError
@@ -38,6 +37,11 @@ GPU_KV_FRACTION = 0.5
 
 def default_model() -> str | None:
     return str(DEFAULT_MODEL_DIR) if (DEFAULT_MODEL_DIR / "config.json").is_file() else None
+
+
+def default_dtype(cfg: ModelConfig) -> str:
+    """16-bit checkpoints run in their own dtype on the GPU; fp32 ones stay fp32 (the CPU backend is always fp32)."""
+    return {"float16": "float16", "bfloat16": "bfloat16"}.get(cfg.torch_dtype, "float32")
 
 
 def _context(cfg: ModelConfig, max_context: int | None) -> int:
@@ -62,11 +66,10 @@ def _check_tokenizer(tokenizer, cfg: ModelConfig, model: Path):
 
 
 def _kv_tokens(backend, cfg, requested, max_context, max_num_seqs) -> int:
-    # More than max_num_seqs full contexts can never be used: larger requests are clamped to that.
-    ceiling = max_num_seqs * max_context + BLOCK_SIZE
+    # More than max_num_seqs full contexts, each in whole blocks, can never be used: larger requests are clamped.
+    ceiling = max_num_seqs * -(-max_context // BLOCK_SIZE) * BLOCK_SIZE + BLOCK_SIZE
     per_token = KVCache.bytes_per_token(cfg, backend.empty((1,)).itemsize)
-    free = (backend.cp.cuda.runtime.memGetInfo()[0] if backend.name == "cuda"  # free device memory, or RAM
-            else os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    free = free_memory(backend.name)
     if requested is not None:
         if requested < BLOCK_SIZE:
             raise ToolkitError(f"--kv-cache-tokens must be >= {BLOCK_SIZE} (one KV-cache block), got {requested}")
@@ -104,9 +107,7 @@ def build_engine(model=None, shape: str | None = None, device: str = "auto", dty
         _check_tokenizer(tokenizer, cfg, model)
         generation_defaults = load_generation_config(model)  # before the weights: a bad file fails fast
     backend_name, note = resolve_device(device)
-    if dtype is None:
-        # 16-bit checkpoints run in their own dtype on the GPU; fp32 ones stay fp32; the CPU is fp32.
-        dtype = {"float16": "float16", "bfloat16": "bfloat16"}.get(cfg.torch_dtype, "float32")
+    dtype = dtype or default_dtype(cfg)
     backend = make_backend(backend_name, dtype)
     if backend_name == "cuda":
         note += f"; {backend.gemm_note}"

@@ -50,3 +50,12 @@ def resolve_device(requested: str) -> tuple[str, str]:
     if requested == "cuda" and not ok:
         raise ToolkitError(f"--device cuda: {why}")
     return ("cuda", f"CUDA backend: {why}") if ok else ("cpu", f"CPU backend: {why}")
+
+
+def free_memory(backend_name: str) -> int:
+    """Bytes free: on the GPU (cudaMemGetInfo), else the machine's available RAM."""
+    if backend_name == "cuda":
+        import cupy as cp
+
+        return cp.cuda.runtime.memGetInfo()[0]
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
