@@ -713,11 +713,12 @@ __device__ float threshold(const T* row, int V, const unsigned* bits, const int*
 // ---- the 16-bit fast path (bf16 / fp16 logits): one pass builds the row's full histogram -------------------
 // A 16-bit logit has 65,536 possible values, so a count per value (packed two to a 32-bit word: 128 KB of shared
 // memory) holds everything the selects need: the counts, and the masses as count * W(value), exact integers. The
-// row is read twice in all: once for that histogram (and the max), once to gather the few tokens that can win
-// the Gumbel draw. Every select level scans histogram bins, never the row: the bins whose 32-bit key matches the
-// level's prefix are one interval of 16-bit keys (the map is monotone), found by binary search. A value held by
-// 65,536 or more tokens would overflow its 16-bit count: the decoded total then falls short of the row's token
-// count, and the row takes the general route (select_key over the row).
+// row is read once, for that histogram and each 16-token chunk's largest value; the draw screens chunks by those
+// maxima and reads back only the few groups its coarse noise cannot rule out. Every select level scans histogram
+// bins, never the row: the bins whose 32-bit key matches the level's prefix are one interval of 16-bit keys (the
+// map is monotone), bounded by the least and largest key counted for the digit picked. A value held by 65,536 or
+// more tokens would overflow its 16-bit count: the decoded total then falls short of the row's token count, and
+// the row takes the general route (select_key over the row).
 __device__ __forceinline__ unsigned key16(unsigned u) {  // order key of 16 raw bits; -0 folded onto +0
     return u == 0x8000u ? 0x8000u : (u & 0x8000u) ? (~u & 0xffffu) : (u | 0x8000u);
 }
@@ -759,7 +760,7 @@ __device__ __forceinline__ unsigned short chunk_max16(uint4 a, uint4 b) {
 // The first 16-bit key k in [lo, 65536) with pred(k) (pred false then true over that interval), or 65536, found by
 // the 32 lanes of the calling warp together: each round tests 32 evenly spaced keys and keeps the stretch between
 // the last false and the first true, so 4-5 rounds resolve 16 bits where one thread's bisection took 16
-// dependent steps (an interval search starts every select level).
+// dependent steps (the draw's least winning key).
 template <typename P>
 __device__ __forceinline__ unsigned lower_bound16(unsigned lo, P pred) {
     const unsigned lane = threadIdx.x & 31;
@@ -1341,7 +1342,8 @@ filter_sample(const T* __restrict__ logits, int V, const float* __restrict__ tem
         const float z = div ? y / t : y;
         b = max(b, cand_key(key_of(i, z), i));
     };
-    // the draw's lists: the 16-bit queue or the fp32 route's list, then the history unless the list holds it
+    // the draw's lists: the fp32 route's list (16-bit rows: the queued groups below), then the history unless
+    // the list holds it
     const int* di = li;
     const float* dv = ly;
     int dn = listed ? (int)s.nl : 0;
