@@ -1201,7 +1201,8 @@ filter_sample(const T* __restrict__ logits, int V, const float* __restrict__ tem
         // One pass: each thread takes chunks of 16 tokens (two 16-byte loads, two chunks in flight), counts every
         // value in the histogram and keeps the chunk's largest raw value in cmax (the draw's bounds and the max's
         // index come from there, so no later pass reads the whole row). Keys of a word's two values at once:
-        // k = u ^ 0x8000 (positive) or u ^ 0xffff (negative) in each half; -0 lands in bin 0x7fff, folded below.
+        // k = u ^ 0x8000 (positive) or u ^ 0xffff (negative) in each half. -0 lands in bin 0x7fff, next to +0's: its
+        // value converts to -0.f, whose 32-bit key (ord_key) is +0's, so the selects count it with +0.
         const int G = (V + 15) / 16;
         const bool vec = V % 16 == 0 && reinterpret_cast<size_t>(rb) % 16 == 0;
         for (int g0 = threadIdx.x; g0 < G; g0 += 2 * blockDim.x) {
@@ -1246,12 +1247,6 @@ filter_sample(const T* __restrict__ logits, int V, const float* __restrict__ tem
             }
         }
         __syncthreads();
-        if (threadIdx.x == 0) {  // -0's count onto +0's bin (one value, one key); a count past 16 bits: see below
-            const unsigned n0 = hist[0x3fff] >> 16;
-            hist[0x3fff] &= 0xffffu;
-            if ((hist[0x4000] & 0xffffu) + n0 > 0xffffu) s.nq = 1u << 31; else hist[0x4000] += n0;
-        }
-        __syncthreads();
         unsigned tot = 0;
         int km = -1;  // the largest key of the row (history aside)
         bool nan = false;
@@ -1259,7 +1254,7 @@ filter_sample(const T* __restrict__ logits, int V, const float* __restrict__ tem
             const unsigned hw = hist[w];
             if (!hw) continue;
             tot += (hw & 0xffffu) + (hw >> 16);
-            km = (hw >> 16) ? 2 * w + 1 : 2 * w;
+            km = (hw >> 16) ? (2 * w + 1 == 0x7fff ? 0x8000 : 2 * w + 1) : 2 * w;  // -0's bin is +0's key
             nan |= ((hw & 0xffffu) && (2u * w < kneg || 2u * w > kpos)) || ((hw >> 16) && (2u * w + 1 < kneg || 2u * w + 1 > kpos));
         }
         unsigned long long b = 0;
