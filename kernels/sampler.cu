@@ -1198,52 +1198,43 @@ filter_sample(const T* __restrict__ logits, int V, const float* __restrict__ tem
         for (int w = threadIdx.x; w < 0x8000; w += blockDim.x) hist[w] = 0;
         if (threadIdx.x == 0) { s.best = 0; s.nan = 0; s.nq = 0; s.kmax = -1; }
         __syncthreads();
-        // One pass: each thread takes chunks of 16 tokens (two 16-byte loads, two chunks in flight), counts every
+        // One pass: each thread takes chunks of 16 tokens (two 16-byte loads; a second chunk in flight spilled
+        // registers, which tests/kernels/test_cuda_compile.py forbids), counts every
         // value in the histogram and keeps the chunk's largest raw value in cmax (the draw's bounds and the max's
         // index come from there, so no later pass reads the whole row). Keys of a word's two values at once:
         // k = u ^ 0x8000 (positive) or u ^ 0xffff (negative) in each half. -0 lands in bin 0x7fff, next to +0's: its
         // value converts to -0.f, whose 32-bit key (ord_key) is +0's, so the selects count it with +0.
         const int G = (V + 15) / 16;
         const bool vec = V % 16 == 0 && reinterpret_cast<size_t>(rb) % 16 == 0;
-        for (int g0 = threadIdx.x; g0 < G; g0 += 2 * blockDim.x) {
-            uint4 c[2][2];
-#pragma unroll
-            for (int j = 0; j < 2; j++) {
-                const int g = g0 + j * blockDim.x;
-                if (vec && g < G) {
-                    const uint4* p16 = reinterpret_cast<const uint4*>(rb) + 2 * g;
-                    c[j][0] = p16[0];
-                    c[j][1] = p16[1];
-                }
+        for (int g = threadIdx.x; g < G; g += blockDim.x) {
+            uint4 c0 = make_uint4(0u, 0u, 0u, 0u), c1 = c0;
+            if (vec) {
+                const uint4* p16 = reinterpret_cast<const uint4*>(rb) + 2 * g;
+                c0 = p16[0];
+                c1 = p16[1];
             }
+            const unsigned hb = nh > 0 ? (bits[g >> 1] >> ((g & 1) * 16)) & 0xffffu : 0u;
+            if (vec) {
+                cmax[g] = chunk_max16<T>(c0, c1);
+                const unsigned w[8] = {c0.x, c0.y, c0.z, c0.w, c1.x, c1.y, c1.z, c1.w};
 #pragma unroll
-            for (int j = 0; j < 2; j++) {
-                const int g = g0 + j * blockDim.x;
-                if (g >= G) break;
-                const unsigned hb = nh > 0 ? (bits[g >> 1] >> ((g & 1) * 16)) & 0xffffu : 0u;
-                if (vec) {
-                    cmax[g] = chunk_max16<T>(c[j][0], c[j][1]);
-                    const unsigned w[8] = {c[j][0].x, c[j][0].y, c[j][0].z, c[j][0].w,
-                                           c[j][1].x, c[j][1].y, c[j][1].z, c[j][1].w};
+                for (int q = 0; q < 8; q++) {
+                    const unsigned k2 = w[q] ^ ((((w[q] & 0x80008000u) >> 15) * 0x7fffu) | 0x80008000u);
 #pragma unroll
-                    for (int q = 0; q < 8; q++) {
-                        const unsigned k2 = w[q] ^ ((((w[q] & 0x80008000u) >> 15) * 0x7fffu) | 0x80008000u);
-#pragma unroll
-                        for (int h = 0; h < 2; h++) {
-                            const unsigned k = h ? k2 >> 16 : k2 & 0xffffu;
-                            if (!((hb >> (2 * q + h)) & 1u)) atomicAdd(hist + (k >> 1), 1u << ((k & 1u) << 4));
-                        }
+                    for (int h = 0; h < 2; h++) {
+                        const unsigned k = h ? k2 >> 16 : k2 & 0xffffu;
+                        if (!((hb >> (2 * q + h)) & 1u)) atomicAdd(hist + (k >> 1), 1u << ((k & 1u) << 4));
                     }
-                } else {  // the row's end, or an unaligned row: one value at a time
-                    int ak = -1;
-                    unsigned short mu = 0;
-                    for (int i = 16 * g; i < min(16 * g + 16, V); i++) {
-                        const unsigned u = rb[i], k = key16(u);
-                        if ((int)k > ak) { ak = (int)k; mu = (unsigned short)u; }
-                        if (!((hb >> (i & 15)) & 1u)) atomicAdd(hist + (k >> 1), 1u << ((k & 1u) << 4));
-                    }
-                    cmax[g] = mu;
                 }
+            } else {  // the row's end, or an unaligned row: one value at a time
+                int ak = -1;
+                unsigned short mu = 0;
+                for (int i = 16 * g; i < min(16 * g + 16, V); i++) {
+                    const unsigned u = rb[i], k = key16(u);
+                    if ((int)k > ak) { ak = (int)k; mu = (unsigned short)u; }
+                    if (!((hb >> (i & 15)) & 1u)) atomicAdd(hist + (k >> 1), 1u << ((k & 1u) << 4));
+                }
+                cmax[g] = mu;
             }
         }
         __syncthreads();
