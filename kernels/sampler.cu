@@ -1120,8 +1120,9 @@ __device__ __forceinline__ int find_token(const int* tokens, int lo, int end, in
 }
 
 // Fast path: one block per row; rows with sample_temp >= 0 are gumbel_sample's and return at once. Dynamic shared
-// memory: the history bitmap ((V + 127) / 128 16-byte words), HIST_CAP tokens and HIST_CAP values, the 16-bit
-// histogram (or the fp32 route's list), then each chunk of 16 tokens' largest 16-bit value.
+// memory: the history bitmap ((V + 127) / 128 16-byte words), HIST_CAP tokens and HIST_CAP values (a longer
+// history: the global workspace ws_tok / ws_val), the 16-bit histogram (or the fp32 route's list), then each
+// chunk of 16 tokens' largest 16-bit value.
 //   1. history: every token the row's bias / penalty / ban entries name (CSR rows sorted by token), once, with its
 //      adjusted value y, in the slow path's fp32 operations and order (add_entries, apply_penalties);
 //   2. the max (and its lowest index: the greedy answer; NaN -> -1), then min-p's cut and the radix selects;
@@ -1137,15 +1138,24 @@ filter_sample(const T* __restrict__ logits, int V, const float* __restrict__ tem
               const int* __restrict__ positions, const int* __restrict__ bias_off, const int* __restrict__ bias_tok,
               const float* __restrict__ bias_val, const int* __restrict__ pen_off, const int* __restrict__ pen_tok,
               const int* __restrict__ pen_cnt, const int* __restrict__ ban_off, const int* __restrict__ ban_tok,
-              const float* __restrict__ ban_val, int* __restrict__ out) {
+              const float* __restrict__ ban_val, int* __restrict__ ws_tok, float* __restrict__ ws_val,
+              int* __restrict__ out) {
     __shared__ FilterSmem s;
     extern __shared__ unsigned dyn[];
     const int r = blockIdx.x;
     if (!(sample_temp[r] < 0.f)) return;
     const int words = (V + 127) / 128 * 4;  // whole 16-byte words, so the histogram after it is 16-byte aligned
     unsigned* bits = dyn;
-    int* htok = reinterpret_cast<int*>(dyn + words);
-    float* hy = reinterpret_cast<float*>(htok + HIST_CAP);
+    const int b0 = bias_off[r], b1 = bias_off[r + 1], p0 = pen_off[r], p1 = pen_off[r + 1];
+    const int n0 = ban_off[r], n1 = ban_off[r + 1];
+    // A history longer than shared memory holds (HIST_CAP entries) goes to the row's own stretch of the global
+    // workspace (its entries of the three lists start at b0 + p0 + n0 there): read at every select level from
+    // L1/L2, so that row pays for its length and no other row does.
+    const int cap = max(HIST_CAP, (b1 - b0) + (p1 - p0) + (n1 - n0));
+    int* const htok_smem = reinterpret_cast<int*>(dyn + words);
+    float* const hy_smem = reinterpret_cast<float*>(htok_smem + HIST_CAP);
+    int* htok = cap > HIST_CAP ? ws_tok + (b0 + p0 + n0) : htok_smem;
+    float* hy = cap > HIST_CAP ? ws_val + (b0 + p0 + n0) : hy_smem;
     const T* row = logits + (size_t)r * V;
     const float t = temperature[r];
 
@@ -1153,8 +1163,6 @@ filter_sample(const T* __restrict__ logits, int V, const float* __restrict__ tem
     for (int w = threadIdx.x; w < words; w += blockDim.x) bits[w] = 0;
     if (threadIdx.x == 0) s.nh = 0;
     __syncthreads();
-    const int b0 = bias_off[r], b1 = bias_off[r + 1], p0 = pen_off[r], p1 = pen_off[r + 1];
-    const int n0 = ban_off[r], n1 = ban_off[r + 1];
     const float rp = rep[r], fq = freq[r], pr = pres[r];
     for (int e = b0 + threadIdx.x; e < b1 + (p1 - p0) + (n1 - n0); e += blockDim.x) {
         // entry e of the three lists in turn; a token is owned by the first list that names it. An entry's own
@@ -1177,17 +1185,17 @@ filter_sample(const T* __restrict__ logits, int V, const float* __restrict__ tem
         const int en = own == 2 ? e - b1 - (p1 - p0) + n0 : find_token(ban_tok, n0, n1, tk);
         if (en >= 0) y += ban_val[en];
         const unsigned slot = atomicAdd(&s.nh, 1u);
-        if (slot < HIST_CAP) {  // the gate keeps every row's history within HIST_CAP
+        if (slot < (unsigned)cap) {  // always: the row's entries number at most cap
             htok[slot] = tk;
             hy[slot] = y;
             atomicOr(bits + (tk >> 5), 1u << (tk & 31));
         }
     }
     __syncthreads();
-    const int nh = min((int)s.nh, HIST_CAP);
+    const int nh = min((int)s.nh, cap);
 
     // 2. max, cut, thresholds. 16-bit logits: one pass builds the row's histogram and finds the max (section 6b).
-    unsigned* hist = reinterpret_cast<unsigned*>(hy + HIST_CAP);  // 16-bit logits: 2^15 words, then the queue
+    unsigned* hist = reinterpret_cast<unsigned*>(hy_smem + HIST_CAP);  // 16-bit logits: 2^15 words, then the queue
     unsigned short* cmax = reinterpret_cast<unsigned short*>(hist + 0x8000);  // 16-bit: each chunk's largest
     const unsigned short* rb = reinterpret_cast<const unsigned short*>(row);
     bool h16 = false;

@@ -43,7 +43,7 @@ G_MAX, G_MIN = np.float32(17.0), np.float32(-3.0)  # bounds of every computed Gu
 NEG_INF = np.float32(-np.inf)
 W_ONE = 2.0 ** 32  # the fixed-point weight of the max (top-p masses)
 W_FLOOR = np.float32(-25.0)  # z - M below this has weight 0 (exactly: rint(exp(-25) * 2^32) = 0)
-HIST_CAP = 2048  # history entries a row may have on the fast path (sampler.cu keeps them in shared memory)
+HIST_CAP = 2048  # history entries sampler.cu keeps in shared memory (a longer history: its global workspace)
 VOCAB_CAP = 1 << 18  # vocabulary the fast path's history bitmap covers (sampler.cu, shared memory)
 
 
@@ -371,9 +371,10 @@ def gumbel_sample(logits, temperature, seeds, positions, out):
 
 
 def filter_sample(logits, temperature, top_k, top_p, min_p, rep, freq, pres, sample_temp, seeds, positions,
-                  bias_off, bias_tok, bias_val, pen_off, pen_tok, pen_cnt, ban_off, ban_tok, ban_val, out):
+                  bias_off, bias_tok, bias_val, pen_off, pen_tok, pen_cnt, ban_off, ban_tok, ban_val, ws_tok, ws_val,
+                  out):
     """The fast path's processing rows (sample_temp < 0): out[r] from the logits as they are (see the top); each
-    CSR row's tokens sorted."""
+    CSR row's tokens sorted. ws_tok / ws_val: sampler.cu's workspace for long histories (unused here)."""
     _filter_rows(_f32(logits), _f32(temperature), _i32(top_k), _f32(top_p), _f32(min_p), _f32(rep), _f32(freq),
                  _f32(pres), _f32(sample_temp), np.asarray(seeds, np.uint32), _i32(positions), _i32(bias_off),
                  _i32(bias_tok), _f32(bias_val), _i32(pen_off), _i32(pen_tok), _i32(pen_cnt), _i32(ban_off),

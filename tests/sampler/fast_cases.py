@@ -69,11 +69,11 @@ def states_for(rng, B: int, V: int, near_top: np.ndarray = None) -> list:
     return out
 
 
-def draw(be, logits, states, fast: bool, position: int = 5) -> np.ndarray:
+def draw(be, logits, states, fast: bool, position: int = 5, max_context: int = 64) -> np.ndarray:
     """The sampler's tokens for one step, on the fast path or the FP32 path (asserting which one ran); logits on
     the backend's device, in its logits dtype."""
     B, V = logits.shape
-    sampler = Sampler(be, V, B, 64)
+    sampler = Sampler(be, V, B, max_context)
     sb = sampler.prepare(states, np.full(B, position, np.int32) + np.arange(B, dtype=np.int32), np.ones(B, bool),
                          B, fast)
     assert sb.fast == fast

@@ -35,6 +35,31 @@ def test_gpu_fast_equals_gpu_fp32(dtype, kind, B, V):
     assert bool((logits.view('uint16') == before.view('uint16')).all())  # only reads the logits (bits: NaN != NaN)
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+def test_gpu_long_history_stays_exact(dtype):
+    """Rows whose history is longer than filter_sample's shared memory holds (HIST_CAP entries) keep it in the
+    global workspace, at their CSR starts' sum: still the FP32 path's tokens, beside rows that fit."""
+    from kernels.sampler import HIST_CAP
+    from toolkit.engine import SamplingParams
+    from toolkit.sampler.state import RequestSampling
+
+    rng = np.random.default_rng(11)
+    B, V = 6, V_BIG
+    x = rounded(logits_rows(rng, "llm", B, V), dtype)
+    states = []
+    for b in range(B):
+        p = SamplingParams(temperature=0.8, top_k=40 if b % 3 else 0, top_p=0.95, repetition_penalty=1.1,
+                           frequency_penalty=0.2, logit_bias={int(top_tokens(x)[b][0]): -3.0},
+                           seed=int(rng.integers(0, 2 ** 63)))
+        n = HIST_CAP + 700 if b % 2 == 0 else 40  # long rows, each in a different place of the CSR arrays
+        prompt = np.concatenate([top_tokens(x)[b], rng.choice(V, n, replace=False)])[:n].tolist()
+        states.append(RequestSampling(p, prompt, V, p.seed, p.stop_token_ids, []))
+    be, logits = backend(dtype), dev(x, dtype)
+    for pos in (0, 777):
+        np.testing.assert_array_equal(draw(be, logits, states, True, pos, max_context=4096),
+                                      draw(be, logits, states, False, pos, max_context=4096))
+
+
 @pytest.mark.parametrize("B,V", [(128, V_BIG), (26, 4099)])
 def test_gpu_fast_matches_cpu_twin(B, V):
     """Same values, same rule: the GPU and the CPU twin agree except where expf / logf round differently at a

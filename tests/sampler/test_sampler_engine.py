@@ -73,18 +73,30 @@ def test_processing_rows_go_fast_and_fast_equals_slow(engine):
     assert {s.sampler_why for s in ssteps} == {"switched off"}
 
 
-def test_a_row_beyond_the_fast_path_sends_the_step_slow(engine, monkeypatch):
+def test_a_vocabulary_beyond_the_fast_path_sends_the_step_slow(engine, monkeypatch):
     from toolkit.sampler import batch
 
-    monkeypatch.setattr(batch, "HIST_CAP", 3)  # a history longer than the kernel's shared memory holds
+    monkeypatch.setattr(batch, "VOCAB_CAP", 3)  # a vocabulary wider than the kernel's shared-memory bitmap
     reqs = [(PROMPTS[0], SamplingParams(max_tokens=6, temperature=0.0, seed=1, ignore_eos=True)),
             (PROMPTS[2], SamplingParams(max_tokens=6, temperature=0.7, repetition_penalty=1.2, seed=2,
                                         ignore_eos=True))]
     mixed, steps = run(engine, reqs)
     assert {s.sampler_path for s in steps} == {"slow"}
-    assert steps[0].sampler_why == "history of 4 tokens (the fast path holds 3)"  # 4 distinct prompt ids
-    monkeypatch.setattr(batch, "HIST_CAP", 2048)
+    assert steps[0].sampler_why == f"vocabulary of {engine.cfg.vocab_size} tokens (the fast path holds 3)"
+    monkeypatch.undo()
     assert run(engine, reqs)[0] == mixed
+
+
+def test_a_long_history_stays_on_the_fast_path(engine):
+    """No history length sends a step slow any more: a row beyond filter_sample's shared memory (HIST_CAP entries)
+    reads its history from global memory on the GPU (tests/sampler/test_gpu_fast_path.py), so only that row pays.
+    Here: a penalised 80-token history, fast and slow paths drawing the same tokens."""
+    prompt = [int(t) for t in np.random.default_rng(5).permutation(engine.cfg.vocab_size)[:80]]
+    reqs = [(prompt, SamplingParams(max_tokens=6, temperature=0.7, repetition_penalty=1.2, seed=2, ignore_eos=True)),
+            (PROMPTS[0], SamplingParams(max_tokens=6, temperature=0.0, seed=1, ignore_eos=True))]
+    fast, steps = run(engine, reqs, fast=True)
+    assert {s.sampler_path for s in steps} == {"fast"}
+    assert fast == run(engine, reqs, fast=False)[0]
 
 
 def test_batch_invariance_of_seeded_sampling(engine):

@@ -145,7 +145,8 @@ class CudaSamplerKernels:
                                                          shared_mem=LIST_BYTES)
 
     def filter_sample(self, logits, temperature, top_k, top_p, min_p, rep, freq, pres, sample_temp, seeds, positions,
-                      bias_off, bias_tok, bias_val, pen_off, pen_tok, pen_cnt, ban_off, ban_tok, ban_val, out):
+                      bias_off, bias_tok, bias_val, pen_off, pen_tok, pen_cnt, ban_off, ban_tok, ban_val, ws_tok,
+                      ws_val, out):
         ct, (R, V) = self._logits("filter_sample", logits)
         self._arr("filter_sample", F32, (R,), temperature=temperature, top_p=top_p, min_p=min_p, rep=rep, freq=freq,
                   pres=pres, sample_temp=sample_temp)
@@ -154,6 +155,10 @@ class CudaSamplerKernels:
         self._csr("filter_sample", R, bias_off, bias_tok, F32, bias_val=bias_val)
         self._csr("filter_sample", R, pen_off, pen_tok, I32, pen_cnt=pen_cnt)
         self._csr("filter_sample", R, ban_off, ban_tok, F32, ban_val=ban_val)
+        # a row's history beyond HIST_CAP entries lives at its CSR starts' sum in the workspace
+        n_ws = bias_tok.size + pen_tok.size + ban_tok.size
+        self._arr("filter_sample", I32, (n_ws,), ws_tok=ws_tok[:n_ws])
+        self._arr("filter_sample", F32, (n_ws,), ws_val=ws_val[:n_ws])
         if V > VOCAB_CAP:
             raise ValueError(f"filter_sample: V = {V} is above the fast path's {VOCAB_CAP} (the gate sends it slow)")
         if not R or not V:
@@ -163,7 +168,8 @@ class CudaSamplerKernels:
         smem = 16 * ((V + 127) // 128) + 8 * HIST_CAP + LIST_BYTES + 4 * ((V + 31) // 32)
         self._big("filter_sample", ct, smem)((R,), (FILTER_THREADS,), (
             logits, _i32(V), temperature, top_k, top_p, min_p, rep, freq, pres, sample_temp, seeds, positions, bias_off,
-            bias_tok, bias_val, pen_off, pen_tok, pen_cnt, ban_off, ban_tok, ban_val, out), shared_mem=smem)
+            bias_tok, bias_val, pen_off, pen_tok, pen_cnt, ban_off, ban_tok, ban_val, ws_tok, ws_val, out),
+            shared_mem=smem)
 
     def _big(self, name, ct, smem):
         """The kernel, opted in (once per instantiation: cudaFuncSetAttribute) to smem bytes of dynamic shared

@@ -96,8 +96,9 @@ class Backend(Protocol):
     def gumbel_sample(self, logits, temperature, seeds, positions,
                       out) -> None: ...  # out int32[R] = argmax(x/T + Philox Gumbel(seed, pos, v)); T=0 argmax; NaN -1
     def filter_sample(self, logits, temperature, top_k, top_p, min_p, rep, freq, pres, sample_temp, seeds, positions,
-                      bias_off, bias_tok, bias_val, pen_off, pen_tok, pen_cnt, ban_off, ban_tok, ban_val,
-                      out) -> None: ...  # rows with sample_temp < 0: processing + Gumbel-max from the logits in place
+                      bias_off, bias_tok, bias_val, pen_off, pen_tok, pen_cnt, ban_off, ban_tok, ban_val, ws_tok,
+                      ws_val, out) -> None: ...  # rows with sample_temp < 0: processing + Gumbel-max from the logits
+    # in place; ws_tok int32 / ws_val f32, each as long as the three CSR entry arrays together: a workspace
     def to_fp32(self, logits, out) -> None: ...  # out f32[R, V] = logits upcast
     def add_entries(self, x, offsets, tokens, values) -> None: ...  # x[r, tokens[e]] += values[e] (bias, -inf bans)
     def apply_penalties(self, x, offsets, tokens, counts, rep, freq,

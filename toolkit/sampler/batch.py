@@ -16,15 +16,16 @@ values; the kernels read the CSR sizes from the offsets, so their grids never de
 one copy of the per-row part, plus one copy of each CSR entry region's used prefix (none when no row
 processes its logits).
 
-The gate, per row: a row that processes its logits goes to filter_sample on the fast path unless it is
-beyond what that kernel holds in shared memory (`fast_limit`: a vocabulary over VOCAB_CAP tokens, or over
-HIST_CAP history entries); one such row sends the whole step to the slow path, its reason in `why_slow`.
+The gate, per row: a row that processes its logits goes to filter_sample on the fast path unless the model's
+vocabulary is beyond that kernel's shared-memory bitmap (`fast_limit`: over VOCAB_CAP tokens), the one thing
+the fast path cannot do; then the step takes the slow path, its reason in `why_slow`. A history of any length
+stays on the fast path (beyond HIST_CAP entries, filter_sample reads it from global memory: that row's cost).
 """
 from dataclasses import dataclass, replace
 
 import numpy as np
 
-from kernels.sampler import HIST_CAP, VOCAB_CAP
+from kernels.sampler import VOCAB_CAP
 
 MAX_BIAS, MAX_BANS = 1024, 320  # per request: 1024 logit-bias entries; 128 bad words + 192 stop ids
 
@@ -194,8 +195,6 @@ def vocab_limit(vocab_size: int) -> str:
 
 
 def fast_limit(state) -> str:
-    """Why filter_sample cannot hold this processing row ("" if it can): its shared memory keeps a bitmap of the
-    vocabulary and the row's history entries."""
-    n = state.history_bound()
-    return vocab_limit(state.vocab_size) or (f"history of {n} tokens (the fast path holds {HIST_CAP})"
-                                             if n > HIST_CAP else "")
+    """Why filter_sample cannot take this processing row ("" if it can): its shared memory keeps a bitmap of the
+    vocabulary."""
+    return vocab_limit(state.vocab_size)

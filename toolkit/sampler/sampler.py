@@ -1,8 +1,9 @@
 """The sampler: one token per logits row, from the model's logits in their own dtype.
 
     gate         host, per row (batch.py): a row without logits processing samples with gumbel_sample; one
-                 with processing with filter_sample, unless it is beyond that kernel's limits (then the step
-                 takes the slow path).
+                 with processing with filter_sample, unless the vocabulary is beyond that kernel's bitmap
+                 (then every step takes the slow path). A long history costs only its own row: filter_sample
+                 keeps it in global memory instead of shared memory.
     fast path    both kernels read the model's bf16/fp16 logits in place and upcast in registers; no FP32
                  tensor is written. filter_sample keeps a row's history (the tokens its bias, penalties and
                  bans name) as (token, adjusted logit) pairs, finds its thresholds by a radix select over
@@ -46,6 +47,9 @@ class Sampler(SamplingStager):
         super().__init__(backend, max_rows, max_context)
         self.V = vocab_size
         self.x32 = backend.empty((max_rows, vocab_size), np.float32)  # the slow path's FP32 copy
+        # filter_sample's workspace for histories longer than its shared memory holds: one slot per CSR entry
+        n_ws = sum(self.off[n][1] for n in ("bias_tok", "pen_tok", "ban_tok"))
+        self.ws = backend.empty((n_ws,), np.int32), backend.empty((n_ws,), np.float32)
         self.sampled = backend.empty((max_rows,), np.int32)
         self._lp = None  # logprob outputs, allocated at the first request for them
 
@@ -61,7 +65,7 @@ class Sampler(SamplingStager):
         if batch.fast:
             x = logits[:R]
             if "filter" in stages:
-                be.filter_sample(x, *(d[n] for n in FILTER_INPUTS), self.sampled[:R])
+                be.filter_sample(x, *(d[n] for n in FILTER_INPUTS), *self.ws, self.sampled[:R])
                 timer.lap("processing")
         else:
             x = self.x32[:R]

@@ -93,11 +93,6 @@ class RequestSampling:
         return self._tok[:self._n], self._cnt[:self._n]
 
     # -- per-step sparse entries -----------------------------------------------------------------------
-    def history_bound(self) -> int:
-        """At most how many tokens this request's logit bias, penalties and bans name at a step (the gate's)."""
-        pen = self._n if self.use_penalties else 0
-        stops = len(self.stop_ids) if self.num_generated < self.params.min_tokens else 0
-        return len(self.bias_tokens) + pen + len(self.bad_words) + stops
 
     def banned(self) -> list:
         """Tokens that must not come next: bad words whose prefix ends the output, and the stop tokens
