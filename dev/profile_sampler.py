@@ -1,10 +1,14 @@
-"""The Gumbel sampling kernel alone at B = 128, V = 151,936 (bf16, the `bench sampler` logits), against three
-floors measured in the same process: a read of the logits (cupy max over rows), Philox4x32-10 alone for every
-group of 4 tokens, and Philox + two fast logarithms per token, the last two with no memory traffic. Run it under
-`ncu --clock-control none -k regex:gumbel` for the counters; alone it prints event-timed medians. Variants of the
-kernel are built from edited copies of kernels/sampler.cu (an edit that no longer matches the source stops the run).
+"""gumbel_sample alone on `bench sampler`'s bf16 logits (V = 151,936), against the kernel of another sampler.cu
+and a plain read of the logits, all in one process; every variant must give the baseline's tokens.
 
-    PYTHONPATH=. python3 dev/profile_sampler.py [--batch 128] [--once] [--baseline OLD_sampler.cu ...]
+Two timings per case, medians of 5:
+  * graph: one CUDA graph of 50 launches on the same logits (what `bench sampler` and the decode step see: a
+    38.9 MB row block fits the 50 MB L2 in part);
+  * eager: 50 launches rotating over 3 copies of the logits (117 MB, beyond the L2): HBM only.
+Variants are edited copies of kernels/sampler.cu (an edit that no longer matches the source stops the run). Run it
+under `ncu --clock-control none -k regex:gumbel` with --once for the counters.
+
+    PYTHONPATH=. python3 dev/profile_sampler.py [--batch 1,32,128] [--baseline OLD_sampler.cu] [--once]
 """
 import argparse
 import pathlib
@@ -12,147 +16,157 @@ import statistics
 
 import numpy as np
 
-FLOOR_SRC = r"""
-__device__ __forceinline__ uint4 philox(unsigned g, unsigned a, unsigned b) {  // Philox4x32-10 of (g, 7, 0, 0)
-    unsigned c0 = g, c1 = 7u, c2 = 0u, c3 = 0u;
-#pragma unroll
-    for (int i = 0; i < 10; i++) {
-        const unsigned hi0 = __umulhi(0xD2511F53u, c0), lo0 = 0xD2511F53u * c0;
-        const unsigned hi1 = __umulhi(0xCD9E8D57u, c2), lo1 = 0xCD9E8D57u * c2;
-        const unsigned n0 = hi1 ^ c1 ^ a, n2 = hi0 ^ c3 ^ b;
-        c0 = n0; c1 = lo1; c2 = n2; c3 = lo0;
-        a += 0x9E3779B9u; b += 0xBB67AE85u;
-    }
-    return make_uint4(c0, c1, c2, c3);
-}
-extern "C" __global__ void philox_floor(unsigned groups, unsigned k0, unsigned k1, float* out) {
-    float best = -1e30f;
-    for (unsigned g = blockIdx.x * blockDim.x + threadIdx.x; g < groups; g += gridDim.x * blockDim.x) {
-        const uint4 v = philox(g, k0, k1);
-        const unsigned w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-        for (int q = 0; q < 4; q++) {
-            const float u = ((float)(w[q] >> 9) + 0.5f) * 1.1920928955078125e-07f;
-            best = fmaxf(best, -__logf(-__logf(u)) + (float)q);
-        }
-    }
-    if (best == 123.f) out[0] = best;  // keeps the work alive
-}
-extern "C" __global__ void philox_only(unsigned groups, unsigned k0, unsigned k1, unsigned* out) {
-    unsigned m = 0xffffffffu;  // the smallest word: Philox4x32-10 for every group, nothing else
-    for (unsigned g = blockIdx.x * blockDim.x + threadIdx.x; g < groups; g += gridDim.x * blockDim.x) {
-        const uint4 v = philox(g, k0, k1);
-        m = min(m, min(min(v.x, v.y), min(v.z, v.w)));
-    }
-    if (m == 123u) out[0] = m;  // keeps the work alive
-}
-"""
+V = 151936
+ANCHOR = "constexpr int GS_BLOCKS = 3;"  # the kernel's blocks per SM: variants edit it
 
 
-def timed(cp, fn, reps=50, outer=7):
-    a, b = cp.cuda.Event(), cp.cuda.Event()
-    res = []
-    for _ in range(outer):
+def variants():
+    """name -> (source, blocks per SM, CPT) of gumbel_sample<T, CPT> as built and edited."""
+    from toolkit.backends.cuda_kernels import kernel_source
+    src = kernel_source("sampler")
+    assert ANCHOR in src, f"profile_sampler: {ANCHOR!r} is no longer in sampler.cu"
+    blocks = lambda n: src.replace(ANCHOR, f"constexpr int GS_BLOCKS = {n};")
+
+    def edit(text, old, new):  # an edit that no longer matches would time the kernel as built
+        assert old in text, f"profile_sampler: {old!r} is no longer in sampler.cu"
+        return text.replace(old, new)
+    cheap = edit(src, "return philox4x32_10(make_uint4((unsigned)v >> 4, pos, 1u, 0u), k0, k1);",
+                 "const unsigned h = (((unsigned)v >> 4) * 0x9E3779B9u) ^ pos ^ k0 ^ k1; "
+                 "return make_uint4(h, h * 3u, h * 5u, h * 7u);")
+    return {"as built": (src, 3, 2), "4 blocks per SM": (blocks(4), 4, 2), "2 blocks per SM": (blocks(2), 2, 2),
+            "1 chunk a step, 4 blocks per SM": (blocks(4), 4, 1), "1 chunk a step, 3 blocks": (src, 3, 1),
+            "priced: coarse Philox as a hash": (cheap, 3, 2),
+            "priced: no queue": (edit(src, "if (pend) {", "if (false) {"), 3, 2),
+            "priced: coarse test kept, nothing queued": (edit(src, "if (pend) {", "if (pend == 0xdeadu) {"), 3, 2),
+            "priced: queued, never drained": (edit(edit(src, "if (*(volatile unsigned*)&s_qn[warp] >= 32u) drain();",
+                                                    "if (*(volatile unsigned*)&s_qn[warp] >= 32u) { __syncwarp(); "
+                                                    "if (lane == 0) s_qn[warp] = 0u; __syncwarp(); }"),
+                                               "if (!greedy && s_qn[warp]) drain();", ""), 3, 2),
+            "drained at 128": (edit(edit(src, "constexpr int GS_QUEUE = 32 + 4 * 32 * 2;",
+                                         "constexpr int GS_QUEUE = 128 + 4 * 32 * 2;"),
+                                    "&s_qn[warp] >= 32u) drain();", "&s_qn[warp] >= 128u) drain();"), 3, 2)}
+
+
+def graph_us(cp, fn, n=50, reps=5):
+    """µs per call of fn from one CUDA graph of n calls, median of reps replays."""
+    s = cp.cuda.Stream(non_blocking=True)
+    with s:
         fn()
-        a.record()
-        for _ in range(reps):
+        s.begin_capture()
+        for _ in range(n):
             fn()
-        b.record()
-        b.synchronize()
-        res.append(cp.cuda.get_elapsed_time(a, b) * 1e3 / reps)
+        g = s.end_capture()
+        g.launch(s)
+        s.synchronize()
+        a, b = cp.cuda.Event(), cp.cuda.Event()
+        res = []
+        for _ in range(reps):
+            a.record(s)
+            g.launch(s)
+            b.record(s)
+            b.synchronize()
+            res.append(cp.cuda.get_elapsed_time(a, b) * 1e3 / n)
     return statistics.median(res)
 
 
-CHEAP = r"""
-__device__ __forceinline__ uint4 cheap4(uint4 c, unsigned a, unsigned b) {  // profiling only: prices Philox
-    const unsigned h = (c.x * 0x9E3779B9u) ^ c.y ^ a ^ b;
-    return make_uint4(h, h * 3u, h * 5u, h * 7u);
-}
-"""
+def eager_us(cp, fn, n=50, reps=5):
+    a, b = cp.cuda.Event(), cp.cuda.Event()
+    res = []
+    for _ in range(reps):
+        fn(0)
+        a.record()
+        for i in range(n):
+            fn(i)
+        b.record()
+        b.synchronize()
+        res.append(cp.cuda.get_elapsed_time(a, b) * 1e3 / n)
+    return statistics.median(res)
 
 
-def variants(baselines=()):
-    """Source-level variants of gumbel_sample, to price its parts: name -> (source, extra options, NL)."""
-    from toolkit.backends.cuda_kernels import inline_headers, kernel_source
-    src = kernel_source("sampler")
-    anchor = "constexpr int GS_BLOCKS = 5;"  # the kernel's blocks per SM: variants edit it, and add code above it
-
-    def edit(text, *pairs):  # each pair must match: a stale edit would time the kernel as built
-        for old, new in pairs:
-            assert old in text, f"profile_sampler: {old!r} is no longer in sampler.cu"
-            text = text.replace(old, new)
-        return text
-    cheap = edit(src, (anchor, CHEAP + anchor), ("return philox4x32_10(make_uint4((unsigned)v >> 4",
-                                                   "return cheap4(make_uint4((unsigned)v >> 4"),
-                 ("return philox4x32_10(make_uint4((unsigned)v >> 2", "return cheap4(make_uint4((unsigned)v >> 2"))
-    skeleton = edit(src, ("if (cm[k] + G_MAX < L) continue;", "continue;"))
-    out = {"as built": (src, (), 4), "NL 2": (src, (), 2),
-           "4 blocks per SM (64 registers)": (edit(src, (anchor, "constexpr int GS_BLOCKS = 4;")), (), 4),
-           "6 blocks per SM (40 registers, spills)": (edit(src, (anchor, "constexpr int GS_BLOCKS = 6;")), (), 4),
-           "cheap hash for Philox": (cheap, (), 4), "no noise loop": (skeleton, (), 4)}
-    for path in baselines:  # other versions of sampler.cu, e.g. the previous commit's, timed in the same process
-        out[pathlib.Path(path).name] = (inline_headers(pathlib.Path(path).read_text()), (), 4)
-    return out
+def bf16_bits(x):
+    u = x.view(np.uint32).astype(np.uint64)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)  # rounded to nearest even
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--batch", type=int, default=128)
+    ap.add_argument("--batch", default="1,32,128")
     ap.add_argument("--once", action="store_true", help="one launch per case (under ncu)")
-    ap.add_argument("--baseline", nargs="*", default=[], help="other sampler.cu files to time as variants")
+    ap.add_argument("--only", default="", help="time only the variants whose names contain one of these, comma-separated")
+    ap.add_argument("--baseline", default=None, help="another sampler.cu (the previous gumbel_sample<T, NL>)")
     a = ap.parse_args()
     import cupy as cp
-    from toolkit.backends.cuda_sampler import CudaSamplerKernels
+    from toolkit.backends.cuda_kernels import OPTIONS, inline_headers
+    from toolkit.backends.cuda_sampler import CudaSamplerKernels, GS_THREADS
     from toolkit.bench.sampler import make_logits
 
-    B, V = a.batch, 151936
-    rng = np.random.default_rng(0)
-    x = make_logits(rng, B, V, "llm")
-    # bf16 bits of x, rounded to nearest even
-    u = x.view(np.uint32).astype(np.uint64)
-    bits = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
-    sets = [cp.asarray(np.roll(bits, k, axis=1)) for k in range(3)]  # rotate inputs: 3 x 38.9 MB > L2
     k = CudaSamplerKernels("bfloat16")
-    seeds = cp.asarray(rng.integers(0, 2**32, (B, 2), dtype=np.uint32))
-    pos = cp.arange(B, dtype=cp.int32)
-    out = cp.zeros(B, cp.int32)
-    floor = cp.RawKernel(FLOOR_SRC, "philox_floor")
-    philox_only = cp.RawKernel(FLOOR_SRC, "philox_only")
-    uout = cp.zeros(1, cp.uint32)
-    fout = cp.zeros(1, cp.float32)
-    groups = B * V // 4
-    cases = {}
-    for t in (0.0, 1.0):
-        temp = cp.full(B, t, cp.float32)
-        it = iter(range(10**9))
-        cases[f"gumbel_sample T={t:g}"] = (lambda temp=temp, it=it:
-                                          k.gumbel_sample(sets[next(it) % 3], temp, seeds, pos, out))
-    it2 = iter(range(10**9))
-    cases["read floor: cupy max(axis=1) bf16 bits"] = lambda: cp.max(sets[next(it2) % 3], axis=1)
-    cases["philox+2 logs floor (no memory)"] = lambda: floor((264 * 8,), (256,), (np.uint32(groups), np.uint32(1),
-                                                                                  np.uint32(2), fout))
-    cases["Philox4x32-10 alone, one call per 4 tokens"] = lambda: philox_only((264 * 8,), (256,), (
-        np.uint32(groups), np.uint32(1), np.uint32(2), uout))
-    if not a.once:
-        from toolkit.backends.cuda_kernels import OPTIONS
-        for vname, (src, opts, nl) in variants(a.baseline).items():
-            bpr = -(-V // (2048 * nl))
-            fname = f"gumbel_sample<__nv_bfloat16, {nl}>"
-            mod = cp.RawModule(code=src, options=OPTIONS + opts, name_expressions=[fname])
-            f = mod.get_function(fname)
-            k.reserve(B)
-            for t in (0.0, 1.0):
-                temp = cp.full(B, t, cp.float32)
-                it = iter(range(10**9))
-                cases[f"variant {vname}, T={t:g}"] = (
-                    lambda f=f, temp=temp, it=it, bpr=bpr: f((bpr * B,), (256,), (
-                        sets[next(it) % 3], np.int32(V), temp, seeds, pos, k._ws, k._counters, out)))
-    for name, fn in cases.items():
-        if a.once:
-            fn()
-            cp.cuda.Device().synchronize()
-        else:
-            print(f"{name:45s} {timed(cp, fn):8.1f} us  (B={B})", flush=True)
+    sms = k._sms
+    kernels = {}  # name -> launch(logits, temp, seeds, pos, out)
+    for name, (src, blocks, cpt) in variants().items():
+        if a.only and not any(w in name for w in a.only.split(",")):
+            continue
+        fname = f"gumbel_sample<__nv_bfloat16, {cpt}>"
+        f = cp.RawModule(code=src, options=OPTIONS, name_expressions=[fname]).get_function(fname)
+
+        def launch(x, temp, seeds, pos, out, f=f, blocks=blocks):
+            R = x.shape[0]
+            s = max(1, min(sms * blocks // R, -(-V // 16) // 128))  # gumbel_splits at `blocks`
+            f((R * s,), (GS_THREADS,), (x, np.int32(V), np.int32(s), temp, seeds, pos, k._ws, k._counters, out))
+        kernels[name] = launch
+    if a.baseline:  # the previous kernel: blocks of 256 threads, NL 16-byte loads each (4 once the grid fills)
+        src = inline_headers(pathlib.Path(a.baseline).read_text())
+        names = ["gumbel_sample<__nv_bfloat16, 1>", "gumbel_sample<__nv_bfloat16, 4>"]
+        mod = cp.RawModule(code=src, options=OPTIONS, name_expressions=names)
+        fs = {1: mod.get_function(names[0]), 4: mod.get_function(names[1])}
+
+        def old(x, temp, seeds, pos, out):
+            R = x.shape[0]
+            nl = 4 if R * -(-V // (256 * 4 * 8)) >= 4 * sms else 1
+            bpr = -(-V // (256 * nl * 8))
+            fs[nl]((bpr * R,), (256,), (x, np.int32(V), temp, seeds, pos, k._ws, k._counters, out))
+        kernels[f"baseline {pathlib.Path(a.baseline).name}"] = old
+
+    rng = np.random.default_rng(0)
+    for B in [int(b) for b in a.batch.split(",")]:
+        k.reserve(B)
+        seeds = cp.asarray(rng.integers(0, 2**32, (B, 2), dtype=np.uint32))
+        pos = cp.arange(B, dtype=cp.int32) + 7
+        out = cp.zeros(B, cp.int32)
+        for shape in ("llm", "flat"):
+            host = make_logits(rng, B, V, shape)
+            if shape == "llm" and B >= 4:  # rows that test the edges: NaN, all -inf, ties at the max, -inf runs
+                host[0, 5000] = np.nan
+                host[1, :] = -np.inf
+                host[2, [7, 70000, 151935]] = host[2].max() + 1
+                host[3, : V // 2] = -np.inf
+            sets = [cp.asarray(bf16_bits(np.roll(host, 16 * i, axis=1))) for i in range(3)]
+            for tname, tv in (("T=0", 0.0), ("T=1", 1.0), ("T=0.7", 0.7), ("mixed", None)):
+                if shape == "flat" and tname in ("T=0", "mixed"):
+                    continue
+                t = np.full(B, tv, np.float32) if tv is not None else np.float32([0, 1, 0.7, 1.5])[np.arange(B) % 4]
+                temp = cp.asarray(t)
+                refs = {}  # trial -> the first kernel's tokens
+                for name, fn in kernels.items():
+                    for trial in range(3):  # tokens must match the first kernel's, for three sets of seeds
+                        fn(sets[0], temp, seeds + trial, pos, out)
+                        got = cp.asnumpy(out)
+                        ref = refs.setdefault(trial, got)
+                        if not np.array_equal(got, ref) and not name.startswith("priced"):
+                            bad = np.flatnonzero(got != ref)
+                            print(f"MISMATCH {name} B={B} {shape} {tname}: rows {bad[:8]} {got[bad[:4]]} vs "
+                                  f"{ref[bad[:4]]}", flush=True)
+                    if a.once:
+                        continue
+                    g = graph_us(cp, lambda: fn(sets[0], temp, seeds, pos, out))
+                    e = eager_us(cp, lambda i: fn(sets[i % 3], temp, seeds, pos, out))
+                    print(f"B={B:<4d} {shape:5s} {tname:6s} {name:40s} graph {g:6.1f} us  eager {e:6.1f} us",
+                          flush=True)
+            if not a.once:
+                g = graph_us(cp, lambda: cp.max(sets[0], axis=1))
+                e = eager_us(cp, lambda i: cp.max(sets[i % 3], axis=1))
+                print(f"B={B:<4d} {shape:5s} read floor: cupy max(axis=1) of the bits   graph {g:6.1f} us  eager "
+                      f"{e:6.1f} us", flush=True)
 
 
 if __name__ == "__main__":

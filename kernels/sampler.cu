@@ -13,7 +13,7 @@
 // (v >> 2, pos, 0, 0), one call per 4 tokens. u = ((word >> 9) + 0.5) * 2^-23, exact in fp32 and inside
 // [2^-24, 1 - 2^-24] (a 24-bit version, (w>>8)+0.5, needs 25 significant bits: it rounds, and its top value rounds
 // to u = 1, g = -inf); g = -log(-log1p(-u)). So g lies in [-2.82, 16.64], and g <= -log(u): once a real key L is
-// known (each block first computes the key of its largest x/T), a token with x/T + G_MAX < L needs no Philox
+// known (each warp of gumbel_sample first computes the key of its largest x/T), a token with x/T + G_MAX < L needs no Philox
 // call, and one with u > exp(x/T - L + d) cannot win and needs no logarithms (d covers every rounding, so the
 // skip is exact). Most tokens are far below L, so their bound on u is tiny and the coarse byte alone (one call
 // per 16 tokens) rules them out: a far token's byte passes with odds 1/256, so ~1 group of 4 in 64 needs its
@@ -28,7 +28,6 @@
 // (the last block of a row resets them), so any launch can be captured in a CUDA graph and replayed.
 #include "dtype.cuh"
 
-constexpr int SAMPLE_THREADS = 256;  // gumbel_sample block
 constexpr int ROW_CHUNK = 4096;      // fp32 values per block of the temperature / min_p kernels
 constexpr int SEL_THREADS = 1024;    // top_k_top_p and logprobs: one block per row
 constexpr int CAND_CAP = 2048;       // top-k candidates sorted in shared memory
@@ -139,31 +138,38 @@ __device__ __forceinline__ A block_excl_scan(A v, A* tmp, A& total) {
 
 // ---- 1. gumbel_sample ---------------------------------------------------------------------------------------
 // out[r] = argmax_v(T == 0 ? x_v : x_v / T + g(seed, pos, v)); -1 for a row holding a NaN; rows with T < 0 are
-// filter_sample's. Flat grid of
-// R * bpr blocks of SAMPLE_THREADS threads; block b of a row covers SPAN = SAMPLE_THREADS * NL * VE consecutive
-// tokens (VE = 16 / sizeof(T) tokens per 16-byte load, NL loads per thread, all issued before any is used), so
-// the row crosses the memory bus once; the values go to registers for the max, then wait in shared memory. A
-// thread's loads come in chunks of CH = 16 consecutive tokens (fewer when a thread holds fewer), one chunk per
-// coarse Philox call. Steps:
-//   1. M = the block's largest x (NaN-propagating) and its lowest index i_M: the greedy answer;
-//   2. random rows: L = M + g(i_M), the exact key of a real token, so the winner's key is >= L;
-//   3. random rows, per chunk: skipped if no token could reach L (x + G_MAX < L); else its coarse call gives the
-//      top 8 bits of each token's word, and a group of 4 tokens whose bytes all lie above the chunk's bound (one
-//      exp, as for u <= exp(x - L + d)) cannot win. The others (~1.6% expected: 1 - (255/256)^4) are queued
-//      in shared memory (room for every group of the block) and, after a barrier, get their fine call and exact
-//      test a thread each, so the few Philox calls left do not run divergently inside the loop;
-//   4. the block's best (value, index) merges into ws[r] by a packed 64-bit atomicMax; the last block writes out.
-// Tokens of a thread ascend in (j, e), so a strict `>` keeps the lowest index among equal values in a thread.
+// filter_sample's. A race over the row with no barrier inside its loop. Grid: R * S blocks of GS_THREADS threads
+// (S chosen by the host so the grid is one wave); block s of row r takes the chunks [s * nc / S, (s + 1) * nc / S)
+// of the row's nc = ceil(V / 16) chunks of 16 consecutive tokens (a chunk is one coarse Philox call), CPT chunks a
+// thread per step, and issues the next step's loads before it works on this step's, so the row streams without a
+// pause: no values are parked in shared memory, and no block waits at a barrier with nothing in flight. (The
+// previous kernel, 19 short blocks a row with their values in shared memory and 6 barriers, took 13.4 us greedy
+// and 30.2 at T = 1 where this one takes 10.0 and 23.6: experiments/NOTEBOOK.md.)
+// Per chunk a thread keeps only its largest value cm (paired max instructions for 16-bit types):
+//   greedy rows: the thread's largest value and the first chunk holding it; at the end each warp finds the first
+//     index of its largest value (one chunk read again, from L2);
+//   random rows: L, the largest exact key known to the block, a real token's, so the winner's key is >= L: first
+//     the key of each warp's largest value in the first step (one barrier shares the best of them), then the keys
+//     the fine calls compute. A chunk with cm + G_MAX < L is skipped; otherwise its coarse call gives the top byte
+//     of each token's word, and a group of 4 whose bytes all lie above the chunk's bound (from exp(cm - L + d))
+//     cannot win. The rest (~1.6% of groups once L is large) join the warp's queue in shared memory; at 32 the
+//     warp drains it, a group a lane (its 4 values read again, from L2: holding them costs registers), and
+//     publishes its best key to the block.
+// A warp whose largest value is NaN contributes (NaN, its first index), which beats every key: out = -1.
+// The block's best (key, index) merges into ws[r] by one packed 64-bit atomicMax; the row's last block writes out.
+// Tokens of a thread ascend in (step, j), so a strict `>` keeps the first chunk among equal values.
+constexpr int GS_THREADS = 256;  // gumbel_sample block
+// GS_BLOCKS: the blocks per SM that gumbel_sample's __launch_bounds__ asks the registers to allow (3: 85 registers
+// a thread; it uses 78, with two steps of loads; 2 and 4 time within 1 us of it, and 4 spills); the host sizes S
+// from it (cuda_sampler.py: GS_BLOCKS).
+constexpr int GS_BLOCKS = 3;
+constexpr int GS_QUEUE = 32 + 4 * 32 * 2;  // a warp's queue of groups for fine calls (drained at 32; a step of
+                                            // up to 2 chunks a lane adds <= 256)
 __device__ __forceinline__ float max_nan(float a, float b) {  // max that propagates NaN (sm_80+)
     float d;
     asm("max.NaN.f32 %0, %1, %2;" : "=f"(d) : "f"(a), "f"(b));
     return d;
 }
-
-// GS_BLOCKS: the blocks per SM that gumbel_sample's __launch_bounds__ asks the registers to allow (5: 48 registers a
-// thread, no spills; 6 would need 40, and spills; timed by profile_sampler.py). Shared memory, 32 KB a block for
-// bf16, allows 6.
-constexpr int GS_BLOCKS = 5;
 __device__ __forceinline__ float exact_key(float v, float u) { return v + gumbel_u(u); }
 
 __device__ __forceinline__ unsigned sel4(uint4 w, int q) { return q == 0 ? w.x : q == 1 ? w.y : q == 2 ? w.z : w.w; }
@@ -176,6 +182,9 @@ __device__ __forceinline__ uint4 coarse_call(int v, unsigned pos, unsigned k0, u
 }
 __device__ __forceinline__ uint4 fine_call(int v, unsigned pos, unsigned k0, unsigned k1) {
     return philox4x32_10(make_uint4((unsigned)v >> 2, pos, 0u, 0u), k0, k1);
+}
+__device__ __forceinline__ unsigned token_word(int i, unsigned pos, unsigned k0, unsigned k1) {  // token i's word
+    return noise_word(sel4(coarse_call(i, pos, k0, k1), (i >> 2) & 3), sel4(fine_call(i, pos, k0, k1), i & 3), i & 3);
 }
 
 // The fine stage of the group of 4 tokens i0..i0+3 (i0 % 4 == 0; xs their values, cw their coarse word): one
@@ -192,168 +201,225 @@ __device__ __forceinline__ void fine_group(int i0, unsigned cw, const float (&xs
         if (better(k, i0 + q, best, best_i)) { best = k; best_i = i0 + q; }
     }
 }
-template <typename T, int NL>
-__global__ void __launch_bounds__(SAMPLE_THREADS, GS_BLOCKS)
-gumbel_sample(const T* __restrict__ logits, int V, const float* __restrict__ temperature,
+
+template <typename T> struct Pair;
+template <> struct Pair<__half> { using type = __half2; };
+template <> struct Pair<__nv_bfloat16> { using type = __nv_bfloat162; };
+// The largest of a chunk's 16 values (its LPC 16-byte pieces), NaN-propagating, as fp32: for 16-bit types 7 paired
+// max instructions and one conversion, where a test per value costs several.
+template <typename T, int LPC>
+__device__ __forceinline__ float chunk_max(const uint4 (&u)[LPC]) {
+    if constexpr (sizeof(T) == 4) {
+        float m = NEG_INF;
+#pragma unroll
+        for (int l = 0; l < LPC; l++)
+            m = max_nan(max_nan(m, max_nan(__uint_as_float(u[l].x), __uint_as_float(u[l].y))),
+                        max_nan(__uint_as_float(u[l].z), __uint_as_float(u[l].w)));
+        return m;
+    } else {
+        union { uint4 u; typename Pair<T>::type p[4]; } x, y;
+        x.u = u[0];
+        y.u = u[1];
+        const auto p = __hmax2_nan(__hmax2_nan(__hmax2_nan(x.p[0], x.p[1]), __hmax2_nan(x.p[2], x.p[3])),
+                                   __hmax2_nan(__hmax2_nan(y.p[0], y.p[1]), __hmax2_nan(y.p[2], y.p[3])));
+        union { typename Pair<T>::type p; T e[2]; } h;
+        h.p = p;
+        return max_nan(to_f32(h.e[0]), to_f32(h.e[1]));
+    }
+}
+__device__ __forceinline__ unsigned long long pack_folded(float v, int i) { return pack(v == 0.f ? 0.f : v, i); }
+
+template <typename T, int CPT>
+__global__ void __launch_bounds__(GS_THREADS, GS_BLOCKS)
+gumbel_sample(const T* __restrict__ logits, int V, int S, const float* __restrict__ temperature,
               const unsigned* __restrict__ seeds, const int* __restrict__ positions,
               unsigned long long* __restrict__ ws, unsigned* __restrict__ counters, int* __restrict__ out) {
-    constexpr int VE = 16 / sizeof(T), SPAN = SAMPLE_THREADS * NL * VE, NW = SAMPLE_THREADS / 32;
-    constexpr int TPT = NL * VE, CH = TPT < 16 ? TPT : 16, LPC = CH / VE, NCH = TPT / CH;  // chunks per thread
-    __shared__ uint4 s_x[NL * SAMPLE_THREADS];  // the span, as loaded: load j of thread i at j * SAMPLE_THREADS + i
-    __shared__ float s_m[NW];
-    __shared__ int s_i[NW];
-    __shared__ int s_idx, s_qn;
-    __shared__ float s_L;
-    __shared__ uint2 s_q[SPAN / 4];  // (coarse word, location in s_x) of each queued group: room for all of them
-    const int bpr = (V + SPAN - 1) / SPAN, r = blockIdx.x / bpr, base = (blockIdx.x % bpr) * SPAN;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const T* row = logits + (size_t)r * V;
-    const T* s_xt = reinterpret_cast<const T*>(s_x);
+    constexpr int LPC = sizeof(T), VE = 16 / sizeof(T), STEP = GS_THREADS * CPT, NW = GS_THREADS / 32;
+    static_assert(GS_QUEUE >= 32 + 4 * 32 * CPT, "a step's groups must fit the queue");
+    // Random rows: each warp's queue of the groups of 4 whose coarse bytes could not rule them out (first token,
+    // coarse word), its length, and the ord_key of the largest exact key known to the block (0: none yet).
+    __shared__ uint2 s_q[NW][GS_QUEUE];
+    __shared__ unsigned s_qn[NW], s_L;
+    __shared__ unsigned long long s_key[NW];
+    const int r = blockIdx.x / S, s = blockIdx.x % S, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const float t = temperature[r];
     if (t < 0.f) return;  // a fast-path row with processing: filter_sample's (no block of the row counts in ws)
+    const int nc = (V + 15) >> 4, c0 = (int)((long long)nc * s / S), c1 = (int)((long long)nc * (s + 1) / S);
+    const int steps = (c1 - c0 + STEP - 1) / STEP;
+    const T* row = logits + (size_t)r * V;
     const bool greedy = !(t > 0.f), div = !greedy && t != 1.f;
     const bool vec = ((size_t)V * sizeof(T)) % 16 == 0 && reinterpret_cast<size_t>(logits) % 16 == 0;
-    auto token = [&](int j, int e) {  // load j of a thread: chunk j / LPC, its (j % LPC)-th 16 bytes
-        return base + ((j / LPC) * SAMPLE_THREADS + (int)threadIdx.x) * CH + (j % LPC) * VE + e;
+    auto value = [&](float raw) { return div ? raw / t : raw; };  // division: T = 1, 0.5 exact
+    auto chunk_of = [&](int k, int j) { return c0 + k * STEP + j * GS_THREADS + (int)threadIdx.x; };
+    auto load = [&](int k, uint4 (&b)[CPT][LPC]) {
+#pragma unroll
+        for (int j = 0; j < CPT; j++) {
+            const int c = chunk_of(k, j);
+            if (vec && c < c1 && 16 * c + 16 <= V) {
+#pragma unroll
+                for (int l = 0; l < LPC; l++) b[j][l] = reinterpret_cast<const uint4*>(row + 16 * c)[l];
+            } else {  // past the block's chunks, or the row's last chunk partly past its end: -inf
+#pragma unroll
+                for (int l = 0; l < LPC; l++) {
+                    Chunk<T> h;
+#pragma unroll
+                    for (int e = 0; e < VE; e++) {
+                        const int i = 16 * c + l * VE + e;
+                        h.e[e] = c < c1 && i < V ? row[i] : from_f32<T>(NEG_INF);
+                    }
+                    b[j][l] = h.u;
+                }
+            }
+        }
     };
-    auto value = [&](T raw) { return div ? to_f32(raw) / t : to_f32(raw); };  // division: T = 1, 0.5 exact
-    auto token_at = [&](int loc) {  // the token whose value sits at s_xt[loc]: load j of thread i, element e
-        const int j = loc / (SAMPLE_THREADS * VE), i = (loc / VE) % SAMPLE_THREADS, e = loc % VE;
-        return base + ((j / LPC) * SAMPLE_THREADS + i) * CH + (j % LPC) * VE + e;
+    auto warp_max = [&](float v) {
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) v = max_nan(v, __shfl_xor_sync(0xffffffffu, v, o));
+        return v;
     };
-
-    // A block whose span lies inside the row issues its NL 16-byte loads back to back, and nothing reads them
-    // before the last is issued: a conversion right after each load would wait for it, one memory latency per
-    // load (an earlier version did, in its SASS; greedy at B = 128 went from 14.6 to 12.5 us in `bench sampler`).
-    // The values are reduced (max per chunk) straight from the loads, then parked in shared memory: registers
-    // held across the block's barriers limited it to 4 blocks per SM, and an SM whose blocks all wait at a
-    // barrier has no loads in flight (the rare later reads of x come from shared memory).
-    const bool full = vec && base + SPAN <= V;
-    Chunk<T> c[NL];
-    if (full)
-#pragma unroll
-        for (int j = 0; j < NL; j++) c[j].u = *reinterpret_cast<const uint4*>(row + token(j, 0));
-    else
-#pragma unroll
-        for (int j = 0; j < NL; j++)
-#pragma unroll
-            for (int e = 0; e < VE; e++)  // the row's last block, partly past the end, loads what exists
-                c[j].e[e] = token(j, e) < V ? row[token(j, e)] : from_f32<T>(NEG_INF);
-    float cm[NCH], m = NEG_INF;
-#pragma unroll
-    for (int k = 0; k < NCH; k++) {
-        cm[k] = NEG_INF;
-#pragma unroll
-        for (int j = k * LPC; j < (k + 1) * LPC; j++)
-#pragma unroll
-            for (int e = 0; e < VE; e++) cm[k] = max_nan(cm[k], value(c[j].e[e]));
-        m = max_nan(m, cm[k]);
-    }
-#pragma unroll
-    for (int j = 0; j < NL; j++) s_x[j * SAMPLE_THREADS + threadIdx.x] = c[j].u;  // read back by this thread only
-                                                                                  // until the queue's barrier
-    // 1. M and i_M: per warp by shuffles, per block through shared memory; then the threads holding M look up
-    // their first index of it and the block keeps the lowest.
-    float wm = m;
-    for (int o = 16; o > 0; o >>= 1) wm = max_nan(wm, __shfl_xor_sync(0xffffffffu, wm, o));
-    if (threadIdx.x == 0) { s_idx = 0x7fffffff; s_qn = 0; }
-    const unsigned k0 = seeds[2 * r], k1 = seeds[2 * r + 1], pos = (unsigned)positions[r];
-    if (lane == 0) s_m[warp] = wm;
-    __syncthreads();
-    float M = s_m[0];
-#pragma unroll
-    for (int w = 1; w < NW; w++) M = max_nan(M, s_m[w]);
-    const bool nan_row = isnan(M);
-    if ((m == M || (nan_row && isnan(m))) && M != NEG_INF) {
+    // The first index of the warp's largest value wm (NaN: its first NaN) over its lanes, each lane's m held first
+    // by chunk mc; the chunk is read again (from L2) by the lanes that hold wm.
+    auto warp_first = [&](float m, int mc, float wm) {
         int first = 0x7fffffff;
+        if (mc >= 0 && (isnan(wm) ? isnan(m) : m == wm && wm > NEG_INF))
 #pragma unroll
-        for (int j = NL - 1; j >= 0; j--) {
-            Chunk<T> cj;
-            cj.u = s_x[j * SAMPLE_THREADS + threadIdx.x];
-#pragma unroll
-            for (int e = VE - 1; e >= 0; e--) {
-                const float v = value(cj.e[e]);
-                if (v == M || (nan_row && isnan(v))) first = token(j, e);
+            for (int e = 15; e >= 0; e--) {
+                const int i = 16 * mc + e;
+                if (i < V) {
+                    const float v = value(to_f32(row[i]));
+                    if (isnan(wm) ? isnan(v) : v == wm) first = i;
+                }
             }
-        }
-        atomicMin(&s_idx, first);
-    }
-    __syncthreads();
-    float best = M;
-    int best_i = s_idx;  // 0x7fffffff: the block holds only -inf (or padding)
+        return (int)__reduce_min_sync(0xffffffffu, (unsigned)first);
+    };
 
-    if (!greedy && !nan_row && best_i < V) {
-        // 2. L, computed by warp 0 (the two Philox calls of token i_M, once for the block) and shared.
-        if (warp == 0) {
-            const unsigned w = noise_word(sel4(coarse_call(best_i, pos, k0, k1), (best_i >> 2) & 3),
-                                          sel4(fine_call(best_i, pos, k0, k1), best_i & 3), best_i & 3);
-            if (lane == 0) s_L = M + gumbel(w);
-        }
-        __syncthreads();
-        const float L = s_L;
-        best = L;
-        // 3. D covers the rounding of g, of the fast __expf and of the sums (1e-4 is a factor 1.0001), for every
-        // token that can win (x >= L - G_MAX, so |x| <= |M| + |L| + G_MAX): a skipped token surely has key < L,
-        // and each skip is exact.
-        const float c = 1e-4f + 1e-3f + 1e-5f * (fabsf(M) + 2.f * fabsf(L) + G_MAX) - L;
-        auto xs_at = [&](int loc, float (&xs)[4]) {
+    uint4 cur[CPT][LPC], nxt[CPT][LPC];
+    load(0, cur);
+    const unsigned k0 = seeds[2 * r], k1 = seeds[2 * r + 1], pos = (unsigned)positions[r];
+    uint2* q = s_q[warp];
+    if (threadIdx.x == 0) s_L = 0u;
+    if (lane == 0) s_qn[warp] = 0u;
+    __syncthreads();  // while the first loads are in flight
+    float m = NEG_INF, best = NEG_INF, L = NEG_INF;
+    int mc = -1, best_i = 0x7fffffff;
+    // The fine calls of the warp's queued groups, a lane each (their 4 values read again, from L2); then the warp's
+    // best key is published for the block's other warps.
+    auto drain = [&]() {
+        __syncwarp();
+        const unsigned n = s_qn[warp];
+        for (unsigned b = lane; b < n; b += 32) {
+            const uint2 e = q[b];
+            float xs[4], xm = NEG_INF;
 #pragma unroll
-            for (int q = 0; q < 4; q++) xs[q] = value(s_xt[loc + q]);
-        };
-#pragma unroll
-        for (int k = 0; k < NCH; k++) {
-            if (cm[k] + G_MAX < L) continue;  // no token of the chunk can reach L: no Philox call
-            const int t0 = token(k * LPC, 0);
-            const uint4 cw4 = coarse_call(t0, pos, k0, k1);
-            // One bound for the chunk: u <= exp(x + c) <= exp(cm + c) = thr implies w <= W, where
-            // W = (floor-ish(thr * 2^23) << 9) | 511 comes from the bits of thr + 1 (rounded to nearest, so its
-            // mantissa is >= thr * 2^23 - 1/2 >= the k = w >> 9 of any u = (k + 1/2) 2^-23 <= thr). A token whose
-            // coarse byte is > W >> 24 has w > W; a group passes if one of its bytes is < n = (W >> 24) + 1,
-            // found for n <= 128 with the bit trick (cw - n * 0x01010101) & ~cw & 0x80808080 (exact for a test
-            // of "any": a borrow only starts at a byte that is really below n).
-            const float t1 = fminf(__expf(cm[k] + c), 0.99999988f) + 1.0f;  // < 2; NaN (L = inf) -> every word
-            const unsigned n = (((__float_as_uint(t1) & 0x7fffffu) << 9) >> 24) + 1u;
-#pragma unroll
-            for (int s = 0; s < CH / 4; s++) {
-                const int i0 = t0 + 4 * s, j = k * LPC + (4 * s) / VE, e0 = (4 * s) % VE;
-                const int loc = (j * SAMPLE_THREADS + (int)threadIdx.x) * VE + e0;  // its values in s_x
-                const unsigned cw = sel4(cw4, CH == 16 ? s : (i0 >> 2) & 3);
-                if (n <= 128u && !((cw - n * 0x01010101u) & ~cw & 0x80808080u)) continue;  // the common case
-                s_q[atomicAdd(&s_qn, 1)] = make_uint2(cw, (unsigned)loc);
+            for (int z = 0; z < 4; z++) {
+                const int i = (int)e.x + z;
+                xs[z] = i < V ? value(to_f32(row[i])) : NEG_INF;
+                xm = fmaxf(xm, xs[z]);
             }
+            // as for the chunk (below), with the current L and the group's own largest value
+            const float c = 1e-4f + 1e-3f + 1e-5f * (fabsf(xm) + 2.f * fabsf(L) + G_MAX) - L;
+            fine_group((int)e.x, e.y, xs, c, pos, k0, k1, best, best_i);
         }
-        // The queued groups (~1.6% of 2,048 expected when most tokens are far below L; all of them on flat
-        // logits) get their fine call and exact test here, a thread each, not divergently inside the loop above.
-        __syncthreads();
-        for (int s = threadIdx.x; s < s_qn; s += SAMPLE_THREADS) {
-            const uint2 q = s_q[s];
-            float xs[4];
-            xs_at((int)q.y, xs);
-            fine_group(token_at((int)q.y), q.x, xs, c, pos, k0, k1, best, best_i);
+        __syncwarp();
+        if (lane == 0) s_qn[warp] = 0u;
+        __syncwarp();
+        const float lw = warp_max(best);
+        if (lane == 0 && lw > L) atomicMax(&s_L, ord_key(lw));
+        L = fmaxf(L, lw);
+    };
+    for (int k = 0; k < steps; k++) {
+        if (k + 1 < steps) load(k + 1, nxt);
+        float cm[CPT];
+#pragma unroll
+        for (int j = 0; j < CPT; j++) {
+            cm[j] = value(chunk_max<T, LPC>(cur[j]));
+            if (isnan(cm[j]) ? !isnan(m) : cm[j] > m) { m = cm[j]; mc = chunk_of(k, j); }
+        }
+        if (!greedy) {
+            if (k == 0) {  // the first bound: the key of each warp's largest value; the block keeps the best
+                const float wm = warp_max(m);
+                const int i = warp_first(m, mc, wm);
+                if (lane == 0 && i < V && !isnan(wm)) {  // a NaN warp merges NaN at the end, which wins anyway
+                    best = wm + gumbel(token_word(i, pos, k0, k1));
+                    best_i = i;
+                    atomicMax(&s_L, ord_key(best));
+                }
+                __syncthreads();
+            }
+            const unsigned sl = *(volatile unsigned*)&s_L;
+            L = fmaxf(L, sl ? key_float(sl) : NEG_INF);
+#pragma unroll
+            for (int j = 0; j < CPT; j++) {
+                if (!(cm[j] > NEG_INF) || cm[j] + G_MAX < L) continue;  // NaN, all -inf, or no token reaches L
+                // D covers the rounding of g, of the fast __expf and of the sums (1e-4 is a factor 1.0001), for
+                // every token that can win (x >= L - G_MAX and x <= cm, so |x| <= |cm| + |L| + G_MAX): a skipped
+                // token surely has key < L, and each skip is exact.
+                const float c = 1e-4f + 1e-3f + 1e-5f * (fabsf(cm[j]) + 2.f * fabsf(L) + G_MAX) - L;
+                const int t0 = 16 * chunk_of(k, j);
+                const uint4 cw4 = coarse_call(t0, pos, k0, k1);
+                // One bound for the chunk: u <= exp(x + c) <= exp(cm + c) = thr implies w <= W, where
+                // W = (floor-ish(thr * 2^23) << 9) | 511 comes from the bits of thr + 1 (rounded to nearest, so its
+                // mantissa is >= thr * 2^23 - 1/2 >= the k = w >> 9 of any u = (k + 1/2) 2^-23 <= thr). A token
+                // whose coarse byte is > W >> 24 has w > W; a group passes if one of its bytes is < n = (W >> 24) +
+                // 1, found for n <= 128 with the bit trick (cw - n * 0x01010101) & ~cw & 0x80808080 (exact for a
+                // test of "any": a borrow only starts at a byte that is really below n). A group that passes joins
+                // the warp's queue (rare: ~1.6% of groups once L is large).
+                const float t1 = fminf(__expf(cm[j] + c), 0.99999988f) + 1.0f;  // < 2; NaN (L = -inf): all pass
+                const unsigned n = (((__float_as_uint(t1) & 0x7fffffu) << 9) >> 24) + 1u;
+                unsigned pend = 0;
+#pragma unroll
+                for (int g = 0; g < 4; g++) {
+                    const unsigned cw = sel4(cw4, g);
+                    if (n > 128u || ((cw - n * 0x01010101u) & ~cw & 0x80808080u)) pend |= 1u << g;
+                }
+                if (pend) {
+                    unsigned at = atomicAdd(&s_qn[warp], (unsigned)__popc(pend));
+                    do {
+                        const int g = __ffs(pend) - 1;
+                        q[at++] = make_uint2((unsigned)(t0 + 4 * g), sel4(cw4, g));
+                    } while (pend &= pend - 1);
+                }
+            }
+            __syncwarp();
+            // drained at 32 groups: a step adds at most 4 * CPT * 32, so the queue never overflows
+            if (*(volatile unsigned*)&s_qn[warp] >= 32u) drain();
+        }
+        if (k + 1 < steps) {
+#pragma unroll
+            for (int j = 0; j < CPT; j++)
+#pragma unroll
+                for (int l = 0; l < LPC; l++) cur[j][l] = nxt[j][l];
         }
     }
+    if (!greedy && s_qn[warp]) drain();
 
-    // 4. Random rows: block reduction of (best, best_i); greedy rows already hold the block's answer.
-    if (!greedy && !nan_row) {
+    // Merge: greedy rows and NaN warps the first index of the warp's largest value, random rows the best key;
+    // then the block's best, and the row's in ws[r] by one packed 64-bit atomicMax a block.
+    const float wm = warp_max(m);
+    unsigned long long key = 0;
+    if (greedy || isnan(wm)) {
+        const int i = warp_first(m, mc, wm);
+        if (i < V) key = pack_folded(wm, i);
+    } else {
+#pragma unroll
         for (int o = 16; o > 0; o >>= 1) {
             const float v = __shfl_xor_sync(0xffffffffu, best, o);
             const int i = __shfl_xor_sync(0xffffffffu, best_i, o);
             if (better(v, i, best, best_i)) { best = v; best_i = i; }
         }
-        __syncthreads();
-        if (lane == 0) { s_m[warp] = best; s_i[warp] = best_i; }
-        __syncthreads();
-        if (threadIdx.x == 0)
-            for (int w = 1; w < NW; w++)
-                if (better(s_m[w], s_i[w], best, best_i)) { best = s_m[w]; best_i = s_i[w]; }
+        if (best_i < V && best > NEG_INF) key = pack_folded(best, best_i);
     }
+    if (lane == 0) s_key[warp] = key;
+    __syncthreads();
     if (threadIdx.x != 0) return;
-    if (best_i < V) atomicMax(ws + r, pack(best, best_i));
+#pragma unroll
+    for (int w = 1; w < NW; w++) key = max(key, s_key[w]);
+    if (key) atomicMax(ws + r, key);
     __threadfence();
-    if (atomicAdd(counters + r, 1u) == (unsigned)bpr - 1) {
-        const unsigned long long key = atomicExch(ws + r, 0ull);  // read and reset for the next launch
+    if (atomicAdd(counters + r, 1u) == (unsigned)S - 1) {
+        const unsigned long long kr = atomicExch(ws + r, 0ull);  // read and reset for the next launch
         counters[r] = 0;
-        out[r] = !key ? 0 : (key >> 32) == 0xffffffffull ? -1 : (int)~(unsigned)key;
+        out[r] = !kr ? 0 : (kr >> 32) == 0xffffffffull ? -1 : (int)~(unsigned)kr;
     }
 }
 
@@ -738,9 +804,6 @@ __device__ __forceinline__ unsigned bin_count(const unsigned* hist, unsigned k) 
     return (hist[k >> 1] >> ((k & 1u) << 4)) & 0xffffu;
 }
 
-template <typename T> struct Pair;
-template <> struct Pair<__half> { using type = __half2; };
-template <> struct Pair<__nv_bfloat16> { using type = __nv_bfloat162; };
 // The raw 16 bits of the largest of two 16-byte chunks' 16 values: 8 paired max instructions, where a test per
 // value costs several.
 template <typename T>

@@ -46,7 +46,6 @@ DECODE_ONE_SPLIT_TILES = 2          # decode_attention (CUDA cores): the same
 GEMV_MAX_ROWS = 4                   # gemv<T, TO, M> instantiations: M = 1..4
 PARTS_MAX = 8                       # add_rmsnorm_partials: most slices (PART_MAX in rmsnorm.cu)
 GEMV_MAX_WPR = 8                    # most warps per GEMV output row (gemv.cu; 1, 2, 4 or 8)
-SAMPLE_LOADS = (1, 4)                # gumbel_sample<T, NL> instantiations: 16-byte loads per thread
 MAX_SPLITS = 1024                   # cap on decode-attention splits (the last split merges them all)
 HEAD_SPLIT_KV_BYTES = 2 << 20       # decode_head_blocks: K/V a layer up to which a GQA group may span blocks
 LOG2E = 1.4426950408889634          # kernels work in log2 units: exp(x) = exp2(x * log2(e))
@@ -73,7 +72,7 @@ def kernel_names(op: str, ctype: str) -> list:
         return [] if ctype == "float" else [f"sparse_attention_tc<{ctype}, {d}>" for d in TC_HEAD_DIMS]
     if op == "sampler":  # templated on the logits type; the processing kernels exist for float only
         f32 = ["add_entries", "apply_penalties", "temperature_max", "min_p_mask", "top_k_top_p"]
-        sample = [f"gumbel_sample<{ctype}, {nl}>" for nl in SAMPLE_LOADS]
+        sample = [f"gumbel_sample<{ctype}, {gumbel_cpt(ctype)}>"]
         return sample + [f"{k}<{ctype}>" for k in ["to_fp32", "logprobs", "filter_sample"] +
                          (f32 if ctype == "float" else [])]
     if op == "gemm_skinny":
@@ -87,6 +86,12 @@ def kernel_names(op: str, ctype: str) -> list:
     if op == "activation":  # silu_mul, and the form that applies a deferred RMSNorm scale (gemm_skinny_norm's)
         return [f"silu_mul<{ctype}>", f"silu_mul_scaled<{ctype}>"]
     return [{"embedding": "embedding", "rope": "rope_qkv"}[op] + f"<{ctype}>"]
+
+
+def gumbel_cpt(ctype: str) -> int:
+    """gumbel_sample<T, CPT>'s 16-token chunks a thread per step: 2 for 16-bit logits (64 bytes in flight a
+    thread), 1 for fp32 (the same bytes; two would not fit its 64 registers)."""
+    return 1 if ctype == "float" else 2
 
 
 def gemv_warps_per_row(kc: int) -> int:
