@@ -90,7 +90,7 @@ def kernel_names(op: str, ctype: str) -> list:
 
 def gumbel_cpt(ctype: str) -> int:
     """gumbel_sample<T, CPT>'s 16-token chunks a thread per step: 2 for 16-bit logits (64 bytes in flight a
-    thread), 1 for fp32 (the same bytes; two would not fit its 64 registers)."""
+    thread), 1 for fp32 (the same bytes in flight; two would need 32 more registers a thread)."""
     return 1 if ctype == "float" else 2
 
 
