@@ -141,30 +141,32 @@ __device__ __forceinline__ A block_excl_scan(A v, A* tmp, A& total) {
 // filter_sample's. A race over the row with no barrier inside its loop. Grid: R * S blocks of GS_THREADS threads
 // (S chosen by the host so the grid is one wave); block s of row r takes the chunks [s * nc / S, (s + 1) * nc / S)
 // of the row's nc = ceil(V / 16) chunks of 16 consecutive tokens (a chunk is one coarse Philox call), CPT chunks a
-// thread per step, and issues the next step's loads before it works on this step's, so the row streams without a
-// pause: no values are parked in shared memory, and no block waits at a barrier with nothing in flight. (The
-// previous kernel, 19 short blocks a row with their values in shared memory and 6 barriers, took 13.4 us greedy
-// and 30.2 at T = 1 where this one takes 10.0 and 23.6: experiments/NOTEBOOK.md.)
-// Per chunk a thread keeps only its largest value cm (paired max instructions for 16-bit types):
+// thread per step, loaded at the top of the step: no registers hold the next step's values (a double buffer
+// spilled at 3 blocks an SM and was 2 us slower at T = 1, B = 128), and the 24 warps of an SM keep the loads in
+// flight. No values are parked in shared memory, and no block waits at a barrier with nothing in flight.
+// (experiments/NOTEBOOK.md has the earlier kernels and their timings.)
+// Per chunk a thread keeps only its largest raw value cm (paired max instructions for 16-bit types; x / T is
+// increasing in x, and cm / T enters only the bounds):
 //   greedy rows: the thread's largest value and the first chunk holding it; at the end each warp finds the first
 //     index of its largest value (one chunk read again, from L2);
-//   random rows: L, the largest exact key known to the block, a real token's, so the winner's key is >= L: first
-//     the key of each warp's largest value in the first step (one barrier shares the best of them), then the keys
-//     the fine calls compute. A chunk with cm + G_MAX < L is skipped; otherwise its coarse call gives the top byte
-//     of each token's word, and a group of 4 whose bytes all lie above the chunk's bound (from exp(cm - L + d))
-//     cannot win. The rest (~1.6% of groups once L is large) join the warp's queue in shared memory; at 32 the
-//     warp drains it, a group a lane (its 4 values read again, from L2: holding them costs registers), and
-//     publishes its best key to the block.
+//   random rows: L, the largest exact key known, a real token's, so the winner's key is >= L: first the key of
+//     each warp's largest value in the first step (found in registers; one barrier shares the best of them), then
+//     the keys the fine calls compute, shared with the row's other blocks through row_L[r] (read a step late, so
+//     no thread waits for it). A chunk with cm / T + G_MAX < L is skipped; otherwise its coarse call gives the top
+//     byte of each token's word, and a group of 4 whose bytes all lie above the chunk's bound (from
+//     exp(cm / T - L + d)) cannot win. The rest (~1.8% of groups at B = 128) join the warp's queue in shared
+//     memory with their 4 raw values; at 32 the warp drains it, a group a lane, and publishes its best key.
 // A warp whose largest value is NaN contributes (NaN, its first index), which beats every key: out = -1.
-// The block's best (key, index) merges into ws[r] by one packed 64-bit atomicMax; the row's last block writes out.
+// The block's best (key, index) merges into ws[r] by one packed 64-bit atomicMax; the row's last block writes out
+// and resets ws[r], counters[r] and row_L[r] for the next launch.
 // Tokens of a thread ascend in (step, j), so a strict `>` keeps the first chunk among equal values.
 constexpr int GS_THREADS = 256;  // gumbel_sample block
 // GS_BLOCKS: the blocks per SM that gumbel_sample's __launch_bounds__ asks the registers to allow (3: 85 registers
-// a thread; it uses 78, with two steps of loads; 2 and 4 time within 1 us of it, and 4 spills); the host sizes S
-// from it (cuda_sampler.py: GS_BLOCKS).
+// a thread; it uses 80; 2 timed within 0.3 us of it, and 4 spills); the host sizes S from it (cuda_sampler.py:
+// GS_BLOCKS).
 constexpr int GS_BLOCKS = 3;
-constexpr int GS_QUEUE = 32 + 4 * 32 * 2;  // a warp's queue of groups for fine calls (drained at 32; a step of
-                                            // up to 2 chunks a lane adds <= 256)
+// A warp's queue of groups for fine calls: drained at 32; a step of up to CPT chunks a lane adds <= 4 * 32 * CPT.
+template <int CPT> struct GsQueue { static constexpr int n = 32 + 4 * 32 * CPT; };
 __device__ __forceinline__ float max_nan(float a, float b) {  // max that propagates NaN (sm_80+)
     float d;
     asm("max.NaN.f32 %0, %1, %2;" : "=f"(d) : "f"(a), "f"(b));
@@ -183,6 +185,8 @@ __device__ __forceinline__ uint4 coarse_call(int v, unsigned pos, unsigned k0, u
 __device__ __forceinline__ uint4 fine_call(int v, unsigned pos, unsigned k0, unsigned k1) {
     return philox4x32_10(make_uint4((unsigned)v >> 2, pos, 0u, 0u), k0, k1);
 }
+// A word's uniform u = ((w >> 9) + 0.5) * 2^-23, from the bits ((w >> 9) | 1.0f) - (1 - 2^-24) (exact: Sterbenz).
+__device__ __forceinline__ float word_u(unsigned w) { return __uint_as_float((w >> 9) | 0x3f800000u) - 0.99999994f; }
 __device__ __forceinline__ unsigned token_word(int i, unsigned pos, unsigned k0, unsigned k1) {  // token i's word
     return noise_word(sel4(coarse_call(i, pos, k0, k1), (i >> 2) & 3), sel4(fine_call(i, pos, k0, k1), i & 3), i & 3);
 }
@@ -194,8 +198,7 @@ __device__ __forceinline__ void fine_group(int i0, unsigned cw, const float (&xs
     const uint4 f = fine_call(i0, pos, k0, k1);
 #pragma unroll
     for (int q = 0; q < 4; q++) {
-        // u = ((w >> 9) + 0.5) * 2^-23, from the bits ((w >> 9) | 1.0f) - (1 - 2^-24) (exact: Sterbenz)
-        const float u = __uint_as_float((noise_word(cw, sel4(f, q), q) >> 9) | 0x3f800000u) - 0.99999994f;
+        const float u = word_u(noise_word(cw, sel4(f, q), q));
         if (u > __expf(xs[q] + c)) continue;  // false for NaN (L = inf): then computed
         const float k = exact_key(xs[q], u);
         if (better(k, i0 + q, best, best_i)) { best = k; best_i = i0 + q; }
@@ -229,17 +232,45 @@ __device__ __forceinline__ float chunk_max(const uint4 (&u)[LPC]) {
 }
 __device__ __forceinline__ unsigned long long pack_folded(float v, int i) { return pack(v == 0.f ? 0.f : v, i); }
 
+// A queued group of 4 tokens: its first token, its coarse word and its 4 raw values (kept, so a drain reads shared
+// memory only: reading them again from L2 put ~1 us of latency on each drain, the last one in the kernel's tail).
+template <typename T> struct GroupRaw { using type = uint2; };  // 4 x 16 bits
+template <> struct GroupRaw<float> { using type = uint4; };
+template <typename T> struct QEntry { unsigned i0, cw; typename GroupRaw<T>::type raw; };
+// Group g (0..3) of a chunk held as LPC 16-byte pieces, by selects (a dynamic index would spill to local memory).
+template <typename T, int LPC>
+__device__ __forceinline__ typename GroupRaw<T>::type group_raw(const uint4 (&u)[LPC], int g) {
+    if constexpr (sizeof(T) == 4) {
+        return g == 0 ? u[0] : g == 1 ? u[1] : g == 2 ? u[2] : u[3];
+    } else {
+        const uint4 w = g < 2 ? u[0] : u[1];
+        return (g & 1) ? make_uint2(w.z, w.w) : make_uint2(w.x, w.y);
+    }
+}
+template <typename T>
+__device__ __forceinline__ float raw_value(const typename GroupRaw<T>::type& raw, int z) {
+    if constexpr (sizeof(T) == 4) {
+        return __uint_as_float(sel4(raw, z));
+    } else {
+        const unsigned w = z < 2 ? raw.x : raw.y;
+        union { unsigned short b; T e; } h;
+        h.b = (unsigned short)(w >> (16 * (z & 1)));
+        return to_f32(h.e);
+    }
+}
+
 template <typename T, int CPT>
 __global__ void __launch_bounds__(GS_THREADS, GS_BLOCKS)
 gumbel_sample(const T* __restrict__ logits, int V, int S, const float* __restrict__ temperature,
               const unsigned* __restrict__ seeds, const int* __restrict__ positions,
-              unsigned long long* __restrict__ ws, unsigned* __restrict__ counters, int* __restrict__ out) {
+              unsigned long long* __restrict__ ws, unsigned* __restrict__ row_L, unsigned* __restrict__ counters,
+              int* __restrict__ out) {
     constexpr int LPC = sizeof(T), VE = 16 / sizeof(T), STEP = GS_THREADS * CPT, NW = GS_THREADS / 32;
-    static_assert(GS_QUEUE >= 32 + 4 * 32 * CPT, "a step's groups must fit the queue");
-    // Random rows: each warp's queue of the groups of 4 whose coarse bytes could not rule them out (first token,
-    // coarse word), its length, and the ord_key of the largest exact key known to the block (0: none yet).
-    __shared__ uint2 s_q[NW][GS_QUEUE];
-    __shared__ unsigned s_qn[NW], s_L;
+    constexpr int QN = GsQueue<CPT>::n;
+    // Random rows: each warp's queue of the groups of 4 whose coarse bytes could not rule them out, its length, and
+    // the ord_key of the largest exact key known to the block (0: none yet).
+    __shared__ QEntry<T> s_q[NW][QN];
+    __shared__ unsigned s_L;
     __shared__ unsigned long long s_key[NW];
     const int r = blockIdx.x / S, s = blockIdx.x % S, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const float t = temperature[r];
@@ -250,6 +281,10 @@ gumbel_sample(const T* __restrict__ logits, int V, int S, const float* __restric
     const bool greedy = !(t > 0.f), div = !greedy && t != 1.f;
     const bool vec = ((size_t)V * sizeof(T)) % 16 == 0 && reinterpret_cast<size_t>(logits) % 16 == 0;
     auto value = [&](float raw) { return div ? raw / t : raw; };  // division: T = 1, 0.5 exact
+    // The loop tracks raw values (x / T is increasing in x) and scales a chunk's maximum by 1 / T for the bounds
+    // only, where an error of an ulp or two is far inside their margins; exact values (x / T, as the twin divides)
+    // are computed only for the keys.
+    const float rt = div ? 1.f / t : 1.f;
     auto chunk_of = [&](int k, int j) { return c0 + k * STEP + j * GS_THREADS + (int)threadIdx.x; };
     auto load = [&](int k, uint4 (&b)[CPT][LPC]) {
 #pragma unroll
@@ -277,8 +312,8 @@ gumbel_sample(const T* __restrict__ logits, int V, int S, const float* __restric
         for (int o = 16; o > 0; o >>= 1) v = max_nan(v, __shfl_xor_sync(0xffffffffu, v, o));
         return v;
     };
-    // The first index of the warp's largest value wm (NaN: its first NaN) over its lanes, each lane's m held first
-    // by chunk mc; the chunk is read again (from L2) by the lanes that hold wm.
+    // The first index of the warp's largest raw value wm (NaN: its first NaN) over its lanes, each lane's m held
+    // first by chunk mc; the chunk is read again (from L2) by the lanes that hold wm.
     auto warp_first = [&](float m, int mc, float wm) {
         int first = 0x7fffffff;
         if (mc >= 0 && (isnan(wm) ? isnan(m) : m == wm && wm > NEG_INF))
@@ -286,112 +321,147 @@ gumbel_sample(const T* __restrict__ logits, int V, int S, const float* __restric
             for (int e = 15; e >= 0; e--) {
                 const int i = 16 * mc + e;
                 if (i < V) {
-                    const float v = value(to_f32(row[i]));
+                    const float v = to_f32(row[i]);
                     if (isnan(wm) ? isnan(v) : v == wm) first = i;
                 }
             }
         return (int)__reduce_min_sync(0xffffffffu, (unsigned)first);
     };
 
-    uint4 cur[CPT][LPC], nxt[CPT][LPC];
+    uint4 cur[CPT][LPC];
     load(0, cur);
     const unsigned k0 = seeds[2 * r], k1 = seeds[2 * r + 1], pos = (unsigned)positions[r];
-    uint2* q = s_q[warp];
+    QEntry<T>* q = s_q[warp];
     if (threadIdx.x == 0) s_L = 0u;
-    if (lane == 0) s_qn[warp] = 0u;
     __syncthreads();  // while the first loads are in flight
     float m = NEG_INF, best = NEG_INF, L = NEG_INF;
     int mc = -1, best_i = 0x7fffffff;
-    // The fine calls of the warp's queued groups, a lane each (their 4 values read again, from L2); then the warp's
-    // best key is published for the block's other warps.
+    unsigned gL = 0u;  // lane 0: row_L[r] as read at the top of the step (the row's other blocks' best keys)
+    unsigned qn = 0u;  // the warp's queue length (the same in every lane)
+    const unsigned lanes_below = (1u << lane) - 1u;
+    // A better L for the block and the row's other blocks (one 32-bit atomicMax each; the global one is a
+    // fire-and-forget reduction).
+    auto publish = [&](float k) {
+        const unsigned o = ord_key(k);
+        atomicMax(&s_L, o);
+        atomicMax(row_L + r, o);
+    };
+    // The fine calls of the warp's queued groups, a lane each (from shared memory only); then the warp's best key
+    // is published.
     auto drain = [&]() {
-        __syncwarp();
-        const unsigned n = s_qn[warp];
-        for (unsigned b = lane; b < n; b += 32) {
-            const uint2 e = q[b];
+        __syncwarp();  // the other lanes' entries are visible
+        for (unsigned b = lane; b < qn; b += 32) {
+            const QEntry<T> e = q[b];
             float xs[4], xm = NEG_INF;
 #pragma unroll
             for (int z = 0; z < 4; z++) {
-                const int i = (int)e.x + z;
-                xs[z] = i < V ? value(to_f32(row[i])) : NEG_INF;
+                xs[z] = value(raw_value<T>(e.raw, z));  // past the row's end: -inf, as loaded
                 xm = fmaxf(xm, xs[z]);
             }
             // as for the chunk (below), with the current L and the group's own largest value
             const float c = 1e-4f + 1e-3f + 1e-5f * (fabsf(xm) + 2.f * fabsf(L) + G_MAX) - L;
-            fine_group((int)e.x, e.y, xs, c, pos, k0, k1, best, best_i);
+            fine_group((int)e.i0, e.cw, xs, c, pos, k0, k1, best, best_i);
         }
-        __syncwarp();
-        if (lane == 0) s_qn[warp] = 0u;
-        __syncwarp();
+        __syncwarp();  // every entry read before the next ones are written
+        qn = 0u;
         const float lw = warp_max(best);
-        if (lane == 0 && lw > L) atomicMax(&s_L, ord_key(lw));
+        if (lane == 0 && lw > L) publish(lw);
         L = fmaxf(L, lw);
     };
     for (int k = 0; k < steps; k++) {
-        if (k + 1 < steps) load(k + 1, nxt);
-        float cm[CPT];
+        if (k > 0) load(k, cur);
+        if (!greedy && k > 0 && lane == 0) gL = *(volatile unsigned*)(row_L + r);  // used at the step's end
+        float cm[CPT];  // raw
 #pragma unroll
         for (int j = 0; j < CPT; j++) {
-            cm[j] = value(chunk_max<T, LPC>(cur[j]));
+            cm[j] = chunk_max<T, LPC>(cur[j]);
             if (isnan(cm[j]) ? !isnan(m) : cm[j] > m) { m = cm[j]; mc = chunk_of(k, j); }
         }
         if (!greedy) {
-            if (k == 0) {  // the first bound: the key of each warp's largest value; the block keeps the best
+            if (k == 0) {  // the first bound: the key of a token holding the warp's largest value (found in the
+                           // lowest lane's registers, by raw compares); the block keeps the best (a NaN warp makes
+                           // none: it merges NaN at the end, which wins anyway)
                 const float wm = warp_max(m);
-                const int i = warp_first(m, mc, wm);
-                if (lane == 0 && i < V && !isnan(wm)) {  // a NaN warp merges NaN at the end, which wins anyway
-                    best = wm + gumbel(token_word(i, pos, k0, k1));
+                const unsigned holders = __ballot_sync(0xffffffffu, m == wm && wm > NEG_INF);
+                if (holders && lane == __ffs(holders) - 1) {
+                    int i = 0x7fffffff;
+#pragma unroll
+                    for (int j = CPT - 1; j >= 0; j--)
+#pragma unroll
+                        for (int l = LPC - 1; l >= 0; l--) {
+                            Chunk<T> h;
+                            h.u = cur[j][l];
+#pragma unroll
+                            for (int e = VE - 1; e >= 0; e--)
+                                if (to_f32(h.e[e]) == wm) i = 16 * chunk_of(0, j) + l * VE + e;
+                        }
+                    best = value(wm) + gumbel(token_word(i, pos, k0, k1));
                     best_i = i;
-                    atomicMax(&s_L, ord_key(best));
+                    publish(best);
                 }
                 __syncthreads();
             }
-            const unsigned sl = *(volatile unsigned*)&s_L;
+            const unsigned sl = max(*(volatile unsigned*)&s_L, __shfl_sync(0xffffffffu, gL, 0));
             L = fmaxf(L, sl ? key_float(sl) : NEG_INF);
+            // The coarse calls of the step's chunks, outside any per-chunk branch, so that their CPT independent
+            // Philox chains interleave (in a branch each, one chain's ~100 cycles of latency followed the other's);
+            // a warp none of whose chunks can hold a winner makes none.
+            bool live[CPT], any = false;
+#pragma unroll
+            for (int j = 0; j < CPT; j++) {  // else NaN, all -inf, or no token reaches L
+                live[j] = cm[j] > NEG_INF && cm[j] * rt + G_MAX >= L;
+                any |= live[j];
+            }
+            uint4 cw4[CPT];
+            if (__any_sync(0xffffffffu, any)) {
+#pragma unroll
+                for (int j = 0; j < CPT; j++) cw4[j] = coarse_call(16 * chunk_of(k, j), pos, k0, k1);
+            }
 #pragma unroll
             for (int j = 0; j < CPT; j++) {
-                if (!(cm[j] > NEG_INF) || cm[j] + G_MAX < L) continue;  // NaN, all -inf, or no token reaches L
-                // D covers the rounding of g, of the fast __expf and of the sums (1e-4 is a factor 1.0001), for
-                // every token that can win (x >= L - G_MAX and x <= cm, so |x| <= |cm| + |L| + G_MAX): a skipped
-                // token surely has key < L, and each skip is exact.
-                const float c = 1e-4f + 1e-3f + 1e-5f * (fabsf(cm[j]) + 2.f * fabsf(L) + G_MAX) - L;
+                unsigned pend = 0;  // the chunk's groups to queue (bit g: tokens t0 + 4g .. t0 + 4g + 3)
                 const int t0 = 16 * chunk_of(k, j);
-                const uint4 cw4 = coarse_call(t0, pos, k0, k1);
-                // One bound for the chunk: u <= exp(x + c) <= exp(cm + c) = thr implies w <= W, where
-                // W = (floor-ish(thr * 2^23) << 9) | 511 comes from the bits of thr + 1 (rounded to nearest, so its
-                // mantissa is >= thr * 2^23 - 1/2 >= the k = w >> 9 of any u = (k + 1/2) 2^-23 <= thr). A token
-                // whose coarse byte is > W >> 24 has w > W; a group passes if one of its bytes is < n = (W >> 24) +
-                // 1, found for n <= 128 with the bit trick (cw - n * 0x01010101) & ~cw & 0x80808080 (exact for a
-                // test of "any": a borrow only starts at a byte that is really below n). A group that passes joins
-                // the warp's queue (rare: ~1.6% of groups once L is large).
-                const float t1 = fminf(__expf(cm[j] + c), 0.99999988f) + 1.0f;  // < 2; NaN (L = -inf): all pass
-                const unsigned n = (((__float_as_uint(t1) & 0x7fffffu) << 9) >> 24) + 1u;
-                unsigned pend = 0;
+                if (live[j]) {
+                    // D covers the rounding of g, of the fast __expf and of the sums (1e-4 is a factor 1.0001),
+                    // for every token that can win (x >= L - G_MAX and x <= cm, so |x| <= |cm| + |L| + G_MAX), and
+                    // cm's own (a product with 1 / T: within 2 ulp of x / T): a skipped token surely has key < L,
+                    // and each skip is exact.
+                    const float cs = cm[j] * rt;
+                    const float c =
+                        1e-4f + 1e-3f + 1e-5f * (fabsf(cs) + 2.f * fabsf(L) + G_MAX) + 4e-7f * fabsf(cs) - L;
+                    // One bound for the chunk: u <= exp(x + c) <= exp(cm + c) = thr implies w <= W, where
+                    // W = (floor-ish(thr * 2^23) << 9) | 511 comes from the bits of thr + 1 (rounded to nearest, so
+                    // its mantissa is >= thr * 2^23 - 1/2 >= the k = w >> 9 of any u = (k + 1/2) 2^-23 <= thr). A
+                    // token whose coarse byte is > W >> 24 has w > W; a group passes if one of its bytes is < n =
+                    // (W >> 24) + 1, found for n <= 128 with the bit trick (cw - n * 0x01010101) & ~cw & 0x80808080
+                    // (exact for a test of "any": a borrow only starts at a byte that is really below n). A group
+                    // that passes joins the warp's queue (rare: ~1.6% of groups once L is large).
+                    // t1 < 2; NaN (L = -inf): every group passes
+                    const float t1 = fminf(__expf(cs + c), 0.99999988f) + 1.0f;
+                    const unsigned n = (((__float_as_uint(t1) & 0x7fffffu) << 9) >> 24) + 1u;
 #pragma unroll
-                for (int g = 0; g < 4; g++) {
-                    const unsigned cw = sel4(cw4, g);
-                    if (n > 128u || ((cw - n * 0x01010101u) & ~cw & 0x80808080u)) pend |= 1u << g;
+                    for (int g = 0; g < 4; g++) {
+                        const unsigned cw = sel4(cw4[j], g);
+                        if (n > 128u || ((cw - n * 0x01010101u) & ~cw & 0x80808080u)) pend |= 1u << g;
+                    }
                 }
-                if (pend) {
-                    unsigned at = atomicAdd(&s_qn[warp], (unsigned)__popc(pend));
-                    do {
-                        const int g = __ffs(pend) - 1;
-                        q[at++] = make_uint2((unsigned)(t0 + 4 * g), sel4(cw4, g));
-                    } while (pend &= pend - 1);
+                // the warp's entries, appended in lane order: each lane's count (0..4) in 3 bits, so 3 ballots give
+                // every lane its offset and the warp its total (no atomics, no shuffles)
+                const unsigned cnt = __popc(pend), b0 = __ballot_sync(0xffffffffu, cnt & 1u),
+                               b1 = __ballot_sync(0xffffffffu, cnt & 2u), b2 = __ballot_sync(0xffffffffu, cnt & 4u);
+                unsigned at = qn + __popc(b0 & lanes_below) + 2 * __popc(b1 & lanes_below) +
+                              4 * __popc(b2 & lanes_below);
+                qn += __popc(b0) + 2 * __popc(b1) + 4 * __popc(b2);
+                for (; pend; pend &= pend - 1) {
+                    const int g = __ffs(pend) - 1;
+                    q[at++] = QEntry<T>{(unsigned)(t0 + 4 * g), sel4(cw4[j], g), group_raw<T, LPC>(cur[j], g)};
                 }
             }
-            __syncwarp();
             // drained at 32 groups: a step adds at most 4 * CPT * 32, so the queue never overflows
-            if (*(volatile unsigned*)&s_qn[warp] >= 32u) drain();
-        }
-        if (k + 1 < steps) {
-#pragma unroll
-            for (int j = 0; j < CPT; j++)
-#pragma unroll
-                for (int l = 0; l < LPC; l++) cur[j][l] = nxt[j][l];
+            if (qn >= 32u) drain();
         }
     }
-    if (!greedy && s_qn[warp]) drain();
+    if (!greedy && qn) drain();
 
     // Merge: greedy rows and NaN warps the first index of the warp's largest value, random rows the best key;
     // then the block's best, and the row's in ws[r] by one packed 64-bit atomicMax a block.
@@ -419,6 +489,7 @@ gumbel_sample(const T* __restrict__ logits, int V, int S, const float* __restric
     if (atomicAdd(counters + r, 1u) == (unsigned)S - 1) {
         const unsigned long long kr = atomicExch(ws + r, 0ull);  // read and reset for the next launch
         counters[r] = 0;
+        row_L[r] = 0u;  // every block of the row has counted itself: none reads or raises it again this launch
         out[r] = !kr ? 0 : (kr >> 32) == 0xffffffffull ? -1 : (int)~(unsigned)kr;
     }
 }
@@ -1379,7 +1450,7 @@ filter_sample(const T* __restrict__ logits, int V, const float* __restrict__ tem
     // 3. Gumbel-max over the survivors
     const unsigned k0 = seeds[2 * r], k1 = seeds[2 * r + 1], pos = (unsigned)positions[r];
     auto key_of = [&](int i, float z) {
-        return z + gumbel(noise_word(sel4(coarse_call(i, pos, k0, k1), (i >> 2) & 3), sel4(fine_call(i, pos, k0, k1), i & 3), i & 3));
+        return z + gumbel(token_word(i, pos, k0, k1));
     };
     const float L = key_of(iM, M);
     auto can_win = [&](float y) {
@@ -1425,7 +1496,7 @@ filter_sample(const T* __restrict__ logits, int V, const float* __restrict__ tem
                     if (i >= V || (nh > 0 && ((bits[i >> 5] >> (i & 31)) & 1u))) continue;
                     const float y = to_f32(row[i]), z = div ? y / t : y;
                     if (!(z >= tau)) continue;
-                    const float u = __uint_as_float((noise_word(cw, sel4(f, j), j) >> 9) | 0x3f800000u) - 0.99999994f;
+                    const float u = word_u(noise_word(cw, sel4(f, j), j));
                     if (u > __expf(z + cL)) continue;
                     b = max(b, cand_key(exact_key(z, u), i));
                 }

@@ -108,6 +108,22 @@ def test_gumbel_sample_matches_twin(dtype, B, V, kind):
         assert got[3] == -1 and got[8] == -1 and got[4] == V - 1 and 0 <= got[5] < V and got[7] == V // 3
 
 
+@pytest.mark.parametrize("B", [1, 32, 128])
+def test_gumbel_sample_bound_does_not_outlive_its_launch(B):
+    """The best key a row's blocks share (row_L) is reset by the row's last block: a launch on logits 100 higher
+    first must leave no bound behind that would skip every token of the next launch's rows."""
+    rng = np.random.default_rng(B)
+    x = llm_like(rng, B, V_BIG)
+    temps = np.ones(B, np.float32)
+    _, seeds, pos = params(rng, B)
+    gpu_sample(dev(x + 50, "bfloat16"), temps, seeds, pos, "bfloat16")
+    got = gpu_sample(dev(x - 50, "bfloat16"), temps, seeds, pos, "bfloat16")
+    xr = rounded(x - 50, "bfloat16")
+    want = cpu_sample(xr, temps, seeds, pos)
+    for r in np.flatnonzero(got != want):
+        assert near_tie(xr[r], 1.0, seeds[r], pos[r], got[r], want[r]), f"row {r}: GPU {got[r]} vs CPU {want[r]}"
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_fast_path_equals_fp32_copy(dtype):
     """Sampling the 16-bit logits directly gives the very tokens of sampling their FP32 copy (T in {0, 1})."""

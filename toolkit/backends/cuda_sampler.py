@@ -50,7 +50,7 @@ class CudaSamplerKernels:
         self._optin = {}  # (kernel, ctype) -> the dynamic shared memory opted in
         self._rows = 0
         self._sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
-        self._ws = self._counters = self._rowmax = None
+        self._ws = self._counters = self._rowmax = self._row_key = None
 
     def _fn(self, name: str, ctype: str = "float", *more):
         key = (name, ctype) + more
@@ -65,6 +65,7 @@ class CudaSamplerKernels:
             self._ws = cp.zeros(rows, cp.uint64)
             self._counters = cp.zeros(rows, cp.uint32)
             self._rowmax = cp.zeros(rows, cp.uint32)
+            self._row_key = cp.zeros(rows, cp.uint32)  # gumbel_sample: the best key a row's blocks know so far
             self._rows = rows
 
     # -- checks ---------------------------------------------------------------------------------------------------
@@ -100,7 +101,8 @@ class CudaSamplerKernels:
         self.reserve(R)
         s = gumbel_splits(self._sms, R, V)
         self._fn("gumbel_sample", ct, gumbel_cpt(ct))((R * s,), (GS_THREADS,), (
-            logits, _i32(V), _i32(s), temperature, seeds, positions, self._ws, self._counters, out))
+            logits, _i32(V), _i32(s), temperature, seeds, positions, self._ws, self._row_key, self._counters,
+            out))
 
     def to_fp32(self, logits, out):
         ct, shape = self._logits("to_fp32", logits)
