@@ -20,6 +20,7 @@ V = 151936
 ANCHOR = "constexpr int GS_BLOCKS = 3;"  # the kernel's blocks per SM: variants edit it
 
 
+# the step's coarse calls as built, and as they were before this session interleaved them
 INTERLEAVED = """            // The coarse calls of the step's chunks, outside any per-chunk branch, so that their CPT independent
             // Philox chains interleave (in a branch each, one chain's ~100 cycles of latency followed the other's);
             // a warp none of whose chunks can hold a winner makes none.
@@ -44,7 +45,8 @@ INTERLEAVED = """            // The coarse calls of the step's chunks, outside a
                     // cm's own (a product with 1 / T: within 2 ulp of x / T): a skipped token surely has key < L,
                     // and each skip is exact.
                     const float cs = cm[j] * rt;
-                    const float c = 1e-4f + 1e-3f + 1e-5f * (fabsf(cs) + 2.f * fabsf(L) + G_MAX) + 4e-7f * fabsf(cs) - L;
+                    const float c =
+                        1e-4f + 1e-3f + 1e-5f * (fabsf(cs) + 2.f * fabsf(L) + G_MAX) + 4e-7f * fabsf(cs) - L;
 """
 SEPARATE = """#pragma unroll
             for (int j = 0; j < CPT; j++) {
@@ -57,7 +59,8 @@ SEPARATE = """#pragma unroll
                     // cm's own (a product with 1 / T: within 2 ulp of x / T): a skipped token surely has key < L,
                     // and each skip is exact.
                     const float cs = cm[j] * rt;
-                    const float c = 1e-4f + 1e-3f + 1e-5f * (fabsf(cs) + 2.f * fabsf(L) + G_MAX) + 4e-7f * fabsf(cs) - L;
+                    const float c =
+                        1e-4f + 1e-3f + 1e-5f * (fabsf(cs) + 2.f * fabsf(L) + G_MAX) + 4e-7f * fabsf(cs) - L;
                     cw4 = coarse_call(t0, pos, k0, k1);
 """
 
@@ -67,7 +70,6 @@ def variants():
     from toolkit.backends.cuda_kernels import kernel_source
     src = kernel_source("sampler")
     assert ANCHOR in src, f"profile_sampler: {ANCHOR!r} is no longer in sampler.cu"
-    blocks = lambda n: src.replace(ANCHOR, f"constexpr int GS_BLOCKS = {n};")
 
     def edit(text, old, new):  # an edit that no longer matches would time the kernel as built
         assert old in text, f"profile_sampler: {old!r} is no longer in sampler.cu"
