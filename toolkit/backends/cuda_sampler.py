@@ -8,8 +8,9 @@
 Every launch is a few host checks plus kernel launches on the current CuPy stream: no host synchronisation, no
 allocation, no host->device copy, and grids that depend only on (R, V), so a launch sequence can be captured in
 a CUDA graph and replayed with new data in the same buffers. The per-row workspaces (argmax merge keys, block
-counters, row maxima) start zeroed and the kernels leave them zeroed; they are allocated by `reserve(rows)` (or
-by the first eager launch with more rows than reserved: do one eager launch, or call reserve, before capturing).
+counters, row maxima, gumbel_sample's shared bounds) start zeroed and the kernels leave them zeroed; they are
+allocated by `reserve(rows)` (or by the first eager launch with more rows than reserved: do one eager launch, or
+call reserve, before capturing).
 One workspace per CudaSamplerKernels: use one stream per object.
 """
 import numpy as np
