@@ -20,48 +20,16 @@ V = 151936
 ANCHOR = "constexpr int GS_BLOCKS = 3;"  # the kernel's blocks per SM: variants edit it
 
 
-# the step's coarse calls as built, and as they were before this session interleaved them
-INTERLEAVED = """            // The coarse calls of the step's chunks, outside any per-chunk branch, so that their CPT independent
-            // Philox chains interleave (in a branch each, one chain's ~100 cycles of latency followed the other's);
-            // a warp none of whose chunks can hold a winner makes none.
-            bool live[CPT], any = false;
-#pragma unroll
-            for (int j = 0; j < CPT; j++) {  // else NaN, all -inf, or no token reaches L
-                live[j] = cm[j] > NEG_INF && cm[j] * rt + G_MAX >= L;
-                any |= live[j];
-            }
-            uint4 cw4[CPT];
-            if (__any_sync(0xffffffffu, any)) {
-#pragma unroll
-                for (int j = 0; j < CPT; j++) cw4[j] = coarse_call(16 * chunk_of(k, j), pos, k0, k1);
-            }
-#pragma unroll
-            for (int j = 0; j < CPT; j++) {
-                unsigned pend = 0;  // the chunk's groups to queue (bit g: tokens t0 + 4g .. t0 + 4g + 3)
-                const int t0 = 16 * chunk_of(k, j);
-                if (live[j]) {
-                    // D covers the rounding of g, of the fast __expf and of the sums (1e-4 is a factor 1.0001),
-                    // for every token that can win (x >= L - G_MAX and x <= cm, so |x| <= |cm| + |L| + G_MAX), and
-                    // cm's own (a product with 1 / T: within 2 ulp of x / T): a skipped token surely has key < L,
-                    // and each skip is exact.
-                    const float cs = cm[j] * rt;
-                    const float c =
-                        1e-4f + 1e-3f + 1e-5f * (fabsf(cs) + 2.f * fabsf(L) + G_MAX) + 4e-7f * fabsf(cs) - L;
-"""
-SEPARATE = """#pragma unroll
+# The step's coarse calls as built run from BLOCK_START to BLOCK_END; the variant with each chunk's call in its own
+# branch keeps the block's bound arithmetic from "// D covers" on.
+BLOCK_START = "            // The coarse calls of the step's chunks, outside any per-chunk branch"
+BLOCK_END, BOUND = "                    // One bound for the chunk", "                    // D covers the rounding"
+SEPARATE_HEAD = """#pragma unroll
             for (int j = 0; j < CPT; j++) {
                 unsigned pend = 0;  // the chunk's groups to queue (bit g: tokens t0 + 4g .. t0 + 4g + 3)
                 const int t0 = 16 * chunk_of(k, j);
                 uint4 cw4 = make_uint4(0u, 0u, 0u, 0u);
                 if (cm[j] > NEG_INF && cm[j] * rt + G_MAX >= L) {
-                    // D covers the rounding of g, of the fast __expf and of the sums (1e-4 is a factor 1.0001),
-                    // for every token that can win (x >= L - G_MAX and x <= cm, so |x| <= |cm| + |L| + G_MAX), and
-                    // cm's own (a product with 1 / T: within 2 ulp of x / T): a skipped token surely has key < L,
-                    // and each skip is exact.
-                    const float cs = cm[j] * rt;
-                    const float c =
-                        1e-4f + 1e-3f + 1e-5f * (fabsf(cs) + 2.f * fabsf(L) + G_MAX) + 4e-7f * fabsf(cs) - L;
-                    cw4 = coarse_call(t0, pos, k0, k1);
 """
 
 
@@ -97,7 +65,10 @@ def variants():
     nothing_queued = edit(edit(src, "for (; pend; pend &= pend - 1) {", "for (; pend == 0xdeadu; pend &= pend - 1) {"),
                           "qn += __popc(b0)", "qn += 0 * __popc(b0)")
     # each chunk's coarse call in the chunk's own branch
-    separate = edit(edit(src, INTERLEAVED, SEPARATE), "sel4(cw4[j], g)", "sel4(cw4, g)")  # (both uses)
+    interleaved = src[src.index(BLOCK_START):src.index(BLOCK_END)]
+    separate = (SEPARATE_HEAD + interleaved[interleaved.index(BOUND):]
+                + "                    cw4 = coarse_call(t0, pos, k0, k1);\n")
+    separate = edit(edit(src, interleaved, separate), "sel4(cw4[j], g)", "sel4(cw4, g)")  # (both uses)
     # session 5's pipeline: the next step's values in registers (a double buffer), loaded while this step works
     regs = edit(edit(edit(src, "if (k > 0) load(k, cur);",
                           "if (k + 1 < steps) load(k + 1, nxt);"),
