@@ -8,29 +8,17 @@ Two timings per case, medians of 5:
 Variants are edited copies of kernels/sampler.cu (an edit that no longer matches the source stops the run). Run it
 under `ncu --clock-control none -k regex:gumbel` with --once for the counters.
 
-    PYTHONPATH=. python3 dev/profile_sampler.py [--batch 1,32,128] [--baseline OLD_sampler.cu] [--once]
+    PYTHONPATH=. python3 dev/profile_sampler.py [--batch 1,32,128] [--baseline OLD_sampler.cu ...] [--once]
 """
 import argparse
 import pathlib
+import re
 import statistics
 
 import numpy as np
 
 V = 151936
 ANCHOR = "constexpr int GS_BLOCKS = 3;"  # the kernel's blocks per SM: variants edit it
-
-
-# The step's coarse calls as built run from BLOCK_START to BLOCK_END; the variant with each chunk's call in its own
-# branch keeps the block's bound arithmetic from "// D covers" on.
-BLOCK_START = "            // The coarse calls of the step's chunks, outside any per-chunk branch"
-BLOCK_END, BOUND = "                    // One bound for the chunk", "                    // D covers the rounding"
-SEPARATE_HEAD = """#pragma unroll
-            for (int j = 0; j < CPT; j++) {
-                unsigned pend = 0;  // the chunk's groups to queue (bit g: tokens t0 + 4g .. t0 + 4g + 3)
-                const int t0 = 16 * chunk_of(k, j);
-                uint4 cw4 = make_uint4(0u, 0u, 0u, 0u);
-                if (cm[j] > NEG_INF && cm[j] * rt + G_MAX >= L) {
-"""
 
 
 def variants():
@@ -46,53 +34,22 @@ def variants():
                  "const unsigned h = (((unsigned)v >> 4) * 0x9E3779B9u) ^ pos ^ k0 ^ k1; "
                  "return make_uint4(h, h * 3u, h * 5u, h * 7u);")
     # without the row's shared bound: each block knows only its own keys
-    no_row = edit(edit(src, "if (!greedy && k > 0 && lane == 0) gL = *(volatile unsigned*)(row_L + r);", ""),
+    no_row = edit(edit(src, 'if (!greedy && k > 0 && lane == 0) asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" '
+                            ': "=r"(gL) : "l"(row_L + r));', ""),
                   "atomicMax(row_L + r, o);", "")
-    # the block's range prefetched into L2 by bulk copies at the start (measured: no faster at T = 1, slower greedy)
-    prefetch = edit(src, """    if (threadIdx.x == 0) s_L = 0u;
-    __syncthreads();  // while the first loads are in flight""", """    if (threadIdx.x == 0) {
-        s_L = 0u;
-        if (vec) {
-            const int p0 = min(c0 + STEP, c1), p1 = min(c1, V >> 4);  // whole chunks only
-            const char* base = reinterpret_cast<const char*>(row + 16 * (size_t)p0);
-            const long long bytes = (long long)max(p1 - p0, 0) * 16 * sizeof(T);
-            for (long long o = 0; o < bytes; o += 32768)
-                asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(base + o),
-                             "r"((unsigned)min(bytes - o, 32768ll)) : "memory");
-        }
-    }
-    __syncthreads();  // while the first loads are in flight""")
-    nothing_queued = edit(edit(src, "for (; pend; pend &= pend - 1) {", "for (; pend == 0xdeadu; pend &= pend - 1) {"),
-                          "qn += __popc(b0)", "qn += 0 * __popc(b0)")
-    # each chunk's coarse call in the chunk's own branch
-    interleaved = src[src.index(BLOCK_START):src.index(BLOCK_END)]
-    separate = (SEPARATE_HEAD + interleaved[interleaved.index(BOUND):]
-                + "                    cw4 = coarse_call(t0, pos, k0, k1);\n")
-    separate = edit(edit(src, interleaved, separate), "sel4(cw4[j], g)", "sel4(cw4, g)")  # (both uses)
-    # session 5's pipeline: the next step's values in registers (a double buffer), loaded while this step works
-    regs = edit(edit(edit(src, "if (k > 0) load(k, cur);",
-                          "if (k + 1 < steps) load(k + 1, nxt);"),
-                     "    uint4 cur[CPT][LPC];\n", "    uint4 cur[CPT][LPC], nxt[CPT][LPC];\n"),
-                "            if (qn >= 32u) drain();\n        }\n", """            if (qn >= 32u) drain();
-        }
-        if (k + 1 < steps) {
-#pragma unroll
-            for (int j = 0; j < CPT; j++)
-#pragma unroll
-                for (int l = 0; l < LPC; l++) cur[j][l] = nxt[j][l];
-        }
-""")
+    # nothing appended to the queue (so no drain): the chunks' tests and the ballots stay (a test against V, which
+    # the compiler cannot see through, keeps them alive)
+    nothing_queued = edit(src, "cnt += __popc(pend[j]);",
+                          "if (pend[j] != (unsigned)V) pend[j] = 0; cnt += __popc(pend[j]);")
     at = lambda text, n: edit(text, ANCHOR, f"constexpr int GS_BLOCKS = {n};")
-    return {"as built": (src, 3, 2), "2 blocks per SM": (at(src, 2), 2, 2),
-            "coarse calls in separate branches": (separate, 3, 2),
-            "coarse calls in separate branches, 4 blocks per SM": (at(separate, 4), 4, 2),
-            "4 blocks per SM": (at(src, 4), 4, 2),
-            "next step's values in registers": (regs, 3, 2),
-            "next step's values in registers, 2 blocks per SM": (at(regs, 2), 2, 2),
-            "L2 bulk prefetch": (prefetch, 3, 2), "no row bound": (no_row, 3, 2),
+    return {"as built": (src, 3, 2), "2 blocks per SM": (at(src, 2), 2, 2), "4 blocks per SM": (at(src, 4), 4, 2),
+            "no row bound": (no_row, 3, 2),
+            "drained at 32": (edit(src, "drain_at = 48,", "drain_at = 32,"), 3, 2),
+            "drained at 64": (edit(src, "drain_at = 48,", "drain_at = 64,"), 3, 2),
             "priced: coarse Philox as a hash": (cheap, 3, 2),
             "priced: coarse test kept, nothing queued": (nothing_queued, 3, 2),
-            "priced: no coarse calls": (edit(src, "if (__any_sync(0xffffffffu, any)) {", "if (false) {"), 3, 2)}
+            "priced: no coarse calls, nothing queued": (
+                edit(nothing_queued, "if (__any_sync(0xffffffffu, any)) {", "if (false) {"), 3, 2)}
 
 
 def stats_source(src):
@@ -102,11 +59,11 @@ def stats_source(src):
         assert old in text, f"profile_sampler: {old!r} is no longer in sampler.cu"
         return text.replace(old, new)
     src = "__device__ unsigned long long g_stat[4];\n" + src
-    src = edit(src, "qn += __popc(b0)", "if (lane == 0) atomicAdd(&g_stat[0], (unsigned long long)(__popc(b0) + 2 * "
-               "__popc(b1) + 4 * __popc(b2)));\n                qn += __popc(b0)")
+    src = edit(src, "cnt += __popc(pend[j]);",
+               "cnt += __popc(pend[j]); atomicAdd(&g_stat[0], (unsigned long long)__popc(pend[j]));")
     src = edit(src, "auto drain = [&]() {", "auto drain = [&]() { if (lane == 0) atomicAdd(&g_stat[1], 1ull);")
-    src = edit(src, "if (u > __expf(xs[q] + c)) continue;", "if (u > __expf(xs[q] + c)) continue; atomicAdd(&g_stat[2], 1ull);")
-    return edit(src, "if (live[j]) {", "if (live[j]) { atomicAdd(&g_stat[3], 1ull);")
+    src = edit(src, "if (u > __expf(xr[q] * rt + c)) continue;", "if (u > __expf(xr[q] * rt + c)) continue; atomicAdd(&g_stat[2], 1ull);")
+    return edit(src, "any |= live[j];", "any |= live[j]; if (live[j]) atomicAdd(&g_stat[3], 1ull);")
 
 
 def graph_us(cp, fn, n=50, reps=5):
@@ -157,7 +114,8 @@ def main():
     ap.add_argument("--only", default="", help="time only the variants whose names contain one of these, comma-separated")
     ap.add_argument("--stats", action="store_true", help="count the as-built kernel's queued groups, drains, exact "
                     "keys and coarse calls per launch, and stop")
-    ap.add_argument("--baseline", default=None, help="another sampler.cu (an earlier gumbel_sample)")
+    ap.add_argument("--baseline", action="append", default=[],
+                    help="another sampler.cu (an earlier gumbel_sample<T, CPT>); may be repeated")
     a = ap.parse_args()
     import cupy as cp
     from toolkit.backends.cuda_kernels import OPTIONS, inline_headers
@@ -181,27 +139,20 @@ def main():
             f((R * s,), (GS_THREADS,), (x, np.int32(V), np.int32(s), temp, seeds, pos, k._ws, k._row_key,
                                          k._counters, out))
         kernels[name] = launch
-    if a.baseline:  # another sampler.cu: session 5's gumbel_sample<T, CPT> (no row bound), or session 4's <T, NL>
-        src = inline_headers(pathlib.Path(a.baseline).read_text())
-        if "gumbel_sample(const T* __restrict__ logits, int V, int S," in src:
-            name = "gumbel_sample<__nv_bfloat16, 2>"
-            f = cp.RawModule(code=src, options=OPTIONS, name_expressions=[name]).get_function(name)
+    for path in a.baseline:  # other sampler.cu files: an earlier gumbel_sample<T, CPT>, with or without row_L
+        src = inline_headers(pathlib.Path(path).read_text())
+        assert "gumbel_sample(const T* __restrict__ logits, int V, int S," in src, f"{path}: no gumbel_sample<T, CPT>"
+        name = "gumbel_sample<__nv_bfloat16, 2>"
+        f = cp.RawModule(code=src, options=OPTIONS, name_expressions=[name]).get_function(name)
+        blocks = int(re.search(r"constexpr int GS_BLOCKS = (\d+);", src).group(1))
+        row_l = "unsigned* __restrict__ row_L" in src  # session 6's on; session 5's has no row bound
 
-            def old(x, temp, seeds, pos, out):
-                R = x.shape[0]
-                s = max(1, min(sms * 3 // R, -(-V // 16) // 128))
-                f((R * s,), (GS_THREADS,), (x, np.int32(V), np.int32(s), temp, seeds, pos, k._ws, k._counters, out))
-        else:
-            names = ["gumbel_sample<__nv_bfloat16, 1>", "gumbel_sample<__nv_bfloat16, 4>"]
-            mod = cp.RawModule(code=src, options=OPTIONS, name_expressions=names)
-            fs = {1: mod.get_function(names[0]), 4: mod.get_function(names[1])}
-
-            def old(x, temp, seeds, pos, out):
-                R = x.shape[0]
-                nl = 4 if R * -(-V // (256 * 4 * 8)) >= 4 * sms else 1
-                bpr = -(-V // (256 * nl * 8))
-                fs[nl]((bpr * R,), (256,), (x, np.int32(V), temp, seeds, pos, k._ws, k._counters, out))
-        kernels[f"baseline {pathlib.Path(a.baseline).name}"] = old
+        def old(x, temp, seeds, pos, out, f=f, blocks=blocks, row_l=row_l):
+            R = x.shape[0]
+            s = max(1, min(sms * blocks // R, -(-V // 16) // 128))
+            ws = (k._ws, k._row_key, k._counters) if row_l else (k._ws, k._counters)
+            f((R * s,), (GS_THREADS,), (x, np.int32(V), np.int32(s), temp, seeds, pos, *ws, out))
+        kernels[f"baseline {pathlib.Path(path).name}"] = old
 
     rng = np.random.default_rng(0)
     for B in [int(b) for b in a.batch.split(",")]:
@@ -217,8 +168,9 @@ def main():
                 host[2, [7, 70000, 151935]] = host[2].max() + 1
                 host[3, : V // 2] = -np.inf
             sets = [cp.asarray(bf16_bits(np.roll(host, 16 * i, axis=1))) for i in range(3)]
-            for tname, tv in (("T=0", 0.0), ("T=1", 1.0), ("T=0.7", 0.7), ("mixed", None)):
-                if shape == "flat" and tname in ("T=0", "mixed"):
+            # "filtered": every row is filter_sample's (T < 0), so the launch only reads the settings and exits
+            for tname, tv in (("T=0", 0.0), ("T=1", 1.0), ("T=0.7", 0.7), ("mixed", None), ("filtered", -1.0)):
+                if shape == "flat" and tname in ("T=0", "mixed", "filtered"):
                     continue
                 t = np.full(B, tv, np.float32) if tv is not None else np.float32([0, 1, 0.7, 1.5])[np.arange(B) % 4]
                 temp = cp.asarray(t)

@@ -141,32 +141,36 @@ __device__ __forceinline__ A block_excl_scan(A v, A* tmp, A& total) {
 // filter_sample's. A race over the row with no barrier inside its loop. Grid: R * S blocks of GS_THREADS threads
 // (S chosen by the host so the grid is one wave); block s of row r takes the chunks [s * nc / S, (s + 1) * nc / S)
 // of the row's nc = ceil(V / 16) chunks of 16 consecutive tokens (a chunk is one coarse Philox call), CPT chunks a
-// thread per step, loaded at the top of the step: no registers hold the next step's values (a double buffer
-// spilled at 3 blocks an SM and was 2 us slower at T = 1, B = 128), and the 24 warps of an SM keep the loads in
-// flight. No values are parked in shared memory, and no block waits at a barrier with nothing in flight.
+// thread per step, loaded at the end of the step before (into the same registers, as soon as that step's values
+// are dead, so the loads fly during a drain and the next step's row_L read and coarse calls): no registers hold two
+// steps' values (a double buffer spilled at 3 blocks an SM and was 2 us slower at T = 1, B = 128), and the 24 warps
+// of an SM keep the loads in flight. No values are parked in shared memory, and no block waits at a barrier with nothing in flight.
 // (experiments/NOTEBOOK.md has the earlier kernels and their timings.)
 // Per chunk a thread keeps only its largest raw value cm (paired max instructions for 16-bit types; x / T is
 // increasing in x, and cm / T enters only the bounds):
 //   greedy rows: the thread's largest value and the first chunk holding it; at the end each warp finds the first
-//     index of its largest value (one chunk read again, from L2);
+//     index of its largest value (one chunk read again, from L2); random rows keep the largest value only;
 //   random rows: L, the largest exact key known, a real token's, so the winner's key is >= L: first the key of
-//     each warp's largest value in the first step (found in registers; one barrier shares the best of them), then
-//     the keys the fine calls compute, shared with the row's other blocks through row_L[r] (read a step late, so
-//     no thread waits for it). A chunk with cm / T + G_MAX < L is skipped; otherwise its coarse call gives the top
+//     each warp's largest value in the first step (found in registers; one barrier shares the best of them: each
+//     warp going on with its own key instead was 2 us slower at B = 128), then
+//     the keys the fine calls compute, shared with the row's other blocks through row_L[r] (read at the top of a
+//     step, while its loads fly). A chunk with cm / T + G_MAX < L is skipped; otherwise its coarse call gives the top
 //     byte of each token's word, and a group of 4 whose bytes all lie above the chunk's bound (from
 //     exp(cm / T - L + d)) cannot win. The rest (~1.8% of groups at B = 128) join the warp's queue in shared
-//     memory with their 4 raw values; at 32 the warp drains it, a group a lane, and publishes its best key.
-// A warp whose largest value is NaN contributes (NaN, its first index), which beats every key: out = -1.
+//     memory with their 4 raw values; at 48 the warp drains it, a group a lane, and publishes its best key.
+// A warp whose largest value is NaN contributes NaN, which beats every key: out = -1 (greedy rows: with its first
+// index; random rows: any index).
 // The block's best (key, index) merges into ws[r] by one packed 64-bit atomicMax; the row's last block writes out
 // and resets ws[r], counters[r] and row_L[r] for the next launch.
 // Tokens of a thread ascend in (step, j), so a strict `>` keeps the first chunk among equal values.
 constexpr int GS_THREADS = 256;  // gumbel_sample block
 // GS_BLOCKS: the blocks per SM that gumbel_sample's __launch_bounds__ asks the registers to allow (3: 85 registers
-// a thread; it uses 80; 2 timed within 0.3 us of it, and 4 spills); the host sizes S from it (cuda_sampler.py:
+// a thread; it uses 70; 2 is 0.5 us slower at B = 128 and 1 us faster at B = 32, 4 is slower); the host sizes S from it (cuda_sampler.py:
 // GS_BLOCKS).
 constexpr int GS_BLOCKS = 3;
-// A warp's queue of groups for fine calls: drained at 32; a step of up to CPT chunks a lane adds <= 4 * 32 * CPT.
-template <int CPT> struct GsQueue { static constexpr int n = 32 + 4 * 32 * CPT; };
+// A warp's queue of groups for fine calls: drained at 48 (at B = 128, T = 1, 0.5 us faster than at 32 on LLM-shaped
+// logits, 0.4 slower on N(0, 3) ones; 64 and 96 widen both); a step of up to CPT chunks a lane adds <= 4 * 32 * CPT.
+template <int CPT> struct GsQueue { static constexpr int drain_at = 48, n = drain_at + 4 * 32 * CPT; };
 __device__ __forceinline__ float max_nan(float a, float b) {  // max that propagates NaN (sm_80+)
     float d;
     asm("max.NaN.f32 %0, %1, %2;" : "=f"(d) : "f"(a), "f"(b));
@@ -191,18 +195,27 @@ __device__ __forceinline__ unsigned token_word(int i, unsigned pos, unsigned k0,
     return noise_word(sel4(coarse_call(i, pos, k0, k1), (i >> 2) & 3), sel4(fine_call(i, pos, k0, k1), i & 3), i & 3);
 }
 
-// The fine stage of the group of 4 tokens i0..i0+3 (i0 % 4 == 0; xs their values, cw their coarse word): one
+// The fine stage of the group of 4 tokens i0..i0+3 (i0 % 4 == 0; xr their raw values, cw their coarse word): one
 // Philox call, then per token the exact test u <= exp(x + c) and, for the rare token that passes, its exact key.
-__device__ __forceinline__ void fine_group(int i0, unsigned cw, const float (&xs)[4], float c, unsigned pos,
-                                           unsigned k0, unsigned k1, float& best, int& best_i) {
+// The test takes x as xr * rt (within 2 ulp of xr / T: c's margin covers it); only a key divides (as the twin does).
+__device__ __forceinline__ void fine_group(int i0, unsigned cw, const float (&xr)[4], float rt, float t, bool div,
+                                           float c, unsigned pos, unsigned k0, unsigned k1, float& best, int& best_i) {
     const uint4 f = fine_call(i0, pos, k0, k1);
 #pragma unroll
     for (int q = 0; q < 4; q++) {
         const float u = word_u(noise_word(cw, sel4(f, q), q));
-        if (u > __expf(xs[q] + c)) continue;  // false for NaN (L = inf): then computed
-        const float k = exact_key(xs[q], u);
+        if (u > __expf(xr[q] * rt + c)) continue;  // false for NaN (L = inf): then computed
+        const float k = exact_key(div ? xr[q] / t : xr[q], u);
         if (better(k, i0 + q, best, best_i)) { best = k; best_i = i0 + q; }
     }
+}
+
+// A 16-byte load kept where it is written (asm volatile): the next step's loads go out before a drain and the next
+// step's coarse calls, not at their first use.
+__device__ __forceinline__ uint4 ld_early(const uint4* p) {
+    uint4 v;
+    asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
 }
 
 template <typename T> struct Pair;
@@ -234,6 +247,8 @@ __device__ __forceinline__ unsigned long long pack_folded(float v, int i) { retu
 
 // A queued group of 4 tokens: its first token, its coarse word and its 4 raw values (kept, so a drain reads shared
 // memory only: reading them again from L2 put ~1 us of latency on each drain, the last one in the kernel's tail).
+// (Queueing whole chunks instead, a lane's chunk stored as held, cut the appends' selects but left a drain a loop
+// over each chunk's groups: 4 us slower at B = 32.)
 template <typename T> struct GroupRaw { using type = uint2; };  // 4 x 16 bits
 template <> struct GroupRaw<float> { using type = uint4; };
 template <typename T> struct QEntry { unsigned i0, cw; typename GroupRaw<T>::type raw; };
@@ -267,24 +282,16 @@ gumbel_sample(const T* __restrict__ logits, int V, int S, const float* __restric
               int* __restrict__ out) {
     constexpr int LPC = sizeof(T), VE = 16 / sizeof(T), STEP = GS_THREADS * CPT, NW = GS_THREADS / 32;
     constexpr int QN = GsQueue<CPT>::n;
-    // Random rows: each warp's queue of the groups of 4 whose coarse bytes could not rule them out, its length, and
-    // the ord_key of the largest exact key known to the block (0: none yet).
+    // Random rows: each warp's queue of the groups of 4 whose coarse bytes could not rule them out, and the ord_key
+    // of the largest exact key known to the block (0: none yet).
     __shared__ QEntry<T> s_q[NW][QN];
     __shared__ unsigned s_L;
     __shared__ unsigned long long s_key[NW];
     const int r = blockIdx.x / S, s = blockIdx.x % S, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const float t = temperature[r];
-    if (t < 0.f) return;  // a fast-path row with processing: filter_sample's (no block of the row counts in ws)
     const int nc = (V + 15) >> 4, c0 = (int)((long long)nc * s / S), c1 = (int)((long long)nc * (s + 1) / S);
     const int steps = (c1 - c0 + STEP - 1) / STEP;
     const T* row = logits + (size_t)r * V;
-    const bool greedy = !(t > 0.f), div = !greedy && t != 1.f;
     const bool vec = ((size_t)V * sizeof(T)) % 16 == 0 && reinterpret_cast<size_t>(logits) % 16 == 0;
-    auto value = [&](float raw) { return div ? raw / t : raw; };  // division: T = 1, 0.5 exact
-    // The loop tracks raw values (x / T is increasing in x) and scales a chunk's maximum by 1 / T for the bounds
-    // only, where an error of an ulp or two is far inside their margins; exact values (x / T, as the twin divides)
-    // are computed only for the keys.
-    const float rt = div ? 1.f / t : 1.f;
     auto chunk_of = [&](int k, int j) { return c0 + k * STEP + j * GS_THREADS + (int)threadIdx.x; };
     auto load = [&](int k, uint4 (&b)[CPT][LPC]) {
 #pragma unroll
@@ -292,7 +299,7 @@ gumbel_sample(const T* __restrict__ logits, int V, int S, const float* __restric
             const int c = chunk_of(k, j);
             if (vec && c < c1 && 16 * c + 16 <= V) {
 #pragma unroll
-                for (int l = 0; l < LPC; l++) b[j][l] = reinterpret_cast<const uint4*>(row + 16 * c)[l];
+                for (int l = 0; l < LPC; l++) b[j][l] = ld_early(reinterpret_cast<const uint4*>(row + 16 * c) + l);
             } else {  // past the block's chunks, or the row's last chunk partly past its end: -inf
 #pragma unroll
                 for (int l = 0; l < LPC; l++) {
@@ -307,6 +314,19 @@ gumbel_sample(const T* __restrict__ logits, int V, int S, const float* __restric
             }
         }
     };
+    uint4 cur[CPT][LPC];
+    const float t = temperature[r];
+    const unsigned k0 = seeds[2 * r], k1 = seeds[2 * r + 1], pos = (unsigned)positions[r];
+    // A fast-path row with processing is filter_sample's (no block of the row counts in ws). Its launch reads no
+    // logits: issuing the first loads before this test cost an all-filtered launch 0.6 us and bought nothing.
+    if (t < 0.f) return;
+    load(0, cur);
+    const bool greedy = !(t > 0.f), div = !greedy && t != 1.f;
+    auto value = [&](float raw) { return div ? raw / t : raw; };  // division: T = 1, 0.5 exact
+    // The loop tracks raw values (x / T is increasing in x) and scales a chunk's maximum by 1 / T for the bounds
+    // only, where an error of an ulp or two is far inside their margins; exact values (x / T, as the twin divides)
+    // are computed only for the keys.
+    const float rt = div ? 1.f / t : 1.f;
     auto warp_max = [&](float v) {
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) v = max_nan(v, __shfl_xor_sync(0xffffffffu, v, o));
@@ -328,9 +348,6 @@ gumbel_sample(const T* __restrict__ logits, int V, int S, const float* __restric
         return (int)__reduce_min_sync(0xffffffffu, (unsigned)first);
     };
 
-    uint4 cur[CPT][LPC];
-    load(0, cur);
-    const unsigned k0 = seeds[2 * r], k1 = seeds[2 * r + 1], pos = (unsigned)positions[r];
     QEntry<T>* q = s_q[warp];
     if (threadIdx.x == 0) s_L = 0u;
     __syncthreads();  // while the first loads are in flight
@@ -352,15 +369,16 @@ gumbel_sample(const T* __restrict__ logits, int V, int S, const float* __restric
         __syncwarp();  // the other lanes' entries are visible
         for (unsigned b = lane; b < qn; b += 32) {
             const QEntry<T> e = q[b];
-            float xs[4], xm = NEG_INF;
+            float xr[4], xm = NEG_INF;
 #pragma unroll
             for (int z = 0; z < 4; z++) {
-                xs[z] = value(raw_value<T>(e.raw, z));  // past the row's end: -inf, as loaded
-                xm = fmaxf(xm, xs[z]);
+                xr[z] = raw_value<T>(e.raw, z);  // past the row's end: -inf, as loaded
+                xm = fmaxf(xm, xr[z]);
             }
-            // as for the chunk (below), with the current L and the group's own largest value
-            const float c = 1e-4f + 1e-3f + 1e-5f * (fabsf(xm) + 2.f * fabsf(L) + G_MAX) - L;
-            fine_group((int)e.i0, e.cw, xs, c, pos, k0, k1, best, best_i);
+            xm *= rt;
+            // as for the chunk (below), with the current L and the group's own largest value (a product with 1 / T)
+            const float c = 1e-4f + 1e-3f + 1e-5f * (1.04f * fabsf(xm) + 2.f * fabsf(L) + G_MAX) - L;
+            fine_group((int)e.i0, e.cw, xr, rt, t, div, c, pos, k0, k1, best, best_i);
         }
         __syncwarp();  // every entry read before the next ones are written
         qn = 0u;
@@ -369,13 +387,19 @@ gumbel_sample(const T* __restrict__ logits, int V, int S, const float* __restric
         L = fmaxf(L, lw);
     };
     for (int k = 0; k < steps; k++) {
-        if (k > 0) load(k, cur);
-        if (!greedy && k > 0 && lane == 0) gL = *(volatile unsigned*)(row_L + r);  // used at the step's end
+        // the row's other blocks' best key, read while the step's loads fly so that one wait covers both (read in
+        // the middle of a step, the loop's branch waited for it); a relaxed load at GPU scope, not a volatile one
+        if (!greedy && k > 0 && lane == 0) asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(gL) : "l"(row_L + r));
         float cm[CPT];  // raw
 #pragma unroll
         for (int j = 0; j < CPT; j++) {
             cm[j] = chunk_max<T, LPC>(cur[j]);
-            if (isnan(cm[j]) ? !isnan(m) : cm[j] > m) { m = cm[j]; mc = chunk_of(k, j); }
+            if (!greedy)  // random rows need no index with m: their NaN samples -1, whatever its index
+                m = max_nan(m, cm[j]);
+            else if (isnan(cm[j]) ? !isnan(m) : cm[j] > m) {
+                m = cm[j];
+                mc = chunk_of(k, j);
+            }
         }
         if (!greedy) {
             if (k == 0) {  // the first bound: the key of a token holding the warp's largest value (found in the
@@ -412,54 +436,64 @@ gumbel_sample(const T* __restrict__ logits, int V, int S, const float* __restric
                 live[j] = cm[j] > NEG_INF && cm[j] * rt + G_MAX >= L;
                 any |= live[j];
             }
-            uint4 cw4[CPT];
+            uint4 cw4[CPT] = {};  // zero where no call is made: no group of a dead chunk passes (n = 0 below)
             if (__any_sync(0xffffffffu, any)) {
 #pragma unroll
                 for (int j = 0; j < CPT; j++) cw4[j] = coarse_call(16 * chunk_of(k, j), pos, k0, k1);
             }
+            // D covers the rounding of g, of the fast exp and of the sums (1e-4 is a factor 1.0001), for every
+            // token that can win (x >= L - G_MAX and x <= cm, so |x| <= |cm| + |L| + G_MAX), and cm's own (a product
+            // with 1 / T: within 2 ulp of x / T): a skipped token surely has key < L, and each skip is exact. With
+            // cs = cm / T: c = 1e-4 + 1e-3 + 1e-5 (|cs| + 2 |L| + G_MAX) + 4e-7 |cs| - L, so cs + c =
+            // cs + 1.04e-5 |cs| + cL, cL the step's part; in log2 units, two FMAs from cm.
+            const float cL2 = (1.1e-3f + 1e-5f * (2.f * fabsf(L) + G_MAX) - L) * 1.44269504f;
+            const float r2 = rt * 1.44269504f, rk2 = 1.04e-5f * r2;
+            unsigned pend[CPT], cnt = 0;  // each chunk's groups to queue (bit g: its tokens 4g .. 4g + 3)
 #pragma unroll
             for (int j = 0; j < CPT; j++) {
-                unsigned pend = 0;  // the chunk's groups to queue (bit g: tokens t0 + 4g .. t0 + 4g + 3)
-                const int t0 = 16 * chunk_of(k, j);
-                if (live[j]) {
-                    // D covers the rounding of g, of the fast __expf and of the sums (1e-4 is a factor 1.0001),
-                    // for every token that can win (x >= L - G_MAX and x <= cm, so |x| <= |cm| + |L| + G_MAX), and
-                    // cm's own (a product with 1 / T: within 2 ulp of x / T): a skipped token surely has key < L,
-                    // and each skip is exact.
-                    const float cs = cm[j] * rt;
-                    const float c =
-                        1e-4f + 1e-3f + 1e-5f * (fabsf(cs) + 2.f * fabsf(L) + G_MAX) + 4e-7f * fabsf(cs) - L;
-                    // One bound for the chunk: u <= exp(x + c) <= exp(cm + c) = thr implies w <= W, where
-                    // W = (floor-ish(thr * 2^23) << 9) | 511 comes from the bits of thr + 1 (rounded to nearest, so
-                    // its mantissa is >= thr * 2^23 - 1/2 >= the k = w >> 9 of any u = (k + 1/2) 2^-23 <= thr). A
-                    // token whose coarse byte is > W >> 24 has w > W; a group passes if one of its bytes is < n =
-                    // (W >> 24) + 1, found for n <= 128 with the bit trick (cw - n * 0x01010101) & ~cw & 0x80808080
-                    // (exact for a test of "any": a borrow only starts at a byte that is really below n). A group
-                    // that passes joins the warp's queue (rare: ~1.6% of groups once L is large).
-                    // t1 < 2; NaN (L = -inf): every group passes
-                    const float t1 = fminf(__expf(cs + c), 0.99999988f) + 1.0f;
-                    const unsigned n = (((__float_as_uint(t1) & 0x7fffffu) << 9) >> 24) + 1u;
+                // One bound for the chunk: u <= exp(x + c) <= exp(cs + c) = thr implies w <= W, where
+                // W = (floor-ish(thr * 2^23) << 9) | 511 comes from the bits of thr + 1 (rounded to nearest, so its
+                // mantissa is >= thr * 2^23 - 1/2 >= the k = w >> 9 of any u = (k + 1/2) 2^-23 <= thr). A token
+                // whose coarse byte is > W >> 24 has w > W; a group passes if one of its bytes is < n = (W >> 24) + 1,
+                // found for n <= 128 with the bit trick (cw - n * 0x01010101) & ~cw & 0x80808080 (exact for a test
+                // of "any": a borrow only starts at a byte that is really below n). A group that passes joins the
+                // warp's queue (rare: ~1.6% of groups once L is large). t1 < 2; NaN (L = -inf): every group passes;
+                // a dead chunk (not live) gets n = 0, which no byte is below.
+                float e;
+                asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(fmaf(fabsf(cm[j]), rk2, fmaf(cm[j], r2, cL2))));
+                const float t1 = fminf(e, 0.99999988f) + 1.0f;
+                const unsigned n = live[j] ? ((__float_as_uint(t1) >> 15) & 0xffu) + 1u : 0u;
+                pend[j] = 0;
 #pragma unroll
-                    for (int g = 0; g < 4; g++) {
-                        const unsigned cw = sel4(cw4[j], g);
-                        if (n > 128u || ((cw - n * 0x01010101u) & ~cw & 0x80808080u)) pend |= 1u << g;
-                    }
+                for (int g = 0; g < 4; g++) {
+                    const unsigned cw = sel4(cw4[j], g);
+                    if (n > 128u || ((cw - n * 0x01010101u) & ~cw & 0x80808080u)) pend[j] |= 1u << g;
                 }
-                // the warp's entries, appended in lane order: each lane's count (0..4) in 3 bits, so 3 ballots give
-                // every lane its offset and the warp its total (no atomics, no shuffles)
-                const unsigned cnt = __popc(pend), b0 = __ballot_sync(0xffffffffu, cnt & 1u),
-                               b1 = __ballot_sync(0xffffffffu, cnt & 2u), b2 = __ballot_sync(0xffffffffu, cnt & 4u);
-                unsigned at = qn + __popc(b0 & lanes_below) + 2 * __popc(b1 & lanes_below) +
-                              4 * __popc(b2 & lanes_below);
-                qn += __popc(b0) + 2 * __popc(b1) + 4 * __popc(b2);
-                for (; pend; pend &= pend - 1) {
-                    const int g = __ffs(pend) - 1;
-                    q[at++] = QEntry<T>{(unsigned)(t0 + 4 * g), sel4(cw4[j], g), group_raw<T, LPC>(cur[j], g)};
-                }
+                cnt += __popc(pend[j]);
             }
-            // drained at 32 groups: a step adds at most 4 * CPT * 32, so the queue never overflows
-            if (qn >= 32u) drain();
+            // the warp's entries, appended in lane order: each lane's count (0..4 * CPT <= 8) in 4 bits, so 4 ballots
+            // a step give every lane its offset and the warp its total (no atomics, no shuffles)
+            static_assert(CPT <= 3, "a lane's count of queued groups a step must fit in 4 bits");
+            unsigned at = qn;
+#pragma unroll
+            for (int bit = 0; bit < 4; bit++) {
+                const unsigned bb = __ballot_sync(0xffffffffu, cnt & (1u << bit));
+                at += __popc(bb & lanes_below) << bit;
+                qn += __popc(bb) << bit;
+            }
+#pragma unroll
+            for (int j = 0; j < CPT; j++)
+                for (unsigned p = pend[j]; p; p &= p - 1) {
+                    const int g = __ffs(p) - 1;
+                    q[at++] = QEntry<T>{(unsigned)(16 * chunk_of(k, j) + 4 * g), sel4(cw4[j], g),
+                                        group_raw<T, LPC>(cur[j], g)};
+                }
+            // a step adds at most 4 * CPT * 32, so the queue never overflows
         }
+        // The next step's loads go out as soon as this step's values are dead (before a drain, and the next
+        // step's row_L read and coarse calls, which need no value): the same registers, some latency covered.
+        if (k + 1 < steps) load(k + 1, cur);
+        if (!greedy && qn >= (unsigned)GsQueue<CPT>::drain_at) drain();
     }
     if (!greedy && qn) drain();
 
@@ -467,9 +501,11 @@ gumbel_sample(const T* __restrict__ logits, int V, int S, const float* __restric
     // then the block's best, and the row's in ws[r] by one packed 64-bit atomicMax a block.
     const float wm = warp_max(m);
     unsigned long long key = 0;
-    if (greedy || isnan(wm)) {
+    if (greedy) {
         const int i = warp_first(m, mc, wm);
         if (i < V) key = pack_folded(wm, i);
+    } else if (isnan(wm)) {
+        key = pack(wm, 0);  // any index: a row holding a NaN samples -1
     } else {
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) {
