@@ -44,8 +44,7 @@ def variants():
     at = lambda text, n: edit(text, ANCHOR, f"constexpr int GS_BLOCKS = {n};")
     return {"as built": (src, 3, 2), "2 blocks per SM": (at(src, 2), 2, 2), "4 blocks per SM": (at(src, 4), 4, 2),
             "no row bound": (no_row, 3, 2),
-            "drained at 32": (edit(src, "drain_at = 48,", "drain_at = 32,"), 3, 2),
-            "drained at 64": (edit(src, "drain_at = 48,", "drain_at = 64,"), 3, 2),
+            "11 slots a lane": (edit(src, "slots = 4 * CPT + 1;", "slots = 4 * CPT + 3;"), 3, 2),
             "priced: coarse Philox as a hash": (cheap, 3, 2),
             "priced: coarse test kept, nothing queued": (nothing_queued, 3, 2),
             "priced: no coarse calls, nothing queued": (

@@ -142,7 +142,7 @@ __device__ __forceinline__ A block_excl_scan(A v, A* tmp, A& total) {
 // (S chosen by the host so the grid is one wave); block s of row r takes the chunks [s * nc / S, (s + 1) * nc / S)
 // of the row's nc = ceil(V / 16) chunks of 16 consecutive tokens (a chunk is one coarse Philox call), CPT chunks a
 // thread per step, loaded at the end of the step before (into the same registers, as soon as that step's values
-// are dead, so the loads fly during a drain and the next step's row_L read and coarse calls): no registers hold two
+// are dead, so the loads fly during the next step's row_L read and coarse calls): no registers hold two
 // steps' values (a double buffer spilled at 3 blocks an SM and was 2 us slower at T = 1, B = 128), and the 24 warps
 // of an SM keep the loads in flight. No values are parked in shared memory, and no block waits at a barrier with nothing in flight.
 // (experiments/NOTEBOOK.md has the earlier kernels and their timings.)
@@ -157,7 +157,8 @@ __device__ __forceinline__ A block_excl_scan(A v, A* tmp, A& total) {
 //     step, while its loads fly). A chunk with cm / T + G_MAX < L is skipped; otherwise its coarse call gives the top
 //     byte of each token's word, and a group of 4 whose bytes all lie above the chunk's bound (from
 //     exp(cm / T - L + d)) cannot win. The rest (~1.8% of groups at B = 128) join the warp's queue in shared
-//     memory with their 4 raw values; at 48 the warp drains it, a group a lane, and publishes its best key.
+//     memory with their 4 raw values, each lane in its own slots; the warp drains them, a group a lane, before a
+//     step that could overflow a lane and at the end (at B = 128 nearly always only then), and publishes its best key.
 // A warp whose largest value is NaN contributes NaN, which beats every key: out = -1 (greedy rows: with its first
 // index; random rows: any index).
 // The block's best (key, index) merges into ws[r] by one packed 64-bit atomicMax; the row's last block writes out
@@ -165,12 +166,13 @@ __device__ __forceinline__ A block_excl_scan(A v, A* tmp, A& total) {
 // Tokens of a thread ascend in (step, j), so a strict `>` keeps the first chunk among equal values.
 constexpr int GS_THREADS = 256;  // gumbel_sample block
 // GS_BLOCKS: the blocks per SM that gumbel_sample's __launch_bounds__ asks the registers to allow (3: 85 registers
-// a thread; it uses 70; 2 is 0.5 us slower at B = 128 and 1 us faster at B = 32, 4 is slower); the host sizes S from it (cuda_sampler.py:
-// GS_BLOCKS).
+// a thread; it uses 77; 2 was 0.5 us slower at B = 128 and 1 us faster at B = 32, 4 slower); the host sizes S from
+// it (cuda_sampler.py: GS_BLOCKS).
 constexpr int GS_BLOCKS = 3;
-// A warp's queue of groups for fine calls: drained at 48 (at B = 128, T = 1, 0.5 us faster than at 32 on LLM-shaped
-// logits, 0.4 slower on N(0, 3) ones; 64 and 96 widen both); a step of up to CPT chunks a lane adds <= 4 * 32 * CPT.
-template <int CPT> struct GsQueue { static constexpr int drain_at = 48, n = drain_at + 4 * 32 * CPT; };
+// A warp's queue of groups for fine calls: `slots` entries a lane, each lane appending to its own (no ballots a
+// step); a step of up to CPT chunks adds <= 4 * CPT a lane, and the warp drains before a step that would overflow a
+// lane (at B = 128 ~1.1 entries a lane in a warp's life, so nearly always once, at the end).
+template <int CPT> struct GsQueue { static constexpr int slots = 4 * CPT + 1; };
 __device__ __forceinline__ float max_nan(float a, float b) {  // max that propagates NaN (sm_80+)
     float d;
     asm("max.NaN.f32 %0, %1, %2;" : "=f"(d) : "f"(a), "f"(b));
@@ -210,8 +212,8 @@ __device__ __forceinline__ void fine_group(int i0, unsigned cw, const float (&xr
     }
 }
 
-// A 16-byte load kept where it is written (asm volatile): the next step's loads go out before a drain and the next
-// step's coarse calls, not at their first use.
+// A 16-byte load kept where it is written (asm volatile): the next step's loads go out ahead of the next step's
+// row_L read and coarse calls, not at their first use.
 __device__ __forceinline__ uint4 ld_early(const uint4* p) {
     uint4 v;
     asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
@@ -281,10 +283,11 @@ gumbel_sample(const T* __restrict__ logits, int V, int S, const float* __restric
               unsigned long long* __restrict__ ws, unsigned* __restrict__ row_L, unsigned* __restrict__ counters,
               int* __restrict__ out) {
     constexpr int LPC = sizeof(T), VE = 16 / sizeof(T), STEP = GS_THREADS * CPT, NW = GS_THREADS / 32;
-    constexpr int QN = GsQueue<CPT>::n;
+    constexpr int QS = GsQueue<CPT>::slots;
     // Random rows: each warp's queue of the groups of 4 whose coarse bytes could not rule them out, and the ord_key
     // of the largest exact key known to the block (0: none yet).
-    __shared__ QEntry<T> s_q[NW][QN];
+    __shared__ QEntry<T> s_q[NW][QS * 32];  // entry (slot, lane) at slot * 32 + lane
+    __shared__ unsigned s_pre[NW][32];      // a drain's inclusive prefix sums of the lanes' counts
     __shared__ unsigned s_L;
     __shared__ unsigned long long s_key[NW];
     const int r = blockIdx.x / S, s = blockIdx.x % S, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -354,8 +357,7 @@ gumbel_sample(const T* __restrict__ logits, int V, int S, const float* __restric
     float m = NEG_INF, best = NEG_INF, L = NEG_INF;
     int mc = -1, best_i = 0x7fffffff;
     unsigned gL = 0u;  // lane 0: row_L[r] as read at the top of the step (the row's other blocks' best keys)
-    unsigned qn = 0u;  // the warp's queue length (the same in every lane)
-    const unsigned lanes_below = (1u << lane) - 1u;
+    unsigned mine = 0u;  // the lane's queued entries
     // A better L for the block and the row's other blocks (one 32-bit atomicMax each; the global one is a
     // fire-and-forget reduction).
     auto publish = [&](float k) {
@@ -363,12 +365,25 @@ gumbel_sample(const T* __restrict__ logits, int V, int S, const float* __restric
         atomicMax(&s_L, o);
         atomicMax(row_L + r, o);
     };
-    // The fine calls of the warp's queued groups, a lane each (from shared memory only); then the warp's best key
-    // is published.
+    // The fine calls of the warp's queued groups, a group a lane (from shared memory only): the lanes' entries are
+    // numbered in (lane, slot) order by a prefix sum, and entry b's owner found by a 5-step search; then the
+    // warp's best key is published.
     auto drain = [&]() {
-        __syncwarp();  // the other lanes' entries are visible
-        for (unsigned b = lane; b < qn; b += 32) {
-            const QEntry<T> e = q[b];
+        unsigned incl = mine;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const unsigned v = __shfl_up_sync(0xffffffffu, incl, o);
+            if (lane >= o) incl += v;
+        }
+        const unsigned total = __shfl_sync(0xffffffffu, incl, 31);
+        s_pre[warp][lane] = incl;
+        __syncwarp();  // the other lanes' entries and sums are visible
+        for (unsigned b = lane; b < total; b += 32) {
+            int o = 0;  // the first lane whose inclusive sum exceeds b
+#pragma unroll
+            for (int w = 16; w > 0; w >>= 1)
+                if (s_pre[warp][o + w - 1] <= b) o += w;
+            const QEntry<T> e = q[(b - (o ? s_pre[warp][o - 1] : 0u)) * 32 + o];
             float xr[4], xm = NEG_INF;
 #pragma unroll
             for (int z = 0; z < 4; z++) {
@@ -380,8 +395,8 @@ gumbel_sample(const T* __restrict__ logits, int V, int S, const float* __restric
             const float c = 1e-4f + 1e-3f + 1e-5f * (1.04f * fabsf(xm) + 2.f * fabsf(L) + G_MAX) - L;
             fine_group((int)e.i0, e.cw, xr, rt, t, div, c, pos, k0, k1, best, best_i);
         }
-        __syncwarp();  // every entry read before the next ones are written
-        qn = 0u;
+        __syncwarp();  // every entry and sum read before the next ones are written
+        mine = 0u;
         const float lw = warp_max(best);
         if (lane == 0 && lw > L) publish(lw);
         L = fmaxf(L, lw);
@@ -467,35 +482,27 @@ gumbel_sample(const T* __restrict__ logits, int V, int S, const float* __restric
 #pragma unroll
                 for (int g = 0; g < 4; g++) {
                     const unsigned cw = sel4(cw4[j], g);
-                    if (n > 128u || ((cw - n * 0x01010101u) & ~cw & 0x80808080u)) pend[j] |= 1u << g;
+                    // bitwise, not ||: the short circuit cost a branch a chunk
+                    pend[j] |= (unsigned)((n > 128u) | (((cw - n * 0x01010101u) & ~cw & 0x80808080u) != 0u)) << g;
                 }
                 cnt += __popc(pend[j]);
             }
-            // the warp's entries, appended in lane order: each lane's count (0..4 * CPT <= 8) in 4 bits, so 4 ballots
-            // a step give every lane its offset and the warp its total (no atomics, no shuffles)
-            static_assert(CPT <= 3, "a lane's count of queued groups a step must fit in 4 bits");
-            unsigned at = qn;
-#pragma unroll
-            for (int bit = 0; bit < 4; bit++) {
-                const unsigned bb = __ballot_sync(0xffffffffu, cnt & (1u << bit));
-                at += __popc(bb & lanes_below) << bit;
-                qn += __popc(bb) << bit;
-            }
+            // each lane appends to its own slots (one vote a step, where 4 ballots and their sums gave each lane an
+            // offset in a shared list); a lane that could overflow drains the warp first
+            if (__any_sync(0xffffffffu, mine + cnt > (unsigned)QS)) drain();
 #pragma unroll
             for (int j = 0; j < CPT; j++)
                 for (unsigned p = pend[j]; p; p &= p - 1) {
                     const int g = __ffs(p) - 1;
-                    q[at++] = QEntry<T>{(unsigned)(16 * chunk_of(k, j) + 4 * g), sel4(cw4[j], g),
-                                        group_raw<T, LPC>(cur[j], g)};
+                    q[mine++ * 32 + lane] = QEntry<T>{(unsigned)(16 * chunk_of(k, j) + 4 * g), sel4(cw4[j], g),
+                                                      group_raw<T, LPC>(cur[j], g)};
                 }
-            // a step adds at most 4 * CPT * 32, so the queue never overflows
         }
-        // The next step's loads go out as soon as this step's values are dead (before a drain, and the next
+        // The next step's loads go out as soon as this step's values are dead (before the end's drain, and the next
         // step's row_L read and coarse calls, which need no value): the same registers, some latency covered.
         if (k + 1 < steps) load(k + 1, cur);
-        if (!greedy && qn >= (unsigned)GsQueue<CPT>::drain_at) drain();
     }
-    if (!greedy && qn) drain();
+    if (!greedy && __any_sync(0xffffffffu, mine)) drain();
 
     // Merge: greedy rows and NaN warps the first index of the warp's largest value, random rows the best key;
     // then the block's best, and the row's in ws[r] by one packed 64-bit atomicMax a block.

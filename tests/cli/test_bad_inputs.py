@@ -328,18 +328,22 @@ def test_internal_error(debug, monkeypatch, capsys):
 # -- signals and pipes: a real process ------------------------------------------------------------------------
 def _spawn(tmp_path):
     lines = [json.dumps({"id": "first", "prompt": "a", "max_tokens": 1})]
-    lines += [json.dumps({"id": f"r{i}", "prompt": "The cat sat", "max_tokens": 250}) for i in range(30)]
+    # ignore_eos: each request runs its 250 tokens (the fixture stops "The cat sat" after ~150, in ~40 ms on a fast
+    # CPU, and a signal that fell between two requests found none to abort)
+    lines += [json.dumps({"id": f"r{i}", "prompt": "The cat sat", "max_tokens": 250, "ignore_eos": True})
+              for i in range(30)]
     (tmp_path / "req.jsonl").write_text("\n".join(lines))
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     cmd = [sys.executable, "-m", "toolkit", "generate", "--model", LLAMA, "--device", "cpu", "--format", "jsonl",
-           "--prompts-file", str(tmp_path / "req.jsonl"), "--max-num-seqs", "1"]
+           "--prompts-file", str(tmp_path / "req.jsonl"), "--max-num-seqs", "2"]  # 2: one is always mid-request
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
 
 
 @pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_interrupted_batch_leaves_valid_jsonl_and_aborted_records(sig, code, tmp_path):
     p = _spawn(tmp_path)
-    first = p.stdout.readline()  # one request done; 30 x 250 tokens one at a time are far from done
+    first = p.stdout.readline()  # one request done; 30 x 250 tokens two at a time are far from done
+    time.sleep(0.1)  # into the long requests
     p.send_signal(sig)
     out, err = p.communicate(timeout=30)
     recs = [json.loads(line) for line in [first, *out.splitlines()]]  # every line is valid JSON
