@@ -37,7 +37,7 @@ def variants():
     no_row = edit(edit(src, 'if (!greedy && k > 0 && lane == 0) asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" '
                             ': "=r"(gL) : "l"(row_L + r));', ""),
                   "atomicMax(row_L + r, o);", "")
-    # nothing appended to the queue (so no drain): the chunks' tests and the ballots stay (a test against V, which
+    # nothing appended to the queue (so no drain): the chunks' tests and the vote stay (a test against V, which
     # the compiler cannot see through, keeps them alive)
     nothing_queued = edit(src, "cnt += __popc(pend[j]);",
                           "if (pend[j] != (unsigned)V) pend[j] = 0; cnt += __popc(pend[j]);")
