@@ -34,8 +34,7 @@ def variants():
                  "const unsigned h = (((unsigned)v >> 4) * 0x9E3779B9u) ^ pos ^ k0 ^ k1; "
                  "return make_uint4(h, h * 3u, h * 5u, h * 7u);")
     # without the row's shared bound: each block knows only its own keys
-    no_row = edit(edit(src, 'if (!greedy && k > 0 && lane == 0) asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" '
-                            ': "=r"(gL) : "l"(row_L + r));', ""),
+    no_row = edit(edit(src, 'asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(gL) : "l"(row_L + r));', ";"),
                   "atomicMax(row_L + r, o);", "")
     # nothing appended to the queue (so no drain): the chunks' tests and the vote stay (a test against V, which
     # the compiler cannot see through, keeps them alive)

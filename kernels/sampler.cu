@@ -113,15 +113,20 @@ __device__ __forceinline__ A block_reduce(A v, A* tmp, Op op) {
     for (int w = 1; w < nw; w++) v = op(v, tmp[w]);
     return v;
 }
+// Inclusive sum over the lanes of a full warp: lane l gets v of lanes 0..l.
+template <typename A>
+__device__ __forceinline__ A warp_incl_sum(A v, int lane) {
+    for (int o = 1; o < 32; o <<= 1) {
+        const A n = __shfl_up_sync(0xffffffffu, v, o);
+        if (lane >= o) v += n;
+    }
+    return v;
+}
 // Exclusive scan over threads in threadIdx order; `total` = the block's sum.
 template <typename A>
 __device__ __forceinline__ A block_excl_scan(A v, A* tmp, A& total) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    A inc = v;
-    for (int o = 1; o < 32; o <<= 1) {
-        const A n = __shfl_up_sync(0xffffffffu, inc, o);
-        if (lane >= o) inc += n;
-    }
+    const A inc = warp_incl_sum(v, lane);
     A exc = __shfl_up_sync(0xffffffffu, inc, 1);
     if (lane == 0) exc = A(0);
     __syncthreads();
@@ -144,7 +149,8 @@ __device__ __forceinline__ A block_excl_scan(A v, A* tmp, A& total) {
 // thread per step, loaded at the end of the step before (into the same registers, as soon as that step's values
 // are dead, so the loads fly during the next step's row_L read and coarse calls): no registers hold two
 // steps' values (a double buffer spilled at 3 blocks an SM and was 2 us slower at T = 1, B = 128), and the 24 warps
-// of an SM keep the loads in flight. No values are parked in shared memory, and no block waits at a barrier with nothing in flight.
+// of an SM keep the loads in flight. No values are parked in shared memory, and no block waits at a barrier with
+// nothing in flight.
 // (experiments/NOTEBOOK.md has the earlier kernels and their timings.)
 // Per chunk a thread keeps only its largest raw value cm (paired max instructions for 16-bit types; x / T is
 // increasing in x, and cm / T enters only the bounds):
@@ -369,12 +375,7 @@ gumbel_sample(const T* __restrict__ logits, int V, int S, const float* __restric
     // numbered in (lane, slot) order by a prefix sum, and entry b's owner found by a 5-step search; then the
     // warp's best key is published.
     auto drain = [&]() {
-        unsigned incl = mine;
-#pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-            const unsigned v = __shfl_up_sync(0xffffffffu, incl, o);
-            if (lane >= o) incl += v;
-        }
+        const unsigned incl = warp_incl_sum(mine, lane);
         const unsigned total = __shfl_sync(0xffffffffu, incl, 31);
         s_pre[warp][lane] = incl;
         __syncwarp();  // the other lanes' entries and sums are visible
@@ -404,7 +405,8 @@ gumbel_sample(const T* __restrict__ logits, int V, int S, const float* __restric
     for (int k = 0; k < steps; k++) {
         // the row's other blocks' best key, read while the step's loads fly so that one wait covers both (read in
         // the middle of a step, the loop's branch waited for it); a relaxed load at GPU scope, not a volatile one
-        if (!greedy && k > 0 && lane == 0) asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(gL) : "l"(row_L + r));
+        if (!greedy && k > 0 && lane == 0)
+            asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(gL) : "l"(row_L + r));
         float cm[CPT];  // raw
 #pragma unroll
         for (int j = 0; j < CPT; j++) {
@@ -778,11 +780,7 @@ __device__ void pick_digit(FilterSmem& s, bool mass, unsigned long long above, u
         const int lane = threadIdx.x;
         unsigned long long loc = 0;
         for (int j = 0; j < 8; j++) loc += mass ? s.ms[NB - 1 - 8 * lane - j] : s.cnt[NB - 1 - 8 * lane - j];
-        unsigned long long inc = loc;
-        for (int o = 1; o < 32; o <<= 1) {
-            const unsigned long long n = __shfl_up_sync(0xffffffffu, inc, o);
-            if (lane >= o) inc += n;
-        }
+        const unsigned long long inc = warp_incl_sum(loc, lane);
         unsigned long long run = above + inc - loc;
         int found = -1;
         unsigned long long fa = 0;
