@@ -112,9 +112,30 @@ def test_suite_writes_one_table_and_keeps_other_shapes_of_the_same_settings(tmp_
     (tmp_path / "out" / "suite.json").write_text(json.dumps(data))
     assert _suite(tmp_path, *SMALL, "--peak-gbps", "100") == 0
     out, err = capsys.readouterr()
-    assert "suite: keeping qwen2.5-0.5b from" in err and "| qwen2.5-0.5b |" in out and "| tiny |" in out
+    assert "suite: keeping the cells of qwen2.5-0.5b from" in err and "| qwen2.5-0.5b |" in out and "| tiny |" in out
     assert _suite(tmp_path, *SMALL) == 0  # other settings (no --peak-gbps): a new table
     assert "qwen2.5-0.5b" not in capsys.readouterr().out
+
+
+def test_a_shape_in_parts_by_cells(tmp_path, capsys):
+    """A shape too slow for one device call runs in parts by --batch / --depth with one --out: each call keeps the
+    cells it does not run, the columns become the union, and a re-run cell replaces the old one."""
+    common = ["--prefill", "16", "--decode", "4", "-r", "1"]
+    assert _suite(tmp_path, "--batch", "1", "--depth", "0", *common) == 0
+    first = json.loads((tmp_path / "out" / "suite.json").read_text())["shapes"]["tiny"]["cells"]
+    capsys.readouterr()
+    assert _suite(tmp_path, "--batch", "2", "--depth", "8", *common) == 0
+    out, err = capsys.readouterr()
+    data = json.loads((tmp_path / "out" / "suite.json").read_text())
+    cells = data["shapes"]["tiny"]["cells"]
+    assert "suite: keeping the cells of tiny from" in err
+    assert (data["settings"]["batch"], data["settings"]["depth"]) == ([1, 2], [0, 8])
+    assert cells["b1 d0"] == first["b1 d0"] and cells["b2 d8"]["tok_per_s"] > 0
+    assert cells["prefill 16"] != first["prefill 16"]  # run again by the second call: its numbers replace the first's
+    assert "| shape | b1 d0 | b2 d0 | b1 d8 | b2 d8 | prefill 16 |" in out
+    assert out.count(" - |") == 2  # b2 d0 and b1 d8: never run
+    assert _suite(tmp_path, "--batch", "2", "--depth", "8", "--prefill", "16", "--decode", "3", "-r", "1") == 0
+    assert "| shape | b2 d8 | prefill 16 |" in capsys.readouterr().out  # other settings (--decode): a new table
 
 
 def test_a_failed_child_is_a_note_and_exit_1(tmp_path, capsys):

@@ -289,17 +289,23 @@ caches do not fit in one process runs ours and the peer in separate processes; o
 even alone is reported with the arithmetic (toolkit/bench/suite.py). OUT/suite.md and OUT/suite.json
 are written after each shape, and the table is printed; the exit code is 1 if a child failed.
 
-Splitting over device calls (10 minutes each): run the shapes in parts, `--shapes A,B` then `--shapes
-C,D`, with one --out. A call keeps the other shapes' rows of OUT/suite.json when they were made with the
-same settings, so the last call's table has every shape, and a call cut short keeps the shapes it
+Splitting over device calls (10 minutes each): run the table in parts with one --out, by shape (`--shapes
+A,B` then `--shapes C,D`) or, for a shape too slow for one call, by cells (`--batch 1,32 --depth 0,2048`
+then `--batch 128 --depth 0,2048`, ...). A call keeps every cell of OUT/suite.json that it does not run
+when the table was made with the same settings but --shapes, --batch and --depth (the table's columns
+become the union), so the last call's table has every cell, and a call cut short keeps the shapes it
 finished. stderr shows each child's time, to size the parts; -r and --decode shorten every cell.
 """
 _ROOT = Path(__file__).resolve().parents[2]  # the children import this toolkit: `python -m toolkit` from here
 _PER_ENGINE = ("model", "weights_gb", "max_context", "kv_cache_tokens")  # a child's environment, not the suite's
 
 
+_CELLS = ("batch", "depth")  # which cells a call runs: a table in parts merges calls that differ only in these
+
+
 def _suite_table(out: Path, s: dict, shapes: list[str]) -> dict:
-    """A new table, or OUT/suite.json's when it was made with the same settings (a suite run in parts)."""
+    """A new table, or OUT/suite.json's when it was made with the same settings but the cells (a suite run in
+    parts); its batch and depth lists then become the union of both calls'."""
     try:
         out.mkdir(parents=True, exist_ok=True)  # before any child runs: an unwritable --out costs no device time
         old = json.loads((out / "suite.json").read_text()) if (out / "suite.json").exists() else None
@@ -307,11 +313,17 @@ def _suite_table(out: Path, s: dict, shapes: list[str]) -> dict:
         old = None
     except OSError as e:
         raise OutputError(f"--out {out}: {e.strerror or e}") from None
-    if not isinstance(old, dict) or old.get("settings") != s:
+
+    def fixed(settings):
+        return {k: v for k, v in settings.items() if k not in _CELLS}
+
+    if not isinstance(old, dict) or not isinstance(old.get("settings"), dict) or fixed(old["settings"]) != fixed(s):
         return {"settings": s, "environment": {}, "shapes": {}}
-    kept = [shape for shape in old["shapes"] if shape not in shapes]
-    if kept:
-        say(f"suite: keeping {', '.join(kept)} from {out / 'suite.json'} (same settings)")
+    for k in _CELLS:
+        old["settings"][k] = sorted(set(old["settings"].get(k, [])) | set(s[k]))
+    if old["shapes"]:
+        say(f"suite: keeping the cells of {', '.join(old['shapes'])} from {out / 'suite.json'} that this call does "
+            f"not run (same settings)")
     return old
 
 
@@ -348,7 +360,10 @@ def _suite(args) -> int:
             rows += data["results"]
             notes += [f"{shape}: {n}" for n in data["notes"]]
             table["environment"].update((k, v) for k, v in data["environment"].items() if k not in _PER_ENGINE)
-        table["shapes"][shape] = {"cells": suite.cells(rows), "notes": notes, "seconds": seconds}
+        row = table["shapes"].setdefault(shape, {"cells": {}, "notes": [], "seconds": {}})
+        row["cells"].update(suite.cells(rows))  # this call's cells replace the same cells of an earlier part
+        row["notes"] = list(dict.fromkeys(row["notes"] + notes))
+        row["seconds"].update(seconds)
         try:
             (args.out / "suite.json").write_text(json.dumps(table, indent=2) + "\n")
             (args.out / "suite.md").write_text(suite.markdown(table) + "\n")
