@@ -63,15 +63,15 @@ def plan_of(step):
 
 
 SKINNY = ("gemm_skinny", "gemm_skinny_swiglu", "gemm_skinny_rope", "gemm_skinny_norm")
-SMALL = ("add_rmsnorm", "add_rmsnorm_partials", "rope_qkv", "decode_attention", "decode_attention_tc", "silu_mul",
-         "silu_mul_scaled", "embedding")
+SMALL = ("add_rmsnorm", "add_rmsnorm_partials", "rope_qkv", "decode_attention", "decode_attention_tc",
+         "decode_attention_stream", "silu_mul", "silu_mul_scaled", "embedding")
 VARIANTS = {  # name -> (class, attribute, replacement) patched while the graph is captured
     "whole step": [],
     "add_rmsnorm": [(CudaKernels, "add_rmsnorm", noop)],
     "add_rmsnorm_partials (the sliced down's norm)": [(CudaKernels, "add_rmsnorm_partials", noop)],
     "rope_qkv": [(CudaKernels, "rope_qkv", noop)],
-    "decode_attention (both kernels)": [(CudaKernels, "decode_attention", noop),
-                                        (CudaKernels, "decode_attention_tc", noop)],
+    "decode_attention (every kernel)": [(CudaKernels, n, noop) for n in ("decode_attention", "decode_attention_tc",
+                                                                           "decode_attention_stream")],
     "gemv (1 row)": [(CudaKernels, "gemv", noop)],
     "gemv_swiglu (gate_up at 1 row)": [(CudaKernels, "gemv_swiglu", noop)],
     "silu_mul": [(CudaKernels, "silu_mul", noop)],

@@ -14,8 +14,12 @@ import argparse
 import pathlib
 import re
 import statistics
+import sys
 
 import numpy as np
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+from timing import graph_us  # noqa: E402
 
 V = 151936
 ANCHOR = "constexpr int GS_BLOCKS = 3;"  # the kernel's blocks per SM: variants edit it
@@ -62,28 +66,6 @@ def stats_source(src):
     src = edit(src, "auto drain = [&]() {", "auto drain = [&]() { if (lane == 0) atomicAdd(&g_stat[1], 1ull);")
     src = edit(src, "if (u > __expf(xr[q] * rt + c)) continue;", "if (u > __expf(xr[q] * rt + c)) continue; atomicAdd(&g_stat[2], 1ull);")
     return edit(src, "any |= live[j];", "any |= live[j]; if (live[j]) atomicAdd(&g_stat[3], 1ull);")
-
-
-def graph_us(cp, fn, n=50, reps=5):
-    """µs per call of fn from one CUDA graph of n calls, median of reps replays."""
-    s = cp.cuda.Stream(non_blocking=True)
-    with s:
-        fn()
-        s.begin_capture()
-        for _ in range(n):
-            fn()
-        g = s.end_capture()
-        g.launch(s)
-        s.synchronize()
-        a, b = cp.cuda.Event(), cp.cuda.Event()
-        res = []
-        for _ in range(reps):
-            a.record(s)
-            g.launch(s)
-            b.record(s)
-            b.synchronize()
-            res.append(cp.cuda.get_elapsed_time(a, b) * 1e3 / n)
-    return statistics.median(res)
 
 
 def eager_us(cp, fn, n=50, reps=5):
@@ -184,12 +166,12 @@ def main():
                                   f"{ref[bad[:4]]}", flush=True)
                     if a.once:
                         continue
-                    g = graph_us(cp, lambda: fn(sets[0], temp, seeds, pos, out))
+                    g = graph_us(cp, lambda i: fn(sets[0], temp, seeds, pos, out))
                     e = eager_us(cp, lambda i: fn(sets[i % 3], temp, seeds, pos, out))
                     print(f"B={B:<4d} {shape:5s} {tname:6s} {name:40s} graph {g:6.1f} us  eager {e:6.1f} us",
                           flush=True)
             if not a.once:
-                g = graph_us(cp, lambda: cp.max(sets[0], axis=1))
+                g = graph_us(cp, lambda i: cp.max(sets[0], axis=1))
                 e = eager_us(cp, lambda i: cp.max(sets[i % 3], axis=1))
                 print(f"B={B:<4d} {shape:5s} read floor: cupy max(axis=1) of the bits   graph {g:6.1f} us  eager "
                       f"{e:6.1f} us", flush=True)

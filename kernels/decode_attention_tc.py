@@ -10,6 +10,8 @@ once and merge to the same softmax:
     a split of exactly 2 tiles, swept in one pass where warp w takes keys 32w..32w+31;
   - at the end the 4 warps are merged, each rescaled from its own max to the block's, and then the splits, each
     from the block's max to the sequence's (decode_split.cuh's finish_decode_block).
+decode_attention_tc_stream is the long-context kernel's route: the same, but a 2-tile split is swept tile after
+tile like any other (the ring of tiles has no 2-tile pass).
 Everything is fp32 (the GPU rounds P to 16 bits for the P V product: the GPU tests allow for that).
 """
 import numpy as np
@@ -44,9 +46,11 @@ def _merge(parts):
     return mx, sum(fi * l for fi, (_, l, _) in zip(f, parts)), sum(fi[:, None] * a for fi, (_, _, a) in zip(f, parts))
 
 
-def decode_attention_tc(q, k_cache, v_cache, block_tables, seq_lens, block_size, scale, out, n_splits):
+def decode_attention_tc(q, k_cache, v_cache, block_tables, seq_lens, block_size, scale, out, n_splits,
+                        pair_pass=True):
     """q [B, Hq, D], k_cache / v_cache [slots, Hkv, D], block_tables int [B, M], seq_lens int [B] -> out [B, Hq, D]
-    (float32 throughout; zeros where seq_lens[b] == 0). n_splits: the plan's split count (cuda_kernels.py)."""
+    (float32 throughout; zeros where seq_lens[b] == 0). n_splits: the plan's split count (cuda_kernels.py).
+    pair_pass: a split of exactly 2 tiles is one pass of 32-key warp slices (decode_attention_tc, not _stream)."""
     B, Hq, D = q.shape
     Hkv = k_cache.shape[1]
     G = Hq // Hkv
@@ -67,7 +71,7 @@ def decode_attention_tc(q, k_cache, v_cache, block_tables, seq_lens, block_size,
                 k_end = min(k_begin + chunk, L)
                 warps = [(np.full(G, -np.inf, np.float32), np.zeros(G, np.float32), np.zeros((G, D), np.float32))
                          for _ in range(WARPS)]
-                pair = -(-(k_end - k_begin) // KT) == 2
+                pair = pair_pass and -(-(k_end - k_begin) // KT) == 2
                 kt, slice_ = (2 * KT, 32) if pair else (KT, 16)  # keys a pass, keys a warp's slice
                 for k0 in range(k_begin, k_end, kt):
                     for w in range(WARPS):
@@ -77,3 +81,8 @@ def decode_attention_tc(q, k_cache, v_cache, block_tables, seq_lens, block_size,
                 splits.append(_merge(warps))
             _, l, acc = _merge(splits)
             out[b, kvh * G:(kvh + 1) * G] = acc / l[:, None]
+
+
+def decode_attention_tc_stream(q, k_cache, v_cache, block_tables, seq_lens, block_size, scale, out, n_splits):
+    """decode_attention_tc_stream's route (decode_attention_tc.cu): every split tile after tile."""
+    decode_attention_tc(q, k_cache, v_cache, block_tables, seq_lens, block_size, scale, out, n_splits, False)

@@ -18,6 +18,13 @@ __device__ __forceinline__ int seq_length(const int* seq_lens, int b, int max_le
     return min(max(seq_lens[b], 0), max_len);
 }
 
+// Four consecutive outputs, each times `scale`.
+template <typename T>
+__device__ __forceinline__ void store_scaled4(T* dst, float4 o, float scale) {
+    dst[0] = from_f32<T>(o.x * scale); dst[1] = from_f32<T>(o.y * scale);
+    dst[2] = from_f32<T>(o.z * scale); dst[3] = from_f32<T>(o.w * scale);
+}
+
 // The end of a block of 4 warps that owns q heads h0..h0+Gb-1 of sequence b and keys of split `split`:
 // red[w][g][d], m[w][g], l[w][g] are warp w's unnormalised output, running max (log2 units) and sum of exps for
 // head g (a warp that saw no valid key: m = -inf, l = 0, red = 0; at least one warp saw one). The warps are merged,
@@ -79,14 +86,40 @@ __device__ __forceinline__ void finish_decode_block(const float (*red)[R][D], fl
         if (lane == 0) { m[0][g] = mx; l[0][g] = 1.0f / L; }
     }
     __syncthreads();
-    for (int i = tid; i < Gb * D; i += blockDim.x) {
-        const int g = i / D, d = i % D;
+    // Then every (head, 4 dims) column: the weighted sum of the splits' outputs, float4 loads 8 splits deep. Where the
+    // columns do not fill the block, P threads share a column (every P-th split) and meet in shared memory over red
+    // (read above, dead now: P * Gb * D <= 4 * R * D floats). The merge reads n_active * Gb * D floats from L2 in
+    // one block, so the plan keeps n_active small (cuda_kernels.py's decode_splits): at batch 1 and 8,192 keys
+    // the 128-split plan of the double-buffered kernel spent ~35 us a layer in a scalar form of this loop.
+    constexpr int C4 = D / 4;
+    const int cols = Gb * C4, P = max(1, min(4, (int)blockDim.x / cols));
+    float4* part = reinterpret_cast<float4*>(const_cast<float*>(&red[0][0][0]));
+    for (int i = tid; i < cols * P; i += blockDim.x) {
+        const int col = i % cols, p = i / cols, g = col / C4;
         const size_t row0 = ((size_t)b * Hq + h0 + g) * n_splits;
         const float mx = m[0][g];
-        float o = 0.0f;
-#pragma unroll 4
-        for (int sp = 0; sp < n_active; sp++)
-            o += exp2f(__ldcg(ws_ml + 2 * (row0 + sp)) - mx) * __ldcg(ws_acc + (row0 + sp) * D + d);
-        out[((size_t)b * Hq + h0 + g) * D + d] = from_f32<T>(o * l[0][g]);
+        float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 8
+        for (int sp = p; sp < n_active; sp += P) {
+            const float f = exp2f(__ldcg(ws_ml + 2 * (row0 + sp)) - mx);
+            const float4 v = __ldcg(reinterpret_cast<const float4*>(ws_acc + (row0 + sp) * D) + col % C4);
+            o.x += f * v.x; o.y += f * v.y; o.z += f * v.z; o.w += f * v.w;
+        }
+        if (P == 1) {
+            store_scaled4(out + ((size_t)b * Hq + h0 + g) * D + (col % C4) * 4, o, l[0][g]);
+        } else {
+            part[p * cols + col] = o;
+        }
+    }
+    if (P == 1) return;
+    __syncthreads();
+    for (int col = tid; col < cols; col += blockDim.x) {
+        const int g = col / C4;
+        float4 o = part[col];
+        for (int p = 1; p < P; p++) {
+            const float4 v = part[p * cols + col];
+            o.x += v.x; o.y += v.y; o.z += v.z; o.w += v.w;
+        }
+        store_scaled4(out + ((size_t)b * Hq + h0 + g) * D + (col % C4) * 4, o, l[0][g]);
     }
 }

@@ -7,7 +7,7 @@ import math
 from hypothesis import given, strategies as st
 
 from toolkit.backends.cuda_kernels import (HEAD_SPLIT_KV_BYTES, MAX_SPLITS, TC_DECODE_KT, TC_ONE_SPLIT_TILES,
-                                          decode_head_blocks, decode_splits)
+                                          decode_head_blocks, decode_splits, stream_splits)
 from toolkit.model.plan import decode_tc_pays
 
 QWEN05 = dict(n_kv_heads=2, group=7)  # Qwen2.5-0.5B: 14 q heads over 2 kv heads
@@ -63,3 +63,45 @@ def test_a_plan_within_the_one_split_limit_has_one_split():
     # Which kernel runs does not move with the shorter bucket: a 256-key plan decides as a 512-key one.
     assert all(decode_tc_pays(b, 2, 7, 64, 2, 132, 256) == decode_tc_pays(b, 2, 7, 64, 2, 132, 512)
                for b in (1, 8, 16, 32, 256))
+
+
+@given(st.integers(1, 256), st.integers(1, 16), st.integers(1, 200), st.integers(1, 1 << 17))
+def test_stream_split_count_is_bounded(batch, n_kv_heads, n_sm, max_seq_len):
+    """stream_splits: between 1 and the plan's tiles (a split is never shorter than a tile at full context) and
+    MAX_SPLITS."""
+    n = stream_splits(batch, n_kv_heads, n_sm, max_seq_len)
+    assert 1 <= n <= min(MAX_SPLITS, math.ceil(max_seq_len / TC_DECODE_KT))
+
+
+def test_stream_splits_fill_the_gpu_and_keep_the_merge_small():
+    """Batch 1 at 8,192 keys (Qwen2.5-0.5B: 2 kv heads, groups of 7) is spread over many SMs but far fewer splits
+    than the double-buffered kernel's 128 (whose merge was the step's time); a batch that fills the GPU by itself
+    gets few splits."""
+    assert stream_splits(1, n_kv_heads=2, n_sm=132, max_seq_len=8192) == 32  # the most (4 tiles a split)
+    assert stream_splits(1, n_kv_heads=2, n_sm=132, max_seq_len=2048) == 16  # 2 tiles a split
+    assert decode_splits(1, 2, 1, 64, 2, 132, 8192, TC_DECODE_KT, TC_ONE_SPLIT_TILES) == 128
+    assert stream_splits(32, n_kv_heads=2, n_sm=132, max_seq_len=8192) == 4  # 256 blocks: one wave of 264
+    assert stream_splits(128, n_kv_heads=2, n_sm=132, max_seq_len=8192) == 1
+
+
+def test_the_plan_streams_long_context_buckets():
+    """make_plan: decode attention on the stream kernel from STREAM_MIN_LEN on (16-bit, D 64 or 128), the
+    short-context kernels below it; fp32 never; at D = 64 and K/V of STREAM_TC_TILES tiles a layer, the
+    double-buffered tensor-core kernel (decode_stream_pays)."""
+    from types import SimpleNamespace
+
+    from toolkit.engine.options import EngineOptions
+    from toolkit.model.plan import STREAM_MIN_LEN, decode_stream_pays, make_plan
+
+    cfg = SimpleNamespace(hidden_size=896, intermediate_size=4864, head_dim=64, num_heads=14, num_kv_heads=2,
+                          qkv_size=1152, qk_norm=False, vocab_size=151936)
+
+    def kind(dtype, batch, bucket):
+        be = SimpleNamespace(dtype=dtype, name="cuda", num_sms=132)
+        return make_plan(be, cfg, batch, batch, bucket, EngineOptions()).decode_attention
+
+    assert [kind("bfloat16", b, STREAM_MIN_LEN) for b in (1, 32, 128)] == ["stream"] * 3
+    assert kind("bfloat16", 32, STREAM_MIN_LEN // 2) == "tc" and kind("bfloat16", 1, 256) == "cuda_cores"
+    assert kind("float32", 32, 8192) == "cuda_cores"
+    assert kind("bfloat16", 128, 4096) == "stream" and kind("bfloat16", 128, 16384) == "tc"  # 16K / 64K tiles
+    assert decode_stream_pays(128, 8, 128, 16384)  # head dim 128: always from STREAM_MIN_LEN on

@@ -18,7 +18,7 @@ from tests.paged_cache import paged_cache
 
 from kernels.activation import silu_mul
 from kernels.decode_attention import decode_attention
-from kernels.decode_attention_tc import decode_attention_tc
+from kernels.decode_attention_tc import decode_attention_tc, decode_attention_tc_stream
 from kernels.embedding import embedding
 from kernels.prefill_attention import prefill_attention
 from kernels.rmsnorm import add_rmsnorm, add_rmsnorm_partials
@@ -270,7 +270,14 @@ DECODE_CASES = {  # name: (Hq, Hkv, D, lens, max_seq_len, block_size)
     # The bench's decode at batch 32: every length around the tensor-core kernel's 64-key tiles, 16-key warp slices
     # and its one-split limit (4 tiles), and past it.
     "b32_short": (HQ, HKV, 64, [1, 2, 15, 16, 17, 63, 64, 65, 127, 128, 129, 255, 256, 257, 300, 0] * 2, 512, 16),
+    # The bench suite's long contexts at its other shapes' heads (qwen3-0.6b, llama-3.2-1b, qwen2.5-1.5b): lengths
+    # around the stream kernel's ring (3 or 4 tiles in flight) and split boundaries, a padding row.
+    "qwen3_8k": (16, 8, 128, [8192, 8191, 193, 4097, 0, 2048], 8192, 16),
+    "llama_8k": (32, 8, 64, [8192, 1, 257, 6000], 8192, 16),
+    "qwen15_2k": (12, 2, 128, [2048, 2047, 129, 1000, 3], 2048, 16),
+    "b128x2048": (HQ, HKV, 64, [2048] * 120 + [1, 64, 65, 192, 193, 256, 257, 0], 2048, 16),
 }
+KINDS = {"cuda_cores": "decode_attention", "tc": "decode_attention_tc", "stream": "decode_attention_stream"}
 
 
 @functools.lru_cache(maxsize=None)
@@ -289,35 +296,58 @@ def decode_case(name):
     return q, kc, vc, table, seq_lens, ref
 
 
-@pytest.mark.parametrize("dtype, tc", [("float32", False), ("bfloat16", False), ("float16", False),
-                                       ("bfloat16", True), ("float16", True)])
+@pytest.mark.parametrize("dtype, kind", [("float32", "cuda_cores"), ("bfloat16", "cuda_cores"),
+                                         ("float16", "cuda_cores"), ("bfloat16", "tc"), ("float16", "tc"),
+                                         ("bfloat16", "stream"), ("float16", "stream")])
 @pytest.mark.parametrize("name", list(DECODE_CASES))
-def test_decode_attention(dtype, tc, name):
-    """Both kernels against the CPU twin: decode_attention (CUDA cores) everywhere, and (tc) decode_attention_tc
-    where it applies (16-bit, D 64 or 128, GQA groups up to 16); elsewhere decode_attention_tc refuses the shape."""
+def test_decode_attention(dtype, kind, name):
+    """The three kernels against the CPU twin: decode_attention (CUDA cores) everywhere, and decode_attention_tc and
+    its long-context form decode_attention_tc_stream where they apply (16-bit, D 64 or 128, GQA groups up to 16);
+    elsewhere those refuse the shape."""
     hq, hkv, hd, _, max_len, bs = DECODE_CASES[name]
     q, kc, vc, table, seq_lens, ref = decode_case(name)
     out = dev(np.full_like(q, SENTINEL), dtype)
     kern = K(dtype)
+    launch = getattr(kern, KINDS[kind])
     args = (dev(q, dtype), dev(kc, dtype), dev(vc, dtype), ints(table), ints(seq_lens), bs, 1 / np.sqrt(hd), out,
             max_len)
-    if tc and not (hd in (64, 128) and hq // hkv <= 16):
+    if kind != "cuda_cores" and not (hd in (64, 128) and hq // hkv <= 16):
         with pytest.raises(ValueError, match="decode_attention_tc"):
-            kern.decode_attention_tc(*args)
+            launch(*args)
         return
-    (kern.decode_attention_tc if tc else kern.decode_attention)(*args)
-    if tc:  # the tensor-core kernel's own twin, at the plan's split count
-        plan = kern._decode_plans[(len(seq_lens), hq, hkv, hd, max_len, True)]
+    launch(*args)
+    if kind != "cuda_cores":  # the kernel's own twin, at the plan's split count
+        plan = kern._decode_plans[(len(seq_lens), hq, hkv, hd, max_len, kind, None)]
         ref = np.full_like(q, np.nan)
-        decode_attention_tc(q, kc, vc, table, seq_lens, bs, 1 / np.sqrt(hd), ref, int(plan[2]))
+        twin = decode_attention_tc_stream if kind == "stream" else decode_attention_tc
+        twin(q, kc, vc, table, seq_lens, bs, 1 / np.sqrt(hd), ref, int(plan[2]))
     got = host(out, dtype)
     assert not got[seq_lens == 0].any(), "padding rows (seq_len 0) must be zeros"
-    check(f"decode_attention{'_tc' if tc else ''}({name}: B={len(seq_lens)}, Hq={hq}, Hkv={hkv}, "
+    check(f"{KINDS[kind]}({name}: B={len(seq_lens)}, Hq={hq}, Hkv={hkv}, "
           f"D={hd}, max len {seq_lens.max()})", got, ref, dtype)
 
 
-@pytest.mark.parametrize("tc", [False, True])
-def test_decode_step_replays_in_a_cuda_graph(tc):
+@pytest.mark.parametrize("n_splits", [1, 2, 3, 7, 64, 300])
+def test_decode_attention_stream_at_any_split_count(n_splits):
+    """decode_attention_tc_stream at split counts its plan may not pick (dev/decode_attention_long.py sweeps them):
+    one split of 128 tiles, splits that end mid-ring, more splits than tiles; the merge's thread sharing (a GQA
+    group of 2 at D = 128: 64 columns, 2 threads a column) and its 8-deep loads."""
+    dtype, (hq, hkv, hd) = "bfloat16", (16, 8, 128)
+    rng = np.random.default_rng(n_splits)
+    lens = [8192, 5000, 1, 0, 300]
+    kc, vc, table = paged(rng, lens, hkv, hd, 16)
+    q = rounded(2 * rng.standard_normal((len(lens), hq, hd)), "bfloat16")
+    seq_lens = np.asarray(lens, np.int32)
+    out = dev(np.full_like(q, SENTINEL), dtype)
+    K(dtype).decode_attention_stream(dev(q, dtype), dev(kc, dtype), dev(vc, dtype), ints(table), ints(seq_lens), 16,
+                                     1 / np.sqrt(hd), out, 8192, n_splits=n_splits)
+    ref = np.full_like(q, np.nan)
+    decode_attention_tc_stream(q, kc, vc, table, seq_lens, 16, 1 / np.sqrt(hd), ref, n_splits)
+    check(f"decode_attention_stream(n_splits={n_splits})", host(out, dtype), ref, dtype)
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_decode_step_replays_in_a_cuda_graph(kind):
     """rope_qkv + decode_attention (either kernel) for a batch of 4 captured once, replayed with new positions,
     slots, lengths and block tables written into the same device buffers (a padding row included), against the CPU
     twins."""
@@ -335,7 +365,7 @@ def test_decode_step_replays_in_a_cuda_graph(tc):
     pos, slots, lens = ints(np.zeros(B)), ints(np.full(B, -1)), ints(np.zeros(B))
     d_table = ints(np.zeros((B, M)))
 
-    decode = kern.decode_attention_tc if tc else kern.decode_attention
+    decode = getattr(kern, KINDS[kind])
 
     def step():
         kern.rope_qkv(d_qkv, None, None, None, 1e-6, d_cos, d_sin, pos, slots, HQ, HKV, d_q, d_kc, d_vc)

@@ -77,6 +77,7 @@ PLANS = {
     "skinny_norm": (dict(o="skinny_norm", swiglu="scaled"), "gemm_skinny_norm", False),
     "slices": (dict(down="slices", down_slices=2), "add_rmsnorm_partials", False),
     "tc_attention": (dict(decode_attention="tc", prefill_attention="tc"), "decode_attention_tc", False),
+    "stream_attention": (dict(decode_attention="stream"), "decode_attention_stream", False),
 }
 
 
@@ -87,7 +88,7 @@ def test_gpu_plan_on_the_twins(name, path, monkeypatch):
     if path == "skinny_rope" and name == "qwen3":
         pytest.skip("q/k norms need the whole head: the plan never puts RoPE in the qkv GEMM's epilogue there")
     ref, plain, prompt, decode, calls, layers = score_with_plan(name, monkeypatch, spy, **forced)
-    steps = len(decode) if spy == "decode_attention_tc" else len(prompt) + len(decode)
+    steps = len(decode) if spy.startswith("decode_attention") else len(prompt) + len(decode)
     assert len(calls) == layers * steps  # (the partials' adds: layers 1.. and the final norm, not layer 0's)
     got = np.concatenate([prompt, decode])
     if same:

@@ -20,7 +20,7 @@ from kernels import sparse_prefill as _sp
 from kernels.activation import silu_mul, silu_mul_scaled
 from kernels.combine import combine_topk_swa_indices
 from kernels.decode_attention import decode_attention
-from kernels.decode_attention_tc import decode_attention_tc
+from kernels.decode_attention_tc import decode_attention_tc, decode_attention_tc_stream
 from kernels.embedding import embedding
 from kernels.gemm_skinny import gemm_skinny, gemm_skinny_norm, gemm_skinny_rope, gemm_skinny_swiglu
 from kernels.gemv import gemv, gemv_swiglu
@@ -128,6 +128,10 @@ class CpuBackend:
     def decode_attention_tc(self, q, k_cache, v_cache, block_tables, seq_lens, block_size, scale, out, max_seq_len):
         # The tensor-core kernel's route, one split a sequence (the split count only moves the roundings).
         decode_attention_tc(q, k_cache, v_cache, block_tables, seq_lens, block_size, scale, out, 1)
+
+    def decode_attention_stream(self, q, k_cache, v_cache, block_tables, seq_lens, block_size, scale, out,
+                                max_seq_len):
+        decode_attention_tc_stream(q, k_cache, v_cache, block_tables, seq_lens, block_size, scale, out, 1)
 
     def prefill_attention(self, q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, block_size, scale,
                           out, max_query_len):

@@ -42,6 +42,8 @@ TC_HEAD_DIMS = (64, 128)            # prefill_attention_tc / decode_attention_tc
 TC_DECODE_GROUP = 16                # decode_attention_tc: q heads a block (the mma's 16 A rows)
 TC_DECODE_KT = 64                   # decode_attention_tc: keys a tile
 TC_ONE_SPLIT_TILES = 4              # decode_attention_tc: a sequence of up to this many tiles is one split
+STREAM_STAGES = {64: 4, 128: 3}     # decode_attention_tc_stream: K/V buffers of its ring (dt_stream_stages)
+STREAM_BLOCKS_PER_SM, STREAM_MIN_TILES, STREAM_MAX_SPLITS = 2, 2, 32  # stream_splits (see there)
 DECODE_ONE_SPLIT_TILES = 2          # decode_attention (CUDA cores): the same
 GEMV_MAX_ROWS = 4                   # gemv<T, TO, M> instantiations: M = 1..4
 PARTS_MAX = 8                       # add_rmsnorm_partials: most slices (PART_MAX in rmsnorm.cu)
@@ -59,7 +61,8 @@ def kernel_names(op: str, ctype: str) -> list:
     if op == "decode_attention":
         return [f"decode_attention<{ctype}, {d}>" for d in DECODE_HEAD_DIMS]
     if op == "decode_attention_tc":  # GQA-packed tensor-core decode attention, 16-bit types only
-        return [] if ctype == "float" else [f"decode_attention_tc<{ctype}, {d}>" for d in TC_HEAD_DIMS]
+        return [] if ctype == "float" else [f"decode_attention_tc{k}<{ctype}, {d}>" for k in ("", "_stream")
+                                            for d in TC_HEAD_DIMS]
     if op == "prefill_attention":
         tc = [] if ctype == "float" else [f"prefill_attention_tc<{ctype}, {d}>" for d in TC_HEAD_DIMS]
         return [f"prefill_attention<{ctype}>"] + tc
@@ -177,6 +180,19 @@ def decode_splits(batch: int, n_kv_heads: int, head_blocks: int, D: int, itemsiz
     want = max(math.ceil(2 * n_sm / blocks_per_split), math.ceil(tiles / 2))
     cap = 16 * n_sm // blocks_per_split
     return max(1, min(MAX_SPLITS, tiles, want, cap))
+
+
+def stream_splits(batch: int, n_kv_heads: int, n_sm: int, max_seq_len: int) -> int:
+    """Splits for decode_attention_tc_stream: as many as one wave of its blocks holds (STREAM_BLOCKS_PER_SM a
+    multiprocessor, by its shared memory), but no split of fewer than STREAM_MIN_TILES tiles at full context and
+    at most STREAM_MAX_SPLITS (the merge reads every split's partial in one block). More splits than a wave only
+    cost: at batch 128 and 8,192 keys (Qwen2.5-0.5B) 1 split took 159 us, 8 splits 189, 64 splits 376; at batch
+    32, 4 splits (one wave) 51 us, 1 split 130, 16 splits 66. At batch 1 and 8,192 keys 32 splits took 11.5 us,
+    16 14.5, 64 12.1 (the tensor-core kernel's 128: 14.6); at 2,048 keys 16 or 32 splits 8.3-8.5, 8 splits 9.7
+    (dev/decode_attention_long.py; experiments/logs/decode_long_sweep.log, decode_long_graph.log)."""
+    tiles = math.ceil(max_seq_len / TC_DECODE_KT)
+    wave = STREAM_BLOCKS_PER_SM * n_sm // (batch * n_kv_heads)
+    return max(1, min(STREAM_MAX_SPLITS, wave, tiles // STREAM_MIN_TILES))
 
 
 I32, F32 = np.dtype(np.int32), np.dtype(np.float32)
@@ -442,24 +458,26 @@ class CudaKernels(SkinnyGemms):
     prefill_attention = functools.partialmethod(_prefill, False)
     prefill_attention_tc = functools.partialmethod(_prefill, True)
 
-    def _decode(self, tc, q, k_cache, v_cache, block_tables, seq_lens, block_size, scale, out, max_seq_len):
+    def _decode(self, kind, q, k_cache, v_cache, block_tables, seq_lens, block_size, scale, out, max_seq_len,
+                n_splits=None):
         """One query per sequence and head, q[B, Hq, D], over keys 0..seq_lens[b]-1 of the paged caches ->
         out[B, Hq, D] (zeros where seq_lens[b] == 0). max_seq_len (>= every seq_lens entry) and B fix the split
-        count and workspace: one plan, reused by every call and graph replay of that shape. On CUDA cores
-        (kernels/decode_attention.cu), or with tc on tensor cores (decode_attention_tc.cu: a GQA group's heads as
-        the rows of one mma tile), for 16-bit dtypes, D 64 or 128 and groups of up to TC_DECODE_GROUP heads
-        (ValueError otherwise)."""
-        op = "decode_attention_tc" if tc else "decode_attention"
+        count and workspace: one plan, reused by every call and graph replay of that shape. kind: "cuda_cores"
+        (kernels/decode_attention.cu), "tc" (decode_attention_tc.cu: a GQA group's heads as the rows of one mma
+        tile) or "stream" (its long-context form, decode_attention_tc_stream: a ring of K/V tiles in flight); the
+        last two for 16-bit dtypes, D 64 or 128 and groups of up to TC_DECODE_GROUP heads (ValueError otherwise).
+        n_splits overrides the plan's split count (dev/ sweeps; at most MAX_SPLITS)."""
+        op = "decode_attention" if kind == "cuda_cores" else "decode_attention_tc"
         Hq, D, Hkv, M, n_blocks = self._paged(op, q, k_cache, v_cache, block_tables, seq_lens, block_size, out)
         B = q.shape[0]
         if seq_lens.shape != (B,):
             raise ValueError(f"{op}: seq_lens {seq_lens.shape} != ({B},)")
-        if tc and (self.dtype == "float32" or D not in TC_HEAD_DIMS or Hq // Hkv > TC_DECODE_GROUP):
+        if kind != "cuda_cores" and (self.dtype == "float32" or D not in TC_HEAD_DIMS or Hq // Hkv > TC_DECODE_GROUP):
             raise ValueError(f"{op}: {self.dtype}, head dim {D}, {Hq // Hkv} q heads a kv head (16-bit dtypes, "
                              f"head dim in {TC_HEAD_DIMS}, at most {TC_DECODE_GROUP} q heads a kv head)")
         if not B:
             return
-        key = (B, Hq, Hkv, D, max_seq_len, tc)
+        key = (B, Hq, Hkv, D, max_seq_len, kind, n_splits)
         if key not in self._decode_plans:
             self._decode_plans[key] = self._decode_plan(*key)
         fn, grid, n, ws_ml, ws_acc, counters, smem = self._decode_plans[key]
@@ -467,28 +485,33 @@ class CudaKernels(SkinnyGemms):
                                     _i32(n_blocks), _f32(scale * LOG2E), _i32(Hq), _i32(Hkv), n, ws_ml, ws_acc,
                                     counters, out), smem)
 
-    decode_attention = functools.partialmethod(_decode, False)
-    decode_attention_tc = functools.partialmethod(_decode, True)
+    decode_attention = functools.partialmethod(_decode, "cuda_cores")
+    decode_attention_tc = functools.partialmethod(_decode, "tc")
+    decode_attention_stream = functools.partialmethod(_decode, "stream")
 
-    def _decode_plan(self, B, Hq, Hkv, D, max_seq_len, tc):
+    def _decode_plan(self, B, Hq, Hkv, D, max_seq_len, kind, n_splits=None):
         """Kernel, grid, split count and workspace for one plan: made once, so decode steps allocate nothing."""
         if D not in DECODE_HEAD_DIMS:
             raise ValueError(f"decode_attention: head dim {D} not in {DECODE_HEAD_DIMS}")
-        group = Hq // Hkv
-        if tc:  # a block takes the whole group (up to 16 heads: the A tile's rows), tiles of 64 keys
-            head_blocks, kt, one = 1, TC_DECODE_KT, TC_ONE_SPLIT_TILES
+        group, L = Hq // Hkv, max(1, max_seq_len)
+        if kind == "stream":  # a block a GQA group, few long splits (the merge reads them all in one block)
+            head_blocks, n = 1, stream_splits(B, Hkv, self.num_sms, L)
+        elif kind == "tc":  # a block takes the whole group (up to 16 heads: the A tile's rows), tiles of 64 keys
+            head_blocks = 1
+            n = decode_splits(B, Hkv, 1, D, self.itemsize, self.num_sms, L, TC_DECODE_KT, TC_ONE_SPLIT_TILES)
         else:
-            kv_bytes = plan_kv_bytes(B, Hkv, D, self.itemsize, max_seq_len)
-            head_blocks, kt, one = decode_head_blocks(B, Hkv, group, self.num_sms, kv_bytes), None, \
-                DECODE_ONE_SPLIT_TILES
-        n = decode_splits(B, Hkv, head_blocks, D, self.itemsize, self.num_sms, max(1, max_seq_len), kt, one)
+            head_blocks = decode_head_blocks(B, Hkv, group, self.num_sms, plan_kv_bytes(B, Hkv, D, self.itemsize, L))
+            n = decode_splits(B, Hkv, head_blocks, D, self.itemsize, self.num_sms, L)
+        n = max(1, min(MAX_SPLITS, n_splits or n))
         ws_ml = self.cp.empty((B, Hq, n, 2), self.cp.float32)
         ws_acc = self.cp.empty((B, Hq, n, D), self.cp.float32)
         grid = (Hkv * head_blocks, n, B)
         counters = self.cp.zeros((B, grid[0]), self.cp.uint32)  # the kernel leaves them zeroed
-        if tc:  # Q (16 rows) and double-buffered K and V tiles, rows padded by 8
-            smem = (TC_DECODE_GROUP + 4 * TC_DECODE_KT) * (D + 8) * self.itemsize
-            fn = self._fn("decode_attention_tc", f"decode_attention_tc<{self.ctype}, {D}>", smem)
+        if kind != "cuda_cores":  # Q (16 rows) and 2 (tc) or STREAM_STAGES (stream) K and V tiles, rows padded by 8
+            stages = STREAM_STAGES[D] if kind == "stream" else 2
+            smem = (TC_DECODE_GROUP + 2 * stages * TC_DECODE_KT) * (D + 8) * self.itemsize
+            name = "decode_attention_tc_stream" if kind == "stream" else "decode_attention_tc"
+            fn = self._fn("decode_attention_tc", f"{name}<{self.ctype}, {D}>", smem)
         else:
             smem, fn = 0, self._fn("decode_attention", f"decode_attention<{self.ctype}, {D}>")
         return fn, grid, _i32(n), ws_ml, ws_acc, counters, smem

@@ -175,7 +175,7 @@ class Model:
         bs = kv.block_size
         k, v = kv.k[layer], kv.v[layer]
         if nd:
-            decode = be.decode_attention_tc if plan.decode_attention == "tc" else be.decode_attention
+            decode = getattr(be, DECODE_OPS[plan.decode_attention])
             decode(s.q[:nd], k, v, step.block_tables[:nd], step.seq_lens[:nd], bs, self.scale, s.attn[:nd],
                    step.context_bucket)
         if nd < B and plan.sparse is not None:  # prompt rows: window + top-k blocks (sparse.py)
@@ -190,3 +190,4 @@ class Model:
 # The backend op of each projection kind of the plan, and of a gate_up with SwiGLU in its epilogue.
 _PROJECT = {"blas": "linear", "gemv": "gemv", "skinny": "gemm_skinny"}
 _SWIGLU_EPILOGUE = {"gemv": "gemv_swiglu", "skinny": "gemm_skinny_swiglu"}
+DECODE_OPS = {"cuda_cores": "decode_attention", "tc": "decode_attention_tc", "stream": "decode_attention_stream"}

@@ -14,7 +14,8 @@ hand: `dataclasses.replace(model.plan(step, options), o="skinny")`.
     down     blas | gemv | skinny | slices        (slices: down_slices fp32 partial products over K,
                                                    summed by the next add_rmsnorm: no split-K reduce)
     lm_head  blas | gemv | skinny
-    decode_attention   cuda_cores | tc            (tc: a GQA group's heads as the rows of one mma tile)
+    decode_attention   cuda_cores | tc | stream   (tc: a GQA group's heads as the rows of one mma tile; stream: the
+                                                   same on a long context bucket, a ring of K/V tiles in flight)
     prefill_attention  cuda_cores | tc            (tc: FlashAttention-2 on mma.sync)
     sparse   None | the options with the sparse prefill's parameters (sparse.py; prompt rows only)
     pdl      whether decode kernels launch with programmatic dependent launch (graph-replayed steps)
@@ -42,6 +43,9 @@ DOWN_SLICES = ((32, 8), (128, 4))  # (up to rows, slices)
 # Decode attention on tensor cores takes D 64 or 128 and GQA groups of up to 16 heads (the mma's A rows).
 TC_HEAD_DIMS, TC_DECODE_GROUP = (64, 128), 16
 TC_PAYS_MIN_LEN = 512  # decode_tc_pays decides a shorter plan as one of this many keys
+# From this context bucket on, decode attention streams (decode_attention_tc_stream), except at head dim 64 where a
+# plan's K/V passes STREAM_TC_TILES 64-key tiles a layer (decode_stream_pays).
+STREAM_MIN_LEN, STREAM_TC_TILES = 2048, 32768
 
 PROJECTIONS = ("blas", "gemv", "skinny")
 
@@ -67,7 +71,7 @@ class StepPlan:
               and self.swiglu in ("silu_mul", "epilogue", "scaled")
               and (self.swiglu == "scaled") == (self.o == "skinny_norm")
               and (self.swiglu != "epilogue" or self.gate_up != "blas")
-              and self.decode_attention in ("cuda_cores", "tc") and self.prefill_attention in ("cuda_cores", "tc"))
+              and self.decode_attention in ("cuda_cores", "tc", "stream") and self.prefill_attention in ("cuda_cores", "tc"))
         if not ok:
             raise ValueError(f"inconsistent step plan: {self}")
 
@@ -90,6 +94,19 @@ def decode_tc_pays(batch: int, n_kv_heads: int, group: int, D: int, itemsize: in
     bucket changes a plan's split count, not its kernel."""
     kv_bytes = plan_kv_bytes(batch, n_kv_heads, D, itemsize, max(max_seq_len, TC_PAYS_MIN_LEN))
     return decode_head_blocks(batch, n_kv_heads, group, n_sm, kv_bytes) == math.ceil(group / 8)
+
+
+def decode_stream_pays(batch: int, n_kv_heads: int, D: int, max_seq_len: int) -> bool:
+    """Whether a long plan (max_seq_len >= STREAM_MIN_LEN) goes to decode_attention_tc_stream rather than
+    decode_attention_tc. Alone on the H200 (dev/decode_attention_long.py, experiments/logs/decode_long_graph.log)
+    the stream kernel took 44 against 55 us at batch 128 x 2,048 keys (Qwen2.5-0.5B), 48 against 55 at 32 x 8,192,
+    263 against 276 at Qwen3-0.6B's 128 x 2,048, 272 against 289 at Qwen2.5-1.5B's 128 x 8,192; in the 0.5B step
+    (dev/decode_attribution.py, decode_attr_long.log) the step took 1,951 against 2,175 us at batch 128 x 2,049,
+    801 against 884 at batch 1 x 8,193. But at head dim 64 and K/V of 32K tiles a layer or more, where 4 blocks an
+    SM of the double-buffered kernel beat 2 of the stream kernel's: Llama-3.2-1B at batch 128 x 8,192 took 545
+    against 609 us, 128 x 2,048 150 against 160; the 0.5B step at batch 128 x 8,193 4,522 against 4,629."""
+    tiles = batch * n_kv_heads * math.ceil(max_seq_len / 64)
+    return max_seq_len >= STREAM_MIN_LEN and not (D == 64 and tiles >= STREAM_TC_TILES)
 
 
 def make_plan(backend, cfg, rows: int, decodes: int, context_bucket: int, options) -> StepPlan:
@@ -128,9 +145,11 @@ def make_plan(backend, cfg, rows: int, decodes: int, context_bucket: int, option
     slices = next((s for s in range(slices, 1, -1) if I % (8 * s) == 0), 0)  # each slice 16-byte aligned
     down = "slices" if slices else project(H, I)
     tc = on_gpu and wide and D in TC_HEAD_DIMS
-    decode_tc = (tc and decodes > 0 and group <= TC_DECODE_GROUP
-                 and decode_tc_pays(decodes, cfg.num_kv_heads, group, D, itemsize, backend.num_sms, context_bucket))
+    decode_tc = tc and decodes > 0 and group <= TC_DECODE_GROUP
+    stream = decode_tc and decode_stream_pays(decodes, cfg.num_kv_heads, D, context_bucket)
+    decode_tc = decode_tc and decode_tc_pays(decodes, cfg.num_kv_heads, group, D, itemsize, backend.num_sms,
+                                             context_bucket)
     return StepPlan(qkv=qkv, o=o, gate_up=gate_up, swiglu=swiglu, down=down, down_slices=slices,
-                    lm_head=project(cfg.vocab_size, H), decode_attention="tc" if decode_tc else "cuda_cores",
+                    lm_head=project(cfg.vocab_size, H), decode_attention="stream" if stream else "tc" if decode_tc else "cuda_cores",
                     prefill_attention="tc" if tc else "cuda_cores",
                     sparse=options if options.sparse_prefill and decodes < rows else None, pdl=options.pdl and on_gpu)
