@@ -89,8 +89,8 @@ __device__ __forceinline__ void finish_decode_block(const float (*red)[R][D], fl
     // Then every (head, 4 dims) column: the weighted sum of the splits' outputs, float4 loads 8 splits deep. Where the
     // columns do not fill the block, P threads share a column (every P-th split) and meet in shared memory over red
     // (read above, dead now: P * Gb * D <= 4 * R * D floats). The merge reads n_active * Gb * D floats from L2 in
-    // one block, so the plan keeps n_active small (cuda_kernels.py's decode_splits): at batch 1 and 8,192 keys
-    // the 128-split plan of the double-buffered kernel spent ~35 us a layer in a scalar form of this loop.
+    // one block, so the long-context plan keeps n_active small (cuda_kernels.py's stream_splits: at most 32; the
+    // short-context plans' decode_splits gives batch 1 at 8,192 keys 128).
     constexpr int C4 = D / 4;
     const int cols = Gb * C4, P = max(1, min(4, (int)blockDim.x / cols));
     float4* part = reinterpret_cast<float4*>(const_cast<float*>(&red[0][0][0]));

@@ -74,9 +74,9 @@ def test_stream_split_count_is_bounded(batch, n_kv_heads, n_sm, max_seq_len):
 
 
 def test_stream_splits_fill_the_gpu_and_keep_the_merge_small():
-    """Batch 1 at 8,192 keys (Qwen2.5-0.5B: 2 kv heads, groups of 7) is spread over many SMs but far fewer splits
-    than the double-buffered kernel's 128 (whose merge was the step's time); a batch that fills the GPU by itself
-    gets few splits."""
+    """Batch 1 at 8,192 keys (Qwen2.5-0.5B: 2 kv heads) is spread over 64 blocks, a quarter of the double-buffered
+    kernel's 128 splits (its one-block merge reads every split); a batch that fills the GPU by itself gets few
+    splits."""
     assert stream_splits(1, n_kv_heads=2, n_sm=132, max_seq_len=8192) == 32  # the most (4 tiles a split)
     assert stream_splits(1, n_kv_heads=2, n_sm=132, max_seq_len=2048) == 16  # 2 tiles a split
     assert decode_splits(1, 2, 1, 64, 2, 132, 8192, TC_DECODE_KT, TC_ONE_SPLIT_TILES) == 128

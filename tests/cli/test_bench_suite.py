@@ -138,6 +138,44 @@ def test_a_shape_in_parts_by_cells(tmp_path, capsys):
     assert "| shape | b2 d8 | prefill 16 |" in capsys.readouterr().out  # other settings (--decode): a new table
 
 
+def test_a_budget_starts_no_child_past_it_and_prints_the_rest(tmp_path, capsys, monkeypatch):
+    """--budget: the first child always runs; a child that would end past the budget, were it as long as the longest
+    so far, is not started, and the suite prints the command that runs the rest into the same --out. Running that
+    command completes the table."""
+    runs = [suite.Run("tiny", "ours", (1, 2), (0,), 16), suite.Run("tiny", "ours", (1, 2), (8,))]
+    monkeypatch.setattr(suite, "plan_runs", lambda *a: (list(runs), []))
+    assert _suite(tmp_path, "--batch", "1,2", "--depth", "0,8", "--prefill", "16", "--decode", "4", "-r", "1",
+                  "--budget", "0.001") == 0
+    out, err = capsys.readouterr()
+    assert "suite: tiny b1,2 d0 + prefill 16 (ours) ..." in err and "d8 (ours) ..." not in err
+    assert "| tiny | " in out and out.count(" - |") == 2  # b1 d8 and b2 d8: left for the next call
+    rest = f"--shapes tiny --batch 1,2 --depth 8 --device cpu --prefill 16 --decode 4 -r 1 --out {tmp_path / 'out'} " \
+           "--budget 0.001"
+    assert f"  python -m toolkit bench suite {rest}\n" in err
+    monkeypatch.undo()
+    assert main(["bench", "suite", *rest.split()]) == 0
+    cells = json.loads((tmp_path / "out" / "suite.json").read_text())["shapes"]["tiny"]["cells"]
+    assert all(cells[c]["tok_per_s"] > 0 for c in ("b1 d0", "b2 d0", "b1 d8", "b2 d8"))
+    assert "python -m toolkit bench suite" not in capsys.readouterr().err  # one child: nothing left
+
+
+def test_the_rest_of_a_budgeted_call_as_commands():
+    """continuation: a shape cut short gets its runs' batches and depths; the shapes never started one command with
+    the call's own."""
+    s = {"device": "cuda", "batch": [1, 32, 128], "depth": [0, 2048], "prefill": 4096, "decode": 128, "repeats": 3,
+         "peer": "torch", "peak_gbps": None}
+    rest = [suite.Run("qwen3-0.6b", "both", (128,), (0, 2048)), suite.Run("llama-3.2-1b", "both", (1, 32, 128),
+                                                                         (0, 2048), 4096)]
+    flags = ["--device", "cuda", "--prefill", "4096", "--decode", "128", "-r", "3", "--peer", "torch"]
+    assert suite.continuation(rest, s) == [
+        ["--shapes", "qwen3-0.6b", "--batch", "128", "--depth", "0,2048"] + flags,
+        ["--shapes", "llama-3.2-1b", "--batch", "1,32,128", "--depth", "0,2048"] + flags]
+    # A shape none of whose cells ran joins the shapes never started.
+    whole = [suite.Run("qwen3-0.6b", "both", (1, 32, 128), (0, 2048), 4096), rest[1]]
+    assert suite.continuation(whole, s) == [["--shapes", "qwen3-0.6b,llama-3.2-1b", "--batch", "1,32,128",
+                                             "--depth", "0,2048"] + flags]
+
+
 def test_a_failed_child_is_a_note_and_exit_1(tmp_path, capsys):
     """Every test of the only child past tiny's 2,048-token context: the child exits 2, the suite notes why."""
     assert _suite(tmp_path, "--batch", "1", "--depth", "4000", "--prefill", "4000", "--decode", "2", "-r", "1") == 1

@@ -166,3 +166,35 @@ def markdown(table: dict) -> str:
     notes = [n for row in table["shapes"].values() for n in row["notes"]]
     return "\n\n".join(["\n".join(f"{k}: {v}" for k, v in env.items()), legend, "\n".join(lines)]
                        + (["\n".join(f"note: {n}" for n in notes)] if notes else []))
+
+
+def continuation(rest: list[Run], s: dict) -> list[list[str]]:
+    """`bench suite` arguments that run the cells of `rest` (runs a budgeted call left) under settings `s`: one
+    command for the shapes none of whose runs ran, with s's batches and depths, and one a shape that ran in part,
+    with the batches and depths of its runs left (a cell that ran may run again; its new numbers replace the old)."""
+    flags = ["--device", s["device"], "--prefill", str(s["prefill"]), "--decode", str(s["decode"]),
+             "-r", str(s["repeats"])] + (["--peer", s["peer"]] if s["peer"] else []) + \
+        (["--peak-gbps", f"{s['peak_gbps']:g}"] if s["peak_gbps"] else [])
+
+    def cells(batches, depths):
+        return ["--batch", ",".join(map(str, batches)), "--depth", ",".join(map(str, depths))]
+
+    left = {}  # shape -> its runs left, in order
+    for r in rest:
+        left.setdefault(r.shape, []).append(r)
+    whole, parts = [], []
+    for i, (shape, runs) in enumerate(left.items()):
+        # Only the first shape can have run in part: the rest of the call's shapes were never started.
+        if i > 0 or not any(r.batches for r in runs) or _all_cells(runs, s):
+            whole.append(shape)
+        else:
+            batches = sorted({b for r in runs for b in r.batches})
+            depths = sorted({d for r in runs for d in r.depths})
+            parts.append(["--shapes", shape] + cells(batches, depths) + flags)
+    return parts + ([["--shapes", ",".join(whole)] + cells(s["batch"], s["depth"]) + flags] if whole else [])
+
+
+def _all_cells(runs: list[Run], s: dict) -> bool:
+    """Whether these runs hold every batch x depth cell of settings s."""
+    have = {(b, d) for r in runs for b in r.batches for d in r.depths}
+    return have >= {(b, d) for b in s["batch"] for d in s["depth"]}

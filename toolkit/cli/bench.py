@@ -94,6 +94,10 @@ def suite_parser() -> argparse.ArgumentParser:
                    help="HBM peak for the %% HBM figures (default: from the GPU's memory clock and bus)")
     p.add_argument("--out", type=Path, default=Path("bench-suite"),
                    help="folder for suite.md and suite.json (default: bench-suite)")
+    p.add_argument("--budget", type=non_negative_float, default=None,
+                   help="seconds for this call: start no child that would end past it were it as long as the "
+                        "longest so far, and print the commands that run the rest (e.g. 540 for a 10-minute "
+                        "device call)")
     p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
     p.add_argument("--debug", action="store_true", help="show tracebacks for errors")
     return p
@@ -294,7 +298,9 @@ A,B` then `--shapes C,D`) or, for a shape too slow for one call, by cells (`--ba
 then `--batch 128 --depth 0,2048`, ...). A call keeps every cell of OUT/suite.json that it does not run
 when the table was made with the same settings but --shapes, --batch and --depth (the table's columns
 become the union), so the last call's table has every cell, and a call cut short keeps the shapes it
-finished. stderr shows each child's time, to size the parts; -r and --decode shorten every cell.
+finished. stderr shows each child's time, to size the parts; -r and --decode shorten every cell. Or let
+the suite split it: with --budget SECONDS a call starts no child that would likely end past the budget and
+prints the commands (same --out, same --budget) that run the rest.
 """
 _ROOT = Path(__file__).resolve().parents[2]  # the children import this toolkit: `python -m toolkit` from here
 _PER_ENGINE = ("model", "weights_gb", "max_context", "kv_cache_tokens")  # a child's environment, not the suite's
@@ -336,12 +342,18 @@ def _suite(args) -> int:
          **{k: getattr(args, k) for k in ("batch", "depth", "prefill", "decode", "repeats", "peer", "peak_gbps")}}
     table = _suite_table(args.out, s, args.shapes)
     free, failed = free_memory(backend_name), 0
+    begin, longest, rest = time.perf_counter(), 0.0, []  # rest: the runs --budget left for another call
     for shape in args.shapes:
         cfg = shape_config(shape)
         itemsize = 2 if backend_name == "cuda" and default_dtype(cfg) != "float32" else 4
         runs, notes = suite.plan_runs(shape, cfg, itemsize, s, free)
         rows, seconds = [], {}
         for r in runs:
+            # --budget: a child is started only if it would end within the budget were it as long as the longest
+            # so far (the first always starts: each call makes progress).
+            if rest or (args.budget and longest and time.perf_counter() - begin + longest > args.budget):
+                rest.append(r)
+                continue
             say(f"suite: {r.label} ...")
             start = time.perf_counter()
             child = subprocess.run([sys.executable, "-m", "toolkit", "bench", *suite.child_argv(r, s)],
@@ -351,6 +363,7 @@ def _suite(args) -> int:
             except ValueError:
                 data = None
             seconds[r.label] = round(time.perf_counter() - start, 1)
+            longest = max(longest, seconds[r.label])
             say(f"suite: {r.label}: {seconds[r.label]:.0f} s")
             if data is None:
                 failed += 1
@@ -360,6 +373,8 @@ def _suite(args) -> int:
             rows += data["results"]
             notes += [f"{shape}: {n}" for n in data["notes"]]
             table["environment"].update((k, v) for k, v in data["environment"].items() if k not in _PER_ENGINE)
+        if not seconds:  # nothing of this shape ran (--budget): its row, if any, stays as it was
+            continue
         row = table["shapes"].setdefault(shape, {"cells": {}, "notes": [], "seconds": {}})
         row["cells"].update(suite.cells(rows))  # this call's cells replace the same cells of an earlier part
         row["notes"] = list(dict.fromkeys(row["notes"] + notes))
@@ -370,6 +385,12 @@ def _suite(args) -> int:
         except OSError as e:
             raise OutputError(f"--out {args.out}: {e.strerror or e}") from None
     print(suite.markdown(table))
+    if rest:
+        say(f"suite: --budget {args.budget:g} s: {time.perf_counter() - begin:.0f} s run, the longest child "
+            f"{longest:.0f} s; the rest of the table, into the same --out:")
+        for part in suite.continuation(rest, s):
+            say("  python -m toolkit bench suite " + " ".join(part + ["--out", str(args.out)] +
+                                                               (["--budget", f"{args.budget:g}"])))
     return EXIT_SOME_FAILED if failed else 0
 
 
