@@ -5,10 +5,11 @@ sequence L keys, the plan sized for L), times:
   - `cuda_cores` and `tc`: the two short-context kernels at their own plans (decode_splits);
   - `stream`: decode_attention_tc_stream at the plan's split count (stream_splits), and at each split count of
     --splits, to check the plan's choice against the best.
-Launches are replayed from a CUDA graph; each reads a different layer's cache, rotating over enough layers that K/V does not sit in L2 (as in a step,
-where the other layers and the weights pass through L2 between two reads of a layer). Median over --repeats of the
-mean over --launches launches, CUDA events. K/V GB/s counts the bytes the keys read (B x L x kv heads x D x 2 x 2).
-Each stream result is also checked against the tc kernel's output (max |diff|, bf16).
+Launches are replayed from a CUDA graph; each reads a different layer's cache, rotating over enough layers that K/V
+does not sit in L2 (as in a step, where the other layers and the weights pass through L2 between two reads of a
+layer). Median over --repeats of the mean over --launches launches, CUDA events. K/V GB/s counts the bytes the keys
+read (B x L x kv heads x D x 2 x 2). Each stream result is also checked against the tc kernel's output (max |diff|,
+fp16).
 
     PYTHONPATH=. python3 dev/decode_attention_long.py [--shapes qwen2.5-0.5b,...] [--batch 1,32,128]
         [--context 1024,2048,8192] [--splits 1,2,4,8,16,32,64]
@@ -44,12 +45,13 @@ def case(k, shape, B, L, split_counts, launches, repeats):
     layers = max(1, min(64, math.ceil(L2_CLEAR / kv_bytes)))
     rng = np.random.default_rng(0)
     tables = cp.asarray(rng.permutation(B * nb).astype(np.int32).reshape(B, nb))
-    caches = [(cp.random.standard_normal((B * nb * BS, Hkv, D), cp.float32).astype(cp.float16),
-               cp.random.standard_normal((B * nb * BS, Hkv, D), cp.float32).astype(cp.float16))
-              for _ in range(1)]
-    # the other layers: views into one big buffer would be the same bytes; distinct copies so L2 does not hold them
-    caches += [(c[0].copy(), c[1].copy()) for c in caches * (layers - 1)]
-    q = (cp.random.standard_normal((B, Hq, D), cp.float32) * 2).astype(cp.float16)
+    def rand(*shape, scale=1.0):
+        return (cp.random.standard_normal(shape, cp.float32) * scale).astype(cp.float16)
+
+    kc, vc = rand(B * nb * BS, Hkv, D), rand(B * nb * BS, Hkv, D)
+    # every other layer its own copy (distinct bytes), so that L2 does not hold the next launch's K/V
+    caches = [(kc, vc)] + [(kc.copy(), vc.copy()) for _ in range(layers - 1)]
+    q = rand(B, Hq, D, scale=2.0)
     lens = cp.full(B, L, cp.int32)
     outs = {}
     rows = []
@@ -84,7 +86,7 @@ def case(k, shape, B, L, split_counts, launches, repeats):
         check = f"  max|diff| vs tc {r[3]:.2e}" if len(r) > 3 else ""
         print(f"{shape:13s} B={B:<4d} L={L:<5d} {r[0]:14s} splits {r[1]:4d} {r[2]:9.2f} us  {gbps:7.0f} GB/s K/V "
               f"({gbps / PEAK_GBPS:4.0%}){check}", flush=True)
-    del caches
+    del caches, kc, vc
     cp.get_default_memory_pool().free_all_blocks()
 
 

@@ -42,11 +42,11 @@ def buffers(first_pos: int, n_steps: int, dt: str) -> dict:
                 outs=[z(1, H) for _ in range(n_steps)])
 
 
-def decode_steps(k, Ls, h, b: dict, fused: bool, tc: bool = False):
+def decode_steps(k, Ls, h, b: dict, fused: bool, attention: str = "decode_attention"):
     """Batch-1 decode steps of the layers Ls on the residual h [1, H] (in place), as Model.forward runs them
-    (fused: the gate_up GEMV with SwiGLU as its epilogue, else gemv then silu_mul; tc: decode_attention_tc);
+    (fused: the gate_up GEMV with SwiGLU as its epilogue, else gemv then silu_mul; attention: the decode kernel);
     step i's h lands in b["outs"][i]."""
-    attention = k.decode_attention_tc if tc else k.decode_attention
+    attention = getattr(k, attention)
     for pos, lens, out in zip(b["pos"], b["lens"], b["outs"]):
         for i, L in enumerate(Ls):
             k.add_rmsnorm(None if i == 0 else b["mlp"], h, L["n1"], 1e-6, b["x"])
@@ -66,7 +66,7 @@ def decode_steps(k, Ls, h, b: dict, fused: bool, tc: bool = False):
         cp.copyto(out, h)
 
 
-def run(pdl: bool, fused: bool, graph: bool, dt: str, tc: bool = False):
+def run(pdl: bool, fused: bool, graph: bool, dt: str, attention: str = "decode_attention"):
     from toolkit.backends.cuda_kernels import CudaKernels
 
     k = CudaKernels(dt).with_pdl() if pdl else CudaKernels(dt)
@@ -76,27 +76,29 @@ def run(pdl: bool, fused: bool, graph: bool, dt: str, tc: bool = False):
         h = dev(rounded(np.random.default_rng(4).standard_normal((1, H)), dt), dt)
         b = buffers(20, 4, dt)
         if graph:
-            decode_steps(k, Ls, h.copy(), buffers(20, 1, dt), fused, tc)  # compile outside the capture
+            decode_steps(k, Ls, h.copy(), buffers(20, 1, dt), fused, attention)  # compile outside the capture
             stream.begin_capture(cp.cuda.runtime.streamCaptureModeRelaxed)
-            decode_steps(k, Ls, h, b, fused, tc)
+            decode_steps(k, Ls, h, b, fused, attention)
             stream.end_capture().launch(stream)
         else:
-            decode_steps(k, Ls, h, b, fused, tc)
+            decode_steps(k, Ls, h, b, fused, attention)
         stream.synchronize()
         return np.stack([cp.asnumpy(o) for o in b["outs"]]), [cp.asnumpy(L["k"]) for L in Ls]
 
 
-@pytest.mark.parametrize("dt, tc", [("bfloat16", False), ("float32", False), ("bfloat16", True)])
+@pytest.mark.parametrize("dt, attention", [("bfloat16", "decode_attention"), ("float32", "decode_attention"),
+                                           ("bfloat16", "decode_attention_tc"),
+                                           ("bfloat16", "decode_attention_stream")])
 @pytest.mark.parametrize("fused", [False, True])
-def test_pdl_launches_change_no_bit(fused, dt, tc):
-    """tc: decode attention on tensor cores, which starts loading its first K/V tile before its PDL wait (all
+def test_pdl_launches_change_no_bit(fused, dt, attention):
+    """decode_attention_tc and _stream start loading their first K/V tiles before their PDL wait (all
     but the new key, which rope_qkv writes just before it)."""
-    want, want_k = run(pdl=False, fused=fused, graph=False, dt=dt, tc=tc)
+    want, want_k = run(pdl=False, fused=fused, graph=False, dt=dt, attention=attention)
     vals = (want.astype(np.uint32) << 16).view(np.float32) if dt == "bfloat16" else want
     assert np.isfinite(vals).all() and vals.any()
     assert len({w.tobytes() for w in want}) == len(want)  # each step moves h: a stale read would show
     for graph in (False, True):
-        got, got_k = run(pdl=True, fused=fused, graph=graph, dt=dt, tc=tc)
+        got, got_k = run(pdl=True, fused=fused, graph=graph, dt=dt, attention=attention)
         np.testing.assert_array_equal(got, want, err_msg=f"PDL, graph={graph}")
         for a, b in zip(got_k, want_k):
             np.testing.assert_array_equal(a, b)

@@ -71,7 +71,8 @@ class StepPlan:
               and self.swiglu in ("silu_mul", "epilogue", "scaled")
               and (self.swiglu == "scaled") == (self.o == "skinny_norm")
               and (self.swiglu != "epilogue" or self.gate_up != "blas")
-              and self.decode_attention in ("cuda_cores", "tc", "stream") and self.prefill_attention in ("cuda_cores", "tc"))
+              and self.decode_attention in ("cuda_cores", "tc", "stream")
+              and self.prefill_attention in ("cuda_cores", "tc"))
         if not ok:
             raise ValueError(f"inconsistent step plan: {self}")
 
@@ -150,6 +151,7 @@ def make_plan(backend, cfg, rows: int, decodes: int, context_bucket: int, option
     decode_tc = decode_tc and decode_tc_pays(decodes, cfg.num_kv_heads, group, D, itemsize, backend.num_sms,
                                              context_bucket)
     return StepPlan(qkv=qkv, o=o, gate_up=gate_up, swiglu=swiglu, down=down, down_slices=slices,
-                    lm_head=project(cfg.vocab_size, H), decode_attention="stream" if stream else "tc" if decode_tc else "cuda_cores",
+                    lm_head=project(cfg.vocab_size, H),
+                    decode_attention="stream" if stream else "tc" if decode_tc else "cuda_cores",
                     prefill_attention="tc" if tc else "cuda_cores",
                     sparse=options if options.sparse_prefill and decodes < rows else None, pdl=options.pdl and on_gpu)
