@@ -4,7 +4,7 @@ and take the difference from the whole step. A kernel's cost inside the graph in
 critical path (its launch, the wait for its inputs, PDL overlap), which Nsight Compute's serialised, cold-L2 times
 do not show. Leaving kernels out makes the step's values garbage; only the times are read.
 
-Qwen2.5-0.5B shape, random bf16 weights. Run from the repo root on the GPU:
+Qwen2.5-0.5B shape (or $SHAPE, e.g. SHAPE=llama-3.2-1b), random bf16 weights. Run from the repo root on the GPU:
 
     PYTHONPATH=. python3 dev/decode_attribution.py [batches] [names] [contexts] [toggles] [plan]
 
@@ -16,6 +16,7 @@ the StepPlan (toolkit/model/plan.py) to replace in the engine's plan, for an A/B
 "from idle" times the whole step as the engine's step clock does: events around one replay on an idle GPU (after
 a synchronisation), so the graph's launch is inside."""
 import dataclasses
+import os
 import statistics
 import sys
 
@@ -30,7 +31,7 @@ only = sys.argv[2].split(";") if len(sys.argv) > 2 and sys.argv[2] != "all" else
 lengths = [int(n) for n in (sys.argv[3] if len(sys.argv) > 3 else "1").split(",")]
 toggles = dict(kv.split("=") for kv in sys.argv[4].split(",")) if len(sys.argv) > 4 and sys.argv[4] else {}
 plan_changes = dict(kv.split("=") for kv in sys.argv[5].split(",")) if len(sys.argv) > 5 and sys.argv[5] else {}
-e = build_engine(shape="qwen2.5-0.5b", device="cuda", max_context=max(1024, max(lengths)),
+e = build_engine(shape=os.environ.get("SHAPE", "qwen2.5-0.5b"), device="cuda", max_context=max(1024, max(lengths)),
                  max_num_seqs=max(batches), options=EngineOptions(**{k: v == "on" for k, v in toggles.items()}))
 r, be, vocab = e.runner, e.runner.be, e.cfg.vocab_size
 opts = e.effective_options()

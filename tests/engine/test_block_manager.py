@@ -99,3 +99,28 @@ def test_needed_counts_blocks(n):
     bm = BlockManager(8, BS)
     s = seq(range(3))
     assert bm.needed(s, n) == -(-n // BS)
+
+
+def test_table_array_follows_the_table_through_growth_and_release():
+    """The int32 copy the runner stacks each step is extended in place as blocks are added; a release starts it
+    over, so a re-admitted request of the same length never reads its old blocks (runner.prepare, host time)."""
+    from toolkit.engine.block_manager import table_array
+
+    bm = BlockManager(64, BS)
+    s = seq(range(10))
+    run_prefill(bm, s)
+    assert table_array(s).tolist() == s.block_table
+    for _ in range(40):  # decode: the table grows past the array's first capacity (16)
+        s.token_ids.append(7)
+        bm.append_slots(s, 1)
+        s.num_computed += 1
+        assert table_array(s).tolist() == s.block_table
+    old = list(s.block_table)
+    bm.release(s)
+    other = seq(range(100, 110))  # takes the freed blocks, so s gets different ids back
+    run_prefill(bm, other)
+    s.token_ids = list(range(len(s.token_ids)))
+    s.num_computed = 0
+    bm.append_slots(s, len(s.token_ids))
+    assert len(s.block_table) == len(old) and s.block_table != old
+    assert table_array(s).tolist() == s.block_table

@@ -5,6 +5,8 @@ import dataclasses
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from toolkit.engine.build import build_engine
 from toolkit.engine import SamplingParams
@@ -75,3 +77,41 @@ def test_the_model_sizes_decode_attention_by_the_steps_bucket(tiny, monkeypatch)
     # decode steps at 510..514 tokens of context: the 512 bucket up to 512, then 1024 (not max_context, 2048)
     want = [(512, 510), (512, 511), (512, 512), (1024, 513), (1024, 514)]
     assert seen == [w for w in want for _ in range(layers)]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 700), st.integers(1, 64)), min_size=1, max_size=12), st.booleans(),
+       st.randoms(use_true_random=False))
+def test_prepare_lays_out_every_row_as_its_sequence_says(tiny, rows, all_decode, rnd):
+    """prepare's arrays against a row-by-row reference, for pure decode steps (their own fast path) and for steps
+    with prompt chunks, with block tables of scattered ids and different widths."""
+    run = tiny.runner
+    bs = run.block_size
+    seqs, num_new = [], []
+    for n_tokens, chunk in rows:
+        n = 1 if all_decode else min(chunk, n_tokens)
+        s = Sequence([rnd.randrange(1000) for _ in range(n_tokens)], SamplingParams())
+        s.num_computed = n_tokens - n
+        s.block_table = rnd.sample(range(5000), -(-n_tokens // bs))
+        seqs.append(s)
+        num_new.append(n)
+    order = sorted(range(len(seqs)), key=lambda i: num_new[i] != 1)  # decodes first, as the scheduler orders them
+    seqs, num_new = [seqs[i] for i in order], [num_new[i] for i in order]
+    nd = sum(1 for n in num_new if n == 1) if all_decode else 0
+    batch = run.prepare(seqs, num_new, nd)
+    ids, pos, slots, qsl = [], [], [], [0]
+    for s, n in zip(seqs, num_new):
+        for p in range(s.num_computed, s.num_computed + n):
+            ids.append(s.token_ids[p])
+            pos.append(p)
+            slots.append(s.block_table[p // bs] * bs + p % bs)
+        qsl.append(qsl[-1] + n)
+    assert batch.input_ids.tolist() == ids and batch.positions.tolist() == pos
+    assert batch.slot_mapping.tolist() == slots and batch.query_start_loc.tolist() == qsl
+    assert batch.seq_lens.tolist() == [s.num_computed + n for s, n in zip(seqs, num_new)]
+    width = max(len(s.block_table) for s in seqs)
+    assert batch.block_tables.shape == (len(seqs), width) and batch.block_tables.dtype == np.int32
+    for row, s in zip(batch.block_tables.tolist(), seqs):
+        assert row == s.block_table + [0] * (width - len(s.block_table))
+    assert all(a.dtype == np.int32 for a in (batch.input_ids, batch.positions, batch.slot_mapping,
+                                              batch.query_start_loc, batch.seq_lens))

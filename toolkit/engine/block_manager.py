@@ -13,6 +13,8 @@ At least the last prompt token is always recomputed, because its logits pick the
 """
 from collections import OrderedDict
 
+import numpy as np
+
 
 class Block:
     __slots__ = ("id", "ref_count", "hash", "tokens")
@@ -105,9 +107,24 @@ class BlockManager:
                 self.free[bid] = None
         seq.block_table.clear()
         seq.block_hashes.clear()
+        seq.table_array = None  # the next table is a new one, not this one grown
 
 
 def slot_mapping(block_table: list, start: int, n: int, block_size: int) -> list:
     """KV-cache slots of positions start .. start+n-1 of a request holding these blocks."""
     bs = block_size
     return [block_table[p // bs] * bs + p % bs for p in range(start, start + n)]
+
+
+def table_array(seq) -> np.ndarray:
+    """seq's block table as an int32 array (a view). Between releases a table only grows, so its array is kept on the
+    request and extended in place: a step at batch 256 stacks these in one call, where converting 256 lists took
+    ~0.2 ms of host time a step (dev/host_overhead.py)."""
+    table, arr, n = seq.block_table, seq.table_array, len(seq.block_table)
+    if arr is None or len(arr) < n:
+        arr = seq.table_array = np.zeros(max(16, 2 * n), np.int32)
+        seq.table_filled = 0
+    if seq.table_filled < n:
+        arr[seq.table_filled:n] = table[seq.table_filled:]
+        seq.table_filled = n
+    return arr[:n]

@@ -15,8 +15,7 @@ thread.
 """
 import threading
 import time
-from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 import numpy as np
 
@@ -32,9 +31,9 @@ from .sequence import SamplingParams, Sequence
 from .stops import flush, stop_strings
 
 
-@dataclass(frozen=True)
-class RequestOutput:
-    """What one step produced for one request (mlx-lm's GenerationResponse, batched)."""
+class RequestOutput(NamedTuple):
+    """What one step produced for one request (mlx-lm's GenerationResponse, batched). Immutable; a NamedTuple
+    for the host time, as RequestStats (timings.py)."""
     request_id: str
     token: int | None  # the sampled id (None for an abort or an error)
     text: str  # new text to show (may be "" while a UTF-8 character is incomplete)
@@ -156,21 +155,28 @@ class LLMEngine:
         batch = self.runner.prepare(seqs, sched.num_new, sched.num_decodes)
         due = [i for i, (s, n) in enumerate(zip(seqs, sched.num_new)) if s.num_computed + n == s.num_tokens]
         res = self.runner.run(batch, options, [s.sampling for s in seqs], due)
+        # Host time per request per step is what bounds a large batch: at batch 256 this loop and the scheduler
+        # took as long as the GPU's step (dev/host_overhead.py), so each request is visited twice, not five times.
         produced, t_detok = [], 0.0
-        decoding = [n == 1 and s.num_computed >= len(s.prompt_ids) for s, n in zip(seqs, sched.num_new)]
-        for seq, n, tok, lp in zip(seqs, sched.num_new, res.tokens, res.logprobs):
+        for seq, n, tok, lp in zip(seqs, sched.num_new, res.tokens.tolist(), res.logprobs):
+            decoding = n == 1 and seq.num_computed >= len(seq.prompt_ids)  # read before num_computed moves
             seq.num_computed += n
             if tok == NO_TOKEN:
+                produced.append((seq, decoding, None))
                 continue
             if tok == NAN_LOGITS:  # a numerical fault ends this request only
                 self._finish(seq)
                 outputs.append(self._output(seq, None, "", None, "error",
                                             error="the model produced NaN logits (check the weights and --dtype)"))
+                produced.append((seq, decoding, None))
                 continue
-            td = time.perf_counter()
-            text, finish = self._append(seq, int(tok))
-            t_detok += time.perf_counter() - td
-            produced.append((seq, int(tok), text, finish, lp))
+            if seq.detokenizer is None:
+                text, finish = self._append(seq, tok)
+            else:
+                td = time.perf_counter()
+                text, finish = self._append(seq, tok)
+                t_detok += time.perf_counter() - td
+            produced.append((seq, decoding, (tok, text, finish, lp)))
         wall = (time.perf_counter() - t0) * 1e3
         path = step_path(batch.prefill_lens, options)
         timing = StepTiming(self._step_index, batch.kind, batch.num_tokens, batch.num_seqs, wall, res.gpu_ms,
@@ -179,7 +185,9 @@ class LLMEngine:
                             prefill_path=path, plan=res.plan, context_bucket=batch.context_bucket)
         self._step_index += 1
         now = time.perf_counter()
-        for seq, is_decode in zip(seqs, decoding):
+        row_bytes = 4 * self.cfg.vocab_size if res.sampler_path == "slow" else 0  # a sampled row's FP32 copy
+        due_rows = set(due)
+        for i, (seq, is_decode, out) in enumerate(produced):
             st = seq.stats
             if is_decode:
                 st.decode_ms_total += wall
@@ -187,14 +195,15 @@ class LLMEngine:
             else:
                 st.prefill_ms += wall
                 st.prefill_path = merge_paths(st.prefill_path, request_path(seq.num_computed, options, path))
-        row_bytes = 4 * self.cfg.vocab_size if res.sampler_path == "slow" else 0  # a sampled row's FP32 copy
-        for i in due:
-            seqs[i].stats.add_sampler_step(res.sampler_path, row_bytes)
-        for seq, tok, text, finish, lp in produced:
-            if seq.stats.generated_tokens == 0 and seq.stats.ttft_ms == 0:
-                seq.stats.ttft_ms = (now - seq.stats.arrival) * 1e3
+            if i in due_rows:
+                st.add_sampler_step(res.sampler_path, row_bytes)
+            if out is None:
+                continue
+            tok, text, finish, lp = out
+            if st.generated_tokens == 0 and st.ttft_ms == 0:
+                st.ttft_ms = (now - st.arrival) * 1e3
             if finish != "stop":
-                seq.stats.generated_tokens += 1
+                st.generated_tokens += 1
             if finish:
                 self._finish(seq)
             outputs.append(self._output(seq, tok, text, timing, finish, logprobs=lp))
@@ -208,7 +217,8 @@ class LLMEngine:
         seq.token_ids.append(tok)
         seq.sampling.on_token(tok)
         text = seq.detokenizer.add_token(tok) if seq.detokenizer is not None else ""
-        finish = "length" if seq.num_generated >= p.max_tokens or seq.num_tokens >= self.max_context else None
+        n = len(seq.token_ids)  # (seq.num_tokens; num_generated is n - len(prompt_ids): read once, per token)
+        finish = "length" if n - len(seq.prompt_ids) >= p.max_tokens or n >= self.max_context else None
         if finish:  # held-back text moves into `text`, where stop_strings still searches it
             text = flush(seq, text)
         if p.stop:

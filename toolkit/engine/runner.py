@@ -24,7 +24,7 @@ from toolkit.model.decoder import KVCache, Model
 from ..sampler.sampler import ALL_STAGES, Sampler
 from toolkit.engine.step import StepBatch, StepStager
 from toolkit.engine.timings import NullTimer, in_order
-from .block_manager import slot_mapping
+from .block_manager import slot_mapping, table_array
 
 GRAPH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 # Decode attention's split plan (grid, workspace) is sized for a max_seq_len and stays valid at every length up
@@ -83,19 +83,25 @@ class ModelRunner:
 
     # -- host side ------------------------------------------------------------------------------------
     def prepare(self, seqs, num_new, num_decodes: int) -> StepBatch:
-        bs = self.block_size
+        bs, B = self.block_size, len(seqs)
+        rows = [table_array(s) for s in seqs]
+        widths = np.fromiter(map(len, rows), np.int64, B)
+        tables = np.zeros((B, int(widths.max())), np.int32)
+        tables[np.arange(tables.shape[1]) < widths[:, None]] = np.concatenate(rows)  # row i: its first widths[i]
+        if num_decodes == B:  # a pure decode step, one token a request: the common step, two passes and arrays
+            pos = np.fromiter([s.num_computed for s in seqs], np.int32, B)
+            ids = np.fromiter([s.token_ids[s.num_computed] for s in seqs], np.int32, B)
+            slots = tables[np.arange(B), pos // bs] * bs + pos % bs
+            return StepBatch(ids, pos, slots.astype(np.int32), np.arange(B + 1, dtype=np.int32), pos + 1, tables, B,
+                             self.context_bucket(int(pos.max()) + 1))
         ids, pos, slots, qsl, lens = [], [], [], [0], []
-        width = max(len(s.block_table) for s in seqs)
-        tables = np.zeros((len(seqs), width), np.int32)
-        for i, (seq, n) in enumerate(zip(seqs, num_new)):
+        for seq, n in zip(seqs, num_new):
             start = seq.num_computed
             ids += seq.token_ids[start:start + n]
             pos += range(start, start + n)
-            table = seq.block_table
-            slots += slot_mapping(table, start, n, bs)
+            slots += slot_mapping(seq.block_table, start, n, bs)
             qsl.append(qsl[-1] + n)
             lens.append(start + n)
-            tables[i, :len(table)] = table
         arrays = (np.array(a, np.int32) for a in (ids, pos, slots, qsl, lens))
         return StepBatch(*arrays, tables, num_decodes, self.context_bucket(max(lens[:num_decodes], default=0)))
 

@@ -38,6 +38,8 @@ class Sequence:
     num_computed: int = 0
     block_table: list = field(default_factory=list)
     block_hashes: list = field(default_factory=list)  # chained hashes of the full blocks committed so far
+    table_array: object = None  # block_table's first table_filled ids as int32 (block_manager.table_array)
+    table_filled: int = 0
     status: Status = Status.WAITING
     detokenizer: object = None
     seed: int = 0
