@@ -115,7 +115,8 @@ for length in lengths:
         for name, patches in VARIANTS.items():
             if name != "whole step" and not any(name.startswith(o) for o in only):
                 continue
-            saved = [(cls, attr, cls.__dict__[attr]) for cls, attr, _ in patches]
+            # (an inherited method, e.g. SkinnyGemms', is patched on the class named and deleted there after)
+            saved = [(cls, attr, vars(cls).get(attr)) for cls, attr, _ in patches]
             try:
                 for cls, attr, fn in patches:
                     setattr(cls, attr, fn)
@@ -123,7 +124,10 @@ for length in lengths:
                 graph = be.capture(body)
             finally:
                 for cls, attr, fn in saved:
-                    setattr(cls, attr, fn)
+                    if fn is None:
+                        delattr(cls, attr)
+                    else:
+                        setattr(cls, attr, fn)
             us, sd = replay_us(be, graph)
             whole = us if whole is None else whole
             idle = f" (from idle: {idle_us(graph):.1f})" if name == "whole step" else ""

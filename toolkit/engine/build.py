@@ -123,6 +123,14 @@ def build_engine(model=None, shape: str | None = None, device: str = "auto", dty
     if isinstance(source, Checkpoint) and source.nonfinite_warning():
         print(source.nonfinite_warning(), file=sys.stderr, flush=True)
     kv_tokens = _kv_tokens(backend, cfg, kv_cache_tokens, max_context, max_num_seqs)
+    # The step's buffers hold at least a hidden state per fed token and a row of logits per request. Checked before
+    # allocating: where the OS overcommits memory, a buffer past the RAM is handed out and fails only when touched.
+    itemsize = backend.empty((1,)).itemsize
+    least = (max(max_num_batched_tokens, max_num_seqs) * cfg.hidden_size + max_num_seqs * cfg.vocab_size) * itemsize
+    if least > free_memory(backend.name):
+        raise ToolkitError(f"not enough memory for the engine's buffers (--max-num-seqs {max_num_seqs}, "
+                           f"--max-num-batched-tokens {max_num_batched_tokens}: at least {least / 2**30:.1f} GiB): "
+                           "lower them")
     try:
         engine = LLMEngine(cfg, weights, backend, max_context=max_context, num_blocks=kv_tokens // BLOCK_SIZE,
                            block_size=BLOCK_SIZE, max_num_seqs=max_num_seqs,
