@@ -271,6 +271,11 @@ def test_throughput_on_fake(fake, capsys):
     assert row["requests"] == 6 and row["errors"] == 0 and row["preemptions"] == 0
     assert 60 <= row["output_tokens"] <= 120 and row["output_tok_per_s"] > 0
     assert row["ttft_ms_p50"] == 5.0 and row["itl_ms_p99"] >= row["itl_ms_p50"] >= 0
+    # device s: the fake's exact step times, one prefill of every prompt (0.01 ms a token), then decode steps of
+    # 1 + 0.1 ms a running request (each request's first token came with the prefill)
+    prompts, outs, _ = workload(6, 10, 20, 40, 4096, seed=0)
+    want = 0.01 * sum(map(len, prompts)) + sum(1 + 0.1 * sum(o > t for o in outs) for t in range(1, max(outs)))
+    assert row["device_s"] == pytest.approx(want / 1e3)  # (the fake's wall is not its made-up device time)
 
 
 def test_throughput_workload_fits_the_context():

@@ -33,6 +33,7 @@ _THROUGHPUT_COLUMNS = [
     ("prompt tok", lambda r: str(r["prompt_tokens"])),
     ("output tok", lambda r: str(r["output_tokens"])),
     ("wall s", lambda r: fmt(r["wall_s"], None, 2)),
+    ("device s", lambda r: fmt(r["device_s"], None, 2)),
     ("output tok/s", lambda r: fmt(r["output_tok_per_s"], r["output_tok_per_s_std"] if r["repeats"] > 1 else None)),
     ("total tok/s", lambda r: fmt(r["total_tok_per_s"], r["total_tok_per_s_std"] if r["repeats"] > 1 else None)),
     ("TTFT p50/p99 ms", lambda r: f"{fmt(r['ttft_ms_p50'], None, 1)} / {fmt(r['ttft_ms_p99'], None, 1)}"),

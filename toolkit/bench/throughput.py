@@ -12,6 +12,11 @@ first token comes from each request's `RequestStats`; inter-token latency is
 the gap between successive tokens of one request as the host sees them
 arrive from `step()`, pooled over all requests. A repeat draws its workload
 with seed + repeat index: the same prompts again would hit the prefix cache.
+
+Device s sums the steps' own device times (each step's clock, `StepTiming.gpu_ms`, over the steps that emitted
+an output): wall s minus device s is the time the GPU waited for the host (scheduling, staging, building
+outputs). At batch 256 on the H200 that was half the wall before the host work was cut (experiments/NOTEBOOK.md,
+"Where does a throughput run's wall time go").
 """
 import time
 
@@ -40,7 +45,7 @@ def serve(engine, prompts, output_lens) -> dict:
     t0 = time.perf_counter()
     for p, n in zip(prompts, output_lens):
         engine.add_request(p, SamplingParams(max_tokens=n, ignore_eos=True))
-    arrivals, finals, errors, n_steps, options = {}, [], [], 0, None
+    arrivals, finals, errors, n_steps, options, device_ms = {}, [], [], 0, None, {}
     while engine.has_unfinished():
         outs = engine.step()
         now = time.perf_counter()
@@ -50,13 +55,14 @@ def serve(engine, prompts, output_lens) -> dict:
                 errors.append(out.error)
             if out.step is not None:
                 options = out.step.options
+                device_ms[out.step.index] = out.step.gpu_ms
             if out.token is not None:
                 arrivals.setdefault(out.request_id, []).append(now)
             if out.finish_reason is not None:
                 finals.append(out.stats)
     wall = time.perf_counter() - t0
     itl = [(b - a) * 1e3 for times in arrivals.values() for a, b in zip(times, times[1:])]
-    return {"wall_s": wall, "steps": n_steps, "errors": errors, "itl_ms": itl,
+    return {"wall_s": wall, "device_s": sum(device_ms.values()) / 1e3, "steps": n_steps, "errors": errors, "itl_ms": itl,
             "ttft_ms": [s.ttft_ms for s in finals if s.ttft_ms is not None],
             "prompt_tokens": sum(s.prompt_tokens for s in finals),
             "output_tokens": sum(s.generated_tokens for s in finals),
@@ -74,7 +80,7 @@ def summarize(runs: list[dict], scheduler, n_requests: int) -> dict:
             "requests": n_requests, "repeats": len(runs), "errors": sum(len(r["errors"]) for r in runs),
             "prompt_tokens": runs[0]["prompt_tokens"], "output_tokens": runs[0]["output_tokens"],
             "cached_tokens": sum(r["cached_tokens"] for r in runs),
-            "wall_s": mean_std(r["wall_s"] for r in runs)[0],
+            "wall_s": mean_std(r["wall_s"] for r in runs)[0], "device_s": mean_std(r["device_s"] for r in runs)[0],
             "output_tok_per_s": out_tps[0], "output_tok_per_s_std": out_tps[1],
             "total_tok_per_s": tot_tps[0], "total_tok_per_s_std": tot_tps[1],
             "ttft_ms_p50": percentile(ttft, 50), "ttft_ms_p99": percentile(ttft, 99),
