@@ -161,7 +161,8 @@ def main():
 
     def bf16(shape, scale):  # random bf16 values as the backend stores them (uint16 bits): fp32's top half
         return ((cp.random.standard_normal(shape, cp.float32) * scale).view(cp.uint32) >> 16).astype(cp.uint16)
-    print(f"| shape | projection | N x K | MB | product us (% HBM) | " +
+
+    print("| shape | projection | N x K | MB | product us (% HBM) | " +
           " | ".join(f"{b}/SM us (% HBM)" for b in per_sm) + " | same bits |")
     print("|---|---|---|---:|---:|" + "---:|" * len(per_sm) + "---|")
     for shape, (H, I, QKV) in SHAPES.items():
@@ -188,9 +189,9 @@ def main():
             fns[op]((min(groups, per_sm[0] * n_sm),), (256,), (x, copies[0], y2, np.int32(n_out), np.int32(K),
                                                                 np.int32(wpr)))
             same = bool((y == y2).all())
-            print(f"| {shape} | {name} | {N} x {K} | {mb:.1f} | {t_prod:.2f} ({mb * 1e3 / t_prod / PEAK_GBS * 100:.0f}%)"
-                  f" | " + " | ".join(cells) + f" | {same} |", flush=True)
-            del copies
+            pct = mb * 1e3 / t_prod / PEAK_GBS * 100
+            print(f"| {shape} | {name} | {N} x {K} | {mb:.1f} | {t_prod:.2f} ({pct:.0f}%) | " + " | ".join(cells)
+                  + f" | {same} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,8 @@ output lengths uniform in [100, 1024], seed 0, ignore_eos).
 
     PYTHONPATH=. python3 dev/throughput_profile.py [shape] [scheduler] [--sections] [--profile]
 
+($REQUESTS changes the number of requests, $DEVICE=cpu runs it on the CPU backend: a smoke test of the script.)
+
 A step's `gpu_ms` is its device time between events around the launch; `wall_ms` is the host's time from
 scheduling to its outputs (staging, the launch, the one synchronisation, detokenising). The serve loop's own time
 between steps is the wall clock minus the steps' walls. --sections runs a pass with the step's parts wrapped in
@@ -26,13 +28,15 @@ args = [a for a in sys.argv[1:] if not a.startswith("--")]
 shape = args[0] if args else "qwen2.5-0.5b"
 policy = args[1] if len(args) > 1 else None
 extra = {"scheduler_policy": policy} if policy else {}
-engine = build_engine(shape=shape, device=os.environ.get("DEVICE", "cuda"), max_context=2048, warmup=True, **extra)
+engine = build_engine(shape=shape, device=os.environ.get("DEVICE", "cuda"), max_context=2048, warmup=True,
+                      **extra)
 print(f"{shape}: max_num_seqs {engine.max_num_seqs}, max_num_batched_tokens {engine.max_num_batched_tokens}, "
       f"kv_cache_tokens {engine.kv_cache_tokens}, policy {engine.scheduler.policy}")
 
 
 def serve(seed: int) -> tuple:
-    prompts, outs, _ = workload(int(os.environ.get("REQUESTS", 256)), 100, 1024, engine.max_context, engine.cfg.vocab_size, seed)
+    n_requests = int(os.environ.get("REQUESTS", 256))
+    prompts, outs, _ = workload(n_requests, 100, 1024, engine.max_context, engine.cfg.vocab_size, seed)
     t0 = time.perf_counter()
     for p, n in zip(prompts, outs):
         engine.add_request(p, SamplingParams(max_tokens=n, ignore_eos=True))

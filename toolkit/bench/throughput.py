@@ -62,7 +62,8 @@ def serve(engine, prompts, output_lens) -> dict:
                 finals.append(out.stats)
     wall = time.perf_counter() - t0
     itl = [(b - a) * 1e3 for times in arrivals.values() for a, b in zip(times, times[1:])]
-    return {"wall_s": wall, "device_s": sum(device_ms.values()) / 1e3, "steps": n_steps, "errors": errors, "itl_ms": itl,
+    return {"wall_s": wall, "device_s": sum(device_ms.values()) / 1e3, "steps": n_steps, "errors": errors,
+            "itl_ms": itl,
             "ttft_ms": [s.ttft_ms for s in finals if s.ttft_ms is not None],
             "prompt_tokens": sum(s.prompt_tokens for s in finals),
             "output_tokens": sum(s.generated_tokens for s in finals),

@@ -155,8 +155,8 @@ class LLMEngine:
         batch = self.runner.prepare(seqs, sched.num_new, sched.num_decodes)
         due = [i for i, (s, n) in enumerate(zip(seqs, sched.num_new)) if s.num_computed + n == s.num_tokens]
         res = self.runner.run(batch, options, [s.sampling for s in seqs], due)
-        # Host time per request per step is what bounds a large batch: at batch 256 this loop and the scheduler
-        # took as long as the GPU's step (dev/host_overhead.py), so each request is visited twice, not five times.
+        # Host time per request per step bounds a large batch (the GPU waits for it): each request is visited
+        # twice here, not five times as before (experiments/NOTEBOOK.md, "Where does a throughput run's wall time go").
         produced, t_detok = [], 0.0
         for seq, n, tok, lp in zip(seqs, sched.num_new, res.tokens.tolist(), res.logprobs):
             decoding = n == 1 and seq.num_computed >= len(seq.prompt_ids)  # read before num_computed moves

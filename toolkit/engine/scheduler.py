@@ -69,7 +69,7 @@ class Scheduler:
         if self.policy == "alternate":
             decodes, chunks = [], []
             # A prefill pass only when a prompt waits or is half fed: a decode step of 256 requests otherwise
-            # walked them all twice, and host time at batch 256 is as long as the GPU's step.
+            # walked them all twice (host time, which the GPU waits for: dev/host_overhead.py).
             if self.waiting or any(len(s.token_ids) - s.num_computed > 1 for s in self.running):
                 decodes, chunks = self._pass(out, decodes_too=False, admit=True)
             if not decodes and not chunks:  # nothing can be prefilled now (no room): decode instead
@@ -81,7 +81,7 @@ class Scheduler:
             out.seqs.append(seq)
             out.num_new.append(n)
             # Written by this step: shareable from now on. Only a step that fills a block has one to key (the
-            # test saves a call per request per step: host time at batch 256 is as long as the GPU's step).
+            # test saves a call per request per step).
             if (seq.num_computed + n) // bs > len(seq.block_hashes):
                 bm.commit(seq, seq.num_computed + n)
         out.num_decodes = len(decodes)

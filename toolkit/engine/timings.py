@@ -17,7 +17,7 @@ each output, so an earlier output's numbers never change under its reader.
 """
 import operator
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import NamedTuple
 
