@@ -84,10 +84,10 @@ class ModelRunner:
     # -- host side ------------------------------------------------------------------------------------
     def prepare(self, seqs, num_new, num_decodes: int) -> StepBatch:
         bs, B = self.block_size, len(seqs)
-        rows = [table_array(s) for s in seqs]
-        widths = np.fromiter(map(len, rows), np.int64, B)
-        tables = np.zeros((B, int(widths.max())), np.int32)
-        tables[np.arange(tables.shape[1]) < widths[:, None]] = np.concatenate(rows)  # row i: its first widths[i]
+        rows = [table_array(s) for s in seqs]  # int32 already: each row is one copy (a list was ~1 µs a row more)
+        tables = np.zeros((B, max(map(len, rows))), np.int32)
+        for i, row in enumerate(rows):
+            tables[i, :len(row)] = row
         if num_decodes == B:  # a pure decode step, one token a request: the common step, two passes and arrays
             pos = np.fromiter([s.num_computed for s in seqs], np.int32, B)
             ids = np.fromiter([s.token_ids[s.num_computed] for s in seqs], np.int32, B)
