@@ -118,8 +118,8 @@ def slot_mapping(block_table: list, start: int, n: int, block_size: int) -> list
 
 def table_array(seq) -> np.ndarray:
     """seq's block table as an int32 array (a view). Between releases a table only grows, so its array is kept on the
-    request and extended in place: a step at batch 256 stacks these in one call, where converting 256 lists took
-    ~0.2 ms of host time a step (dev/host_overhead.py)."""
+    request and extended in place: a step copies these rows array to array, where converting 256 lists took ~0.2 ms
+    of host time a step (dev/host_overhead.py)."""
     table, arr, n = seq.block_table, seq.table_array, len(seq.block_table)
     if arr is None or len(arr) < n:
         arr = seq.table_array = np.zeros(max(16, 2 * n), np.int32)
