@@ -6,7 +6,9 @@ scheduler, block manager, runner (prepare, sampler gate, staging) and output pat
 model's forward and the sampling kernel replaced by nothing and every sampled id 0, so what is timed is the host's
 share of a step. Runs anywhere, no GPU:
 
-    OMP_WAIT_POLICY=passive PYTHONPATH=. python dev/host_overhead.py [requests] [--profile]
+    OMP_WAIT_POLICY=passive PYTHONPATH=. python dev/host_overhead.py [requests] [--profile] [--device-model]
+
+With --device-model each step also waits for a modelled device time (below); then read the wall, not the CPU time.
 """
 import cProfile
 import pstats
@@ -26,9 +28,29 @@ n_requests = int(args[0]) if args else 256
 engine = build_engine(shape="tiny", device="cpu", max_context=2048, max_num_seqs=256, max_num_batched_tokens=8192,
                       kv_cache_tokens=524304)
 r = engine.runner
-r.model.forward = lambda *a, **k: None
 r.sampler.sample = lambda *a, **k: None
-r.be.ids_to_host = lambda arr, n: np.zeros(n, np.int32)
+# --device-model: a stand-in device that takes the H200's measured time for each step (dev/throughput_profile.py,
+# 0.5B shape: decode by graph bucket, prefill 1.8 us a token) and runs it while the host goes on, so the wall
+# shows how much host work waits for the device and how much hides behind it. A model, not a measurement.
+DECODE_MS = {1: 0.73, 2: 0.77, 4: 0.79, 8: 0.83, 16: 0.90, 32: 1.03, 64: 1.40, 128: 1.70, 256: 2.16}
+device = {"busy_until": 0.0}
+
+
+def forward(step, *a, **k):
+    if "--device-model" in sys.argv:
+        ms = DECODE_MS[1 << (step.num_seqs - 1).bit_length()] if step.num_decodes == step.num_seqs \
+            else 0.0018 * step.num_tokens
+        device["busy_until"] = max(time.perf_counter(), device["busy_until"]) + ms / 1e3
+
+
+def ids_to_host(arr, n):
+    while time.perf_counter() < device["busy_until"]:  # the synchronisation: wait for the device
+        pass
+    return np.zeros(n, np.int32)
+
+
+r.model.forward = forward
+r.be.ids_to_host = ids_to_host
 
 
 def serve(seed: int) -> tuple:
