@@ -7,6 +7,7 @@ model's forward and the sampling kernel replaced by nothing and every sampled id
 share of a step. Runs anywhere, no GPU:
 
     OMP_WAIT_POLICY=passive PYTHONPATH=. python dev/host_overhead.py [requests] [--profile] [--device-model]
+        [--one-at-a-time]
 
 With --device-model each step also waits for a modelled device time (below); then read the wall, not the CPU time.
 """
@@ -43,14 +44,23 @@ def forward(step, *a, **k):
         device["busy_until"] = max(time.perf_counter(), device["busy_until"]) + ms / 1e3
 
 
-def ids_to_host(arr, n):
-    while time.perf_counter() < device["busy_until"]:  # the synchronisation: wait for the device
-        pass
-    return np.zeros(n, np.int32)
+class Download:
+    """The step's sampled ids, back once the modelled device has run everything queued before them."""
+
+    def __init__(self, n):
+        self.until, self.n = device["busy_until"], n
+
+    def wait(self):
+        while time.perf_counter() < self.until:  # the synchronisation: wait for the device
+            pass
+        return np.zeros(self.n, np.int32)
 
 
 r.model.forward = forward
-r.be.ids_to_host = ids_to_host
+r.be.download = lambda dev, host, n: Download(n)
+# The engine queues a decode step ahead where the backend is asynchronous, as the modelled device is; --one-at-a-time
+# runs the steps as on a synchronous backend.
+engine.queue_ahead = "--one-at-a-time" not in sys.argv
 
 
 def serve(seed: int) -> tuple:

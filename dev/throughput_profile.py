@@ -7,7 +7,7 @@ output lengths uniform in [100, 1024], seed 0, ignore_eos).
 ($REQUESTS changes the number of requests, $DEVICE=cpu runs it on the CPU backend: a smoke test of the script.)
 
 A step's `gpu_ms` is its device time between events around the launch; `wall_ms` is the host's time from
-scheduling to its outputs (staging, the launch, the one synchronisation, detokenising). The serve loop's own time
+scheduling (or, for a step queued before the last one's tokens were back, from those tokens) to its own tokens. The serve loop's own time
 between steps is the wall clock minus the steps' walls. --sections runs a pass with the step's parts wrapped in
 timers (and the garbage collector's pauses counted); with --profile a pass runs under cProfile (both slow the host,
 so their walls are not the first pass's)."""
@@ -30,6 +30,12 @@ policy = args[1] if len(args) > 1 else None
 extra = {"scheduler_policy": policy} if policy else {}
 engine = build_engine(shape=shape, device=os.environ.get("DEVICE", "cuda"), max_context=2048, warmup=True,
                       **extra)
+# QUEUE_AHEAD=0: one step at a time (the engine otherwise queues a decode step before the last one's tokens are back).
+engine.queue_ahead = engine.queue_ahead and os.environ.get("QUEUE_AHEAD", "1") != "0"
+# BUCKETS=1,2,...: the decode graph buckets (a variant to try: finer buckets above 128 rows pad less).
+if os.environ.get("BUCKETS"):
+    engine.runner.buckets = [int(b) for b in os.environ["BUCKETS"].split(",")]
+print(f"queue_ahead {engine.queue_ahead}, graph buckets {engine.runner.buckets}")
 print(f"{shape}: max_num_seqs {engine.max_num_seqs}, max_num_batched_tokens {engine.max_num_batched_tokens}, "
       f"kv_cache_tokens {engine.kv_cache_tokens}, policy {engine.scheduler.policy}")
 
@@ -82,13 +88,14 @@ if "--sections" in sys.argv:  # host time of the step's parts, by wrapping them 
     import gc
 
     r = engine.runner
-    parts = {"schedule": (engine.scheduler, "schedule"), "prepare": (r, "prepare"), "run": (r, "run"),
+    parts = {"schedule": (engine.scheduler, "schedule"), "prepare": (r, "prepare"),
+             "prepare_next": (r, "prepare_next"), "launch": (r, "launch"), "collect": (r, "collect"),
              "sampler.prepare": (r.sampler, "prepare"), "stager.stage": (r.stager, "stage"),
              "sampler.stage": (r.sampler, "stage"), "model.plan": (r.model, "plan"), "runner._graph": (r, "_graph"),
-             "be.replay": (r.be, "replay"), "be.ids_to_host": (r.be, "ids_to_host"),
-             "clock.start": (r._clock, "start"), "clock.stop": (r._clock, "stop"),
-             "clock.elapsed_ms": (r._clock, "elapsed_ms"), "engine._append": (engine, "_append"),
-             "engine._output": (engine, "_output"), "engine.step": (engine, "step")}
+             "be.replay": (r.be, "replay"), "be.download": (r.be, "download"), "be.fence": (r.be, "fence"),
+             "engine._launch_next": (engine, "_launch_next"), "engine._collect": (engine, "_collect"),
+             "engine._append": (engine, "_append"), "engine._output": (engine, "_output"),
+             "engine.step": (engine, "step")}
     spent = collections.Counter()
 
     def timed(name, fn):

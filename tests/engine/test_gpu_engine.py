@@ -243,3 +243,31 @@ def test_nan_logits_end_only_their_request_on_gpu():
     engine.weights.embed[99] = float("nan")
     got, _ = run_batch(engine, [ok_ids, bad_ids], 4)
     assert got[0] == want and got[1] == [None]  # the NaN request's one output is its error record
+
+
+@pytest.mark.parametrize("graphs", [True, False])
+def test_queued_steps_change_no_token(tiny_bf16, graphs):
+    """Steps queued ahead (the device copies each row's sampled token into the next step's input) give the tokens of
+    steps run one at a time: greedy and seeded rows, requests ending by length (padding rows) and by a stop token."""
+    from tests.engine.test_queue_ahead import drain
+
+    eng = tiny_bf16
+    rng = np.random.default_rng(41)
+    reqs = [(ids, SamplingParams(max_tokens=int(n), ignore_eos=True, temperature=t, seed=s))
+            for ids, n, t, s in zip(prompts(rng, eng.cfg.vocab_size, 40), rng.integers(4, 40, 40),
+                                    [0.0, 0.9] * 20, range(40))]
+    eng.set_options(EngineOptions(cuda_graphs=graphs))
+    try:
+        eng.queue_ahead = False
+        want, _ = drain(eng, reqs)
+        stop = want[1][3][0]  # a token the second request samples: a stop token it meets while a step is queued
+        reqs[1] = (reqs[1][0], dataclasses.replace(reqs[1][1], stop_token_ids=[stop], ignore_eos=False))
+        want, _ = drain(eng, reqs)
+        eng.queue_ahead = True
+        got, steps = drain(eng, reqs)
+    finally:
+        eng.queue_ahead = True
+        eng.set_options(EngineOptions())
+    assert got == want and want[1][-1][2] == "stop"
+    assert sum(s.queued for s in steps) > len(steps) // 2 and all(s.graph == graphs for s in steps if s.queued)
+    assert eng.block_manager.num_free == eng.block_manager.num_blocks

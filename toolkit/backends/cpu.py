@@ -50,6 +50,17 @@ class CpuTimer:
         return [(section, dt * 1e3) for section, dt in self._laps]
 
 
+class Done:
+    """The CPU's Pending (cuda.py): the work already ran."""
+    __slots__ = ("_result",)
+
+    def __init__(self, result=None):
+        self._result = result
+
+    def wait(self):
+        return self._result
+
+
 class CpuClock:
     def start(self):
         self._t0 = time.perf_counter()
@@ -78,6 +89,7 @@ class CpuBackend:
     dtype = "float32"
     num_sms = 0  # (the plan's tensor-core decisions are for the GPU only)
     graphs_supported = pdl_supported = False
+    asynchronous = False  # an op has run when it returns
 
     def __init__(self):
         from threadpoolctl import threadpool_limits
@@ -103,6 +115,18 @@ class CpuBackend:
 
     def upload(self, host, dev, n: int, offset: int = 0):
         pass
+
+    def download(self, dev, host, n: int) -> "Done":
+        host[:n] = dev[:n]  # a copy: the sampler's buffer is rewritten by the next step before this one is read
+        return Done(host[:n])
+
+    def copy_ids(self, src, dst, n: int):
+        # A NaN row's -1 becomes token 0 here (the CUDA embedding reads an id out of range as a zero row; the CPU
+        # twin refuses one): either way a row that will be dropped.
+        np.maximum(src[:n], 0, out=dst[:n])
+
+    def fence(self) -> "Done":
+        return Done()
 
     # -- ops --------------------------------------------------------------------------------------------
     # Every op of the CUDA backend, as its CPU twin (kernels/<op>.py). The CPU's own plan uses BLAS and the plain

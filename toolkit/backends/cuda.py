@@ -52,6 +52,19 @@ class CudaTimer:
         return [(section, self._cp.cuda.get_elapsed_time(ev[i], ev[i + 1])) for i, section in enumerate(self._sections)]
 
 
+class Pending:
+    """Work queued on the stream; wait() blocks until it has run and returns what it fills (the host side of a
+    download, or None for a fence)."""
+    __slots__ = ("_event", "_result")
+
+    def __init__(self, event, result=None):
+        self._event, self._result = event, result
+
+    def wait(self):
+        self._event.synchronize()
+        return self._result
+
+
 class CudaClock:
     """Two events around a whole step (graph replay or eager launches, plus sampling)."""
 
@@ -140,6 +153,7 @@ class CudaBackend:
         self.kernels = CudaKernels(dtype)
         self.sampler_kernels = CudaSamplerKernels(dtype)
         self.stream = cp.cuda.Stream(non_blocking=True)
+        self.asynchronous = True  # ops are queued on the stream: a launch returns before its work is done
         try:
             self._gemm = _NvmathGemm(cp, self.stream)
             self.gemm_note = "cuBLAS via nvmath-python (capturable)"
@@ -221,13 +235,34 @@ class CudaBackend:
 
     def upload(self, host, dev, n: int, offset: int = 0):
         """dev[offset:offset+n] = host[offset:offset+n], asynchronously on our stream."""
-        # The runner synchronises once per step (the sampled ids), so the pinned source is never
-        # rewritten while this copy is still in flight.
+        # The pinned source must not be rewritten before this copy has run: the runner waits on a fence()
+        # recorded after a step's uploads before it writes the next step's (one step may still be queued).
         self.cp.cuda.runtime.memcpyAsync(dev.data.ptr + 4 * offset, host.ctypes.data + 4 * offset, n * 4,
                                          self.cp.cuda.runtime.memcpyHostToDevice, self.stream.ptr)
 
+    def download(self, dev, host, n: int) -> "Pending":
+        """host[:n] = dev[:n] (int32, host pinned from int_buffer), asynchronously; wait() returns host[:n]."""
+        rt = self.cp.cuda.runtime
+        rt.memcpyAsync(host.ctypes.data, dev.data.ptr, n * 4, rt.memcpyDeviceToHost, self.stream.ptr)
+        return Pending(self._record(), host[:n])
+
+    def copy_ids(self, src, dst, n: int):
+        """dst[:n] = src[:n] on the device (int32), asynchronously: a step fed the tokens its predecessor sampled."""
+        rt = self.cp.cuda.runtime
+        if n:
+            rt.memcpyAsync(dst.data.ptr, src.data.ptr, n * 4, rt.memcpyDeviceToDevice, self.stream.ptr)
+
+    def fence(self) -> "Pending":
+        """A mark after everything queued so far; wait() blocks until the GPU has reached it."""
+        return Pending(self._record())
+
+    def _record(self):
+        ev = self.cp.cuda.Event(block=False, disable_timing=True)
+        ev.record(self.stream)
+        return ev
+
     def ids_to_host(self, dev, n: int) -> np.ndarray:
-        """The step's one synchronisation: the sampled ids come back."""
+        """int32 dev[:n] on the host (synchronises; logprobs' arrays: the sampled ids come back by download)."""
         return dev[:n].get(stream=self.stream)
 
     # -- ops ----------------------------------------------------------------------------------------------

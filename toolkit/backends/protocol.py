@@ -18,6 +18,7 @@ class Backend(Protocol):
     num_sms: int  # streaming multiprocessors (0 on the CPU): the plan sizes decode attention's kernel choice by it
     graphs_supported: bool  # whether a step can be captured as a CUDA graph (a capturable cuBLAS)
     pdl_supported: bool  # programmatic dependent launch (Hopper and cuda-bindings)
+    asynchronous: bool  # whether ops return before their work is done (the engine then queues a step ahead)
 
     # -- memory ----------------------------------------------------------------------------------------
     def from_host(self, a: np.ndarray): ...  # host floats -> backend array in the compute dtype
@@ -26,6 +27,9 @@ class Backend(Protocol):
     def to_host(self, a) -> np.ndarray: ...  # -> fp32 NumPy copy (synchronises)
     def int_buffer(self, n: int) -> tuple: ...  # (host int32[n], backend int32[n]) staging pair
     def upload(self, host: np.ndarray, dev, n: int, offset: int = 0) -> None: ...  # dev[o:o+n] = host[o:o+n], async
+    def download(self, dev, host: np.ndarray, n: int): ...  # host[:n] = dev[:n], async; .wait() -> host[:n]
+    def copy_ids(self, src, dst, n: int) -> None: ...  # dst[:n] = src[:n] on the device, async (int32)
+    def fence(self): ...  # .wait() blocks until the work queued so far has run
 
     # -- ops (kernels/<op>.cu and their CPU twins kernels/<op>.py); the step plan (toolkit/model/plan.py) names
     # which of them run. Projections: out[T, N] = x[T, K] @ w[N, K].T, fp32 accumulation.

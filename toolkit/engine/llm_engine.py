@@ -13,6 +13,7 @@ The engine belongs to one thread: KV blocks, queues and the CUDA stream are not 
 A second thread gets a clear error; `EngineWorker` (worker.py) is how a UI drives it from another
 thread.
 """
+import itertools
 import threading
 import time
 from typing import Iterator, NamedTuple
@@ -45,6 +46,23 @@ class RequestOutput(NamedTuple):
     logprobs: dict | None = None  # with params.logprobs: {"token", "logprob", "rank", "top": [[id, logprob], ...]}
 
 
+_ALL = itertools.repeat(True)  # every row of a scheduled step is live
+
+
+class _Launched(NamedTuple):
+    """A step queued on the device, until its tokens are collected."""
+    seqs: list
+    num_new: list  # tokens fed per row
+    live: list | None  # per row, whether its request still runs (None: a scheduled step, every row)
+    batch: object  # the StepBatch
+    handle: object  # runner.InFlight
+    due: list  # rows that pick a token
+    options: EngineOptions
+    cached_tokens: int
+    t0: float  # perf_counter when its scheduling began
+    commits: tuple  # (seq, num_tokens): prefix-cache keys to make once the step before has its tokens
+
+
 class LLMEngine:
     def __init__(self, cfg, weights, backend, *, max_context: int, num_blocks: int, block_size: int,
                  max_num_seqs: int, max_num_batched_tokens: int, options: EngineOptions = EngineOptions(),
@@ -64,6 +82,12 @@ class LLMEngine:
         self._seqs: dict = {}  # request id -> Sequence, until its final output is emitted
         self._done_now: list = []  # outputs due at the next step() that no forward pass produces
         self._step_index = 0
+        # Whether a step is queued ahead (_launch_next): where launches return before the work is done. The CPU
+        # backend computes as it launches, so queuing ahead would only reorder its work (tests turn it on there).
+        self.queue_ahead = backend.asynchronous
+        self._ahead = None  # the step queued on the device before the last one's tokens came back (_launch_next)
+        self._error = None  # an exception from that launch, raised by the next step()
+        self._last_tokens = 0.0  # perf_counter when the last step's tokens came back
         self._owner = None
         self._eos = frozenset(tokenizer.eos_ids) if tokenizer is not None else frozenset()
 
@@ -135,40 +159,113 @@ class LLMEngine:
         self._owner = None
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished() or bool(self._done_now)
+        return self.scheduler.has_unfinished() or bool(self._done_now) or self._ahead is not None
 
     # -- the step -------------------------------------------------------------------------------------------
     def step(self) -> list:
+        """Wait for the step on the device, and return what it produced. One step stays queued ahead where it
+        can (see _launch_next): the host schedules and stages step N + 1 while the device runs step N."""
         self._check_thread()
-        t0 = time.perf_counter()
+        if self._error is not None:  # the last call's queued launch failed after its own step's tokens came back
+            err, self._error = self._error, None
+            raise err
         outputs, self._done_now = self._done_now, []
         options = self.effective_options()
         self.block_manager.prefix_caching = options.prefix_caching
+        cur, self._ahead = self._ahead, None
+        if cur is None:
+            cur = self._launch(options, outputs)
+            if cur is None:
+                return outputs
+        try:
+            self._ahead = self._launch_next(cur, options)
+        except Exception as e:  # raised by the next call, so that cur's tokens are not lost with it
+            self._error = e
+        self._collect(cur, outputs)
+        return outputs
+
+    def _launch(self, options, outputs: list):
+        """Schedule a step and queue it on the device (None: nothing can run)."""
+        t0 = time.perf_counter()
         sched = self.scheduler.schedule()
         for seq in sched.out_of_memory:
             self._finish(seq)
             outputs.append(self._output(seq, None, "", None, "length", error="the KV cache cannot hold this request "
                                                                   "(raise --kv-cache-tokens)"))
         if not sched.seqs:
-            return outputs
+            return None
         seqs = sched.seqs
         batch = self.runner.prepare(seqs, sched.num_new, sched.num_decodes)
         due = [i for i, (s, n) in enumerate(zip(seqs, sched.num_new)) if s.num_computed + n == s.num_tokens]
-        res = self.runner.run(batch, options, [s.sampling for s in seqs], due)
+        handle = self.runner.launch(batch, options, [s.sampling for s in seqs], due)
+        return _Launched(seqs, sched.num_new, None, batch, handle, due, options, sched.cached_tokens, t0, ())
+
+    def _launch_next(self, cur, options):
+        """Queue the decode step after `cur` before cur's tokens are on the host (vLLM's asynchronous scheduling).
+
+        The host's work for a step (schedule, stage, then outputs and detokenising) used to run while the device
+        idled: ~0.7 ms a step at batch 256 against ~2 ms on the device (experiments/NOTEBOOK.md, "Where does a
+        throughput run's wall time go"). Here the next step needs only cur's tokens, and those the device copies
+        into its input itself (runner.launch(feed=True)). That holds when cur is a pure decode step, nothing waits
+        to be admitted, every running request is in cur, and no request's sampling reads its own output (penalties,
+        bad words, min_tokens) or asks for logprobs. A request that ends with cur by its length is left out of the
+        next step (a padding row); one that ends by a stop token, which only its token tells, wastes its row, and
+        its output is dropped. When enough rows have ended that a smaller graph bucket would do, None: the next
+        call schedules a compact step."""
+        if not self.queue_ahead or cur.batch.kind != "decode" or self.scheduler.waiting or cur.handle.lp is not None:
+            return None
+        t0 = time.perf_counter()
+        live, alive = [], 0
+        for seq, was in zip(cur.seqs, cur.live or _ALL):
+            ok = was and self._seqs.get(seq.request_id) is seq
+            if ok:
+                alive += 1
+                smp, p = seq.sampling, seq.params
+                if smp.use_penalties or smp.bad_words or p.min_tokens or p.logprobs is not None:
+                    return None
+                n = len(seq.token_ids) + 1  # its tokens once cur's is kept
+                ok = n - len(seq.prompt_ids) < p.max_tokens and n < self.max_context
+            live.append(ok)
+        runner, n_live = self.runner, sum(live)
+        if not n_live or alive != len(self.scheduler.running) or runner.padded_rows(n_live) != runner.padded_rows(len(live)):
+            return None
+        bm, bs = self.block_manager, self.block_size
+        pos = cur.batch.positions.tolist()  # each row's position in cur (its num_computed: cur is not collected)
+        grow = [seq for seq, ok, p in zip(cur.seqs, live, pos) if ok and p + 2 > len(seq.block_table) * bs]
+        if len(grow) > bm.num_free:  # room is made by preempting, which only the scheduler does
+            return None
+        for seq in grow:
+            bm.append_slots(seq, 2)  # cur's token and the next one's
+        # Blocks the next step fills are keyed once cur's token, the last of them, is known (_collect).
+        commits = tuple((seq, p + 2) for seq, ok, p in zip(cur.seqs, live, pos)
+                        if ok and (p + 2) // bs > len(seq.block_hashes))
+        batch = runner.prepare_next(cur.batch, cur.seqs, live)
+        rows = [i for i, ok in enumerate(live) if ok]
+        handle = runner.launch(batch, options, [s.sampling if ok else None for s, ok in zip(cur.seqs, live)], rows,
+                               feed=True)
+        return _Launched(cur.seqs, [1] * len(live), live, batch, handle, rows, options, 0, t0, commits)
+
+    def _collect(self, cur, outputs: list):
+        """Wait for cur's tokens; append, detokenize and stop-check them; emit cur's outputs."""
+        res = self.runner.collect(cur.handle)
+        now = time.perf_counter()  # the tokens are back
+        options, batch, live = cur.options, cur.batch, cur.live
         # Host time per request per step bounds a large batch (the GPU waits for it): each request is visited
         # twice here, not five times as before (experiments/NOTEBOOK.md, "Where does a throughput run's wall time go").
         produced, t_detok = [], 0.0
-        for seq, n, tok, lp in zip(seqs, sched.num_new, res.tokens.tolist(), res.logprobs):
+        for i, (seq, n, tok, lp) in enumerate(zip(cur.seqs, cur.num_new, res.tokens.tolist(), res.logprobs)):
+            if (live is not None and not live[i]) or self._seqs.get(seq.request_id) is not seq:
+                continue  # a padding row, or a request aborted (or stopped) while this step was queued
             decoding = n == 1 and seq.num_computed >= len(seq.prompt_ids)  # read before num_computed moves
             seq.num_computed += n
             if tok == NO_TOKEN:
-                produced.append((seq, decoding, None))
+                produced.append((i, seq, decoding, None))
                 continue
             if tok == NAN_LOGITS:  # a numerical fault ends this request only
                 self._finish(seq)
                 outputs.append(self._output(seq, None, "", None, "error",
                                             error="the model produced NaN logits (check the weights and --dtype)"))
-                produced.append((seq, decoding, None))
+                produced.append((i, seq, decoding, None))
                 continue
             if seq.detokenizer is None:
                 text, finish = self._append(seq, tok)
@@ -176,18 +273,26 @@ class LLMEngine:
                 td = time.perf_counter()
                 text, finish = self._append(seq, tok)
                 t_detok += time.perf_counter() - td
-            produced.append((seq, decoding, (tok, text, finish, lp)))
-        wall = (time.perf_counter() - t0) * 1e3
+            produced.append((i, seq, decoding, (tok, text, finish, lp)))
+        if self._ahead is not None:
+            for seq, upto in self._ahead.commits:
+                if self._seqs.get(seq.request_id) is seq and len(seq.token_ids) >= upto:
+                    self.block_manager.commit(seq, upto)
+        # A step's wall time: from its scheduling, or from the step before's tokens if it was queued before they
+        # came, to its own tokens. Summed over steps, the run's wall time; per step, the time between tokens.
+        wall = (now - max(cur.t0, self._last_tokens)) * 1e3
+        self._last_tokens = now
         path = step_path(batch.prefill_lens, options)
-        timing = StepTiming(self._step_index, batch.kind, batch.num_tokens, batch.num_seqs, wall, res.gpu_ms,
-                            res.sections, res.graph, res.options, sched.cached_tokens, t_detok * 1e3,
+        n_rows = len(produced) if live is not None else batch.num_seqs
+        timing = StepTiming(self._step_index, batch.kind, batch.num_tokens if live is None else n_rows, n_rows, wall,
+                            res.gpu_ms, res.sections, res.graph, res.options, cur.cached_tokens, t_detok * 1e3,
                             res.sampler_path, res.sampler_why, res.sampler_bytes,
-                            prefill_path=path, plan=res.plan, context_bucket=batch.context_bucket)
+                            prefill_path=path, plan=res.plan, context_bucket=batch.context_bucket,
+                            queued=live is not None)
         self._step_index += 1
-        now = time.perf_counter()
         row_bytes = 4 * self.cfg.vocab_size if res.sampler_path == "slow" else 0  # a sampled row's FP32 copy
-        due_rows = set(due)
-        for i, (seq, is_decode, out) in enumerate(produced):
+        due_rows = set(cur.due)
+        for i, seq, is_decode, out in produced:
             st = seq.stats
             if is_decode:
                 st.decode_ms_total += wall
@@ -207,7 +312,6 @@ class LLMEngine:
             if finish:
                 self._finish(seq)
             outputs.append(self._output(seq, tok, text, timing, finish, logprobs=lp))
-        return outputs
 
     def _append(self, seq: Sequence, tok: int):
         """Take a sampled token: stop on EOS / stop ids / stop strings, else keep it and return its text."""

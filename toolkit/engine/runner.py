@@ -63,6 +63,22 @@ class StepResult:
     plan: object  # the StepPlan: which kernel ran each op (toolkit/model/plan.py)
 
 
+@dataclass(frozen=True)
+class InFlight:
+    """A launched step: what collect() needs once its tokens are back."""
+    tokens: object  # the backend's pending download of the sampled ids (.wait() -> int32 [B])
+    due: np.ndarray
+    clock: object
+    timer: object
+    gate_ms: float
+    graph: bool
+    sb: object  # the SamplingBatch
+    lp: object  # the logprobs' device arrays, or None
+    states: list
+    options: object
+    plan: object
+
+
 class ModelRunner:
     def __init__(self, cfg, weights, backend, max_context: int, max_num_seqs: int, max_num_batched_tokens: int,
                  num_blocks: int, block_size: int):
@@ -78,8 +94,11 @@ class ModelRunner:
         self.buckets = [b for b in GRAPH_BUCKETS if b <= max_num_seqs] if backend.name == "cuda" else []
         self.context_buckets = context_buckets(max_context)
         self.graphs = {}  # _graph_key(...) -> captured graph
-        self._timer = backend.section_timer()
-        self._clock = backend.step_clock()
+        self._timers = [backend.section_timer() for _ in range(2)]
+        self._clocks = [backend.step_clock() for _ in range(2)]
+        self._token_bufs = [backend.int_buffer(max_num_seqs)[0] for _ in range(2)]  # pinned: downloads are async
+        self._staged = backend.fence()  # after the last step's uploads (launch waits on it before staging)
+        self._launches = 0
 
     # -- host side ------------------------------------------------------------------------------------
     def prepare(self, seqs, num_new, num_decodes: int) -> StepBatch:
@@ -105,6 +124,34 @@ class ModelRunner:
         arrays = (np.array(a, np.int32) for a in (ids, pos, slots, qsl, lens))
         return StepBatch(*arrays, tables, num_decodes, self.context_bucket(max(lens[:num_decodes], default=0)))
 
+    def prepare_next(self, batch: StepBatch, seqs, live) -> StepBatch:
+        """The decode step after `batch`, a pure decode step still on the device: the same rows in the same order,
+        so that row i feeds the token `batch` samples into row i (launch(feed=True) copies them on the device;
+        the input ids here are placeholders). A row whose request ends with `batch` (live[i] False) becomes a
+        padding row: slot -1, length 0, reads and writes nothing."""
+        bs, B = self.block_size, batch.num_seqs
+        live = np.asarray(live, bool)
+        pos = np.where(live, batch.positions + 1, 0).astype(np.int32)
+        rows = [table_array(s) if ok else None for s, ok in zip(seqs, live)]
+        tables = np.zeros((B, max(len(r) for r in rows if r is not None)), np.int32)
+        for i, row in enumerate(rows):
+            if row is not None:
+                tables[i, :len(row)] = row
+        slots = np.where(live, tables[np.arange(B), pos // bs] * bs + pos % bs, -1).astype(np.int32)
+        lens = np.where(live, pos + 1, 0).astype(np.int32)
+        return StepBatch(np.zeros(B, np.int32), pos, slots, np.arange(B + 1, dtype=np.int32), lens, tables, B,
+                         self.context_bucket(int(lens.max())))
+
+    def graph_bucket(self, rows: int):
+        """The graph bucket a pure decode step of `rows` requests replays (None: it runs eagerly)."""
+        if not self.buckets or rows > self.buckets[-1]:
+            return None
+        return self.buckets[bisect.bisect_left(self.buckets, rows)]
+
+    def padded_rows(self, rows: int) -> int:
+        """How many rows a pure decode step of `rows` requests runs: its graph bucket, on the GPU."""
+        return self.graph_bucket(rows) or rows
+
     def context_bucket(self, longest: int) -> int:
         """The context bucket of a step whose longest decode row has `longest` tokens of context (past
         max_context: max_context, and the stager refuses the step)."""
@@ -112,14 +159,18 @@ class ModelRunner:
         return cb[min(bisect.bisect_left(cb, longest), len(cb) - 1)]
 
     def _bucket(self, batch: StepBatch):
-        if batch.kind != "decode" or not self.buckets or batch.num_seqs > self.buckets[-1]:
-            return None
-        return self.buckets[bisect.bisect_left(self.buckets, batch.num_seqs)]
+        return self.graph_bucket(batch.num_seqs) if batch.kind == "decode" else None
 
     # -- one step -----------------------------------------------------------------------------------------
     def run(self, batch: StepBatch, options, states: list, sample_rows: list) -> StepResult:
-        """Run the step; `states` holds each request's RequestSampling, `sample_rows` the requests that
-        pick a token this step (the others fed part of a prompt)."""
+        """Launch the step and wait for its tokens (tests, scripts; the engine keeps one step in flight)."""
+        return self.collect(self.launch(batch, options, states, sample_rows))
+
+    def launch(self, batch: StepBatch, options, states: list, sample_rows: list, feed: bool = False) -> "InFlight":
+        """Queue the step on the device and return at once; `states` holds each request's RequestSampling,
+        `sample_rows` the requests that pick a token this step (the others fed part of a prompt). With `feed`,
+        each row's input id is the token the step queued before this one sampled for the same row, copied on
+        the device (batch.input_ids are placeholders then): the host queues this step before it knows them."""
         be, sampler = self.be, self.sampler
         be.bind_thread()
         B = batch.num_seqs
@@ -131,18 +182,24 @@ class ModelRunner:
             options = options.with_(pdl=False)
         due = np.zeros(B, bool)
         due[sample_rows] = True
+        # The step before may still be queued: its copies read the pinned host buffers this step rewrites.
+        self._staged.wait()
         t0 = time.perf_counter()
         sb = sampler.prepare(states, batch.seq_lens, due, bucket or B, options.sampler_fast_path)
         gate_ms = (time.perf_counter() - t0) * 1e3
         step = self.stager.stage(batch, pad_to=bucket)
         sampler.stage(sb)
-        timer = NullTimer() if use_graph else self._timer
+        self._staged = be.fence()
+        if feed:  # before this step's sampling overwrites them
+            be.copy_ids(sampler.sampled, step.input_ids, B)
+        k = self._launches = self._launches + 1
+        timer = NullTimer() if use_graph else self._timers[k % 2]  # two steps may be queued: one timer each
         # The step's clock: events around the launch (graph replay, or the eager forward and sampling). Staging
         # (the host packs the step's ints, then one copy each for the step and the sampler) comes before it, as
         # the torch peer's input updates come outside its timed region; while the host packs, the GPU idles, and
         # a clock started before staging counted that idle time (experiments/NOTEBOOK.md, "Does the step clock
         # measure the GPU's work?").
-        clock = self._clock
+        clock = self._clocks[k % 2]
         plan = self.model.plan(step, options)
         if use_graph:
             graph = self._graph(bucket, step, sb, plan)
@@ -154,13 +211,20 @@ class ModelRunner:
             sampler.sample(self.logits, sb, timer)
         lp = sampler.logprobs(self.logits, sb, timer) if sb.logprobs >= 0 else None
         clock.stop()
-        tokens = be.ids_to_host(sampler.sampled, B).astype(np.int64)  # the step's one synchronisation
+        tokens = be.download(sampler.sampled, self._token_bufs[k % 2], B)
+        return InFlight(tokens, due, clock, timer, gate_ms, use_graph, sb, lp, states, options, plan)
+
+    def collect(self, f: "InFlight") -> StepResult:
+        """Wait for a launched step's tokens (the step's one synchronisation) and read its timings."""
+        tokens = f.tokens.wait().astype(np.int64)
         tokens[tokens < 0] = NAN_LOGITS  # the sampling kernel marks a row holding a NaN logit with -1
-        tokens[~due] = NO_TOKEN  # rows that fed only part of a prompt pick nothing
-        sections = {} if use_graph else in_order([*self._timer.laps_ms(), ("gate", gate_ms)])  # gate: host time
-        return StepResult(tokens, clock.elapsed_ms(), MappingProxyType(sections), use_graph,
-                          "fast" if sb.fast else "slow", sb.why_slow, sampler.materialised_bytes(sb),
-                          self._logprobs_to_host(lp, states, tokens) if lp is not None else [None] * B, options, plan)
+        tokens[~f.due] = NO_TOKEN  # rows that fed only part of a prompt pick nothing
+        sections = {} if f.graph else in_order([*f.timer.laps_ms(), ("gate", f.gate_ms)])  # gate: host time
+        sb = f.sb
+        return StepResult(tokens, f.clock.elapsed_ms(), MappingProxyType(sections), f.graph,
+                          "fast" if sb.fast else "slow", sb.why_slow, self.sampler.materialised_bytes(sb),
+                          self._logprobs_to_host(f.lp, f.states, tokens) if f.lp is not None else [None] * len(tokens),
+                          f.options, f.plan)
 
     def _logprobs_to_host(self, lp, states, tokens) -> list:
         ids, vals, slp, rank = lp
@@ -182,6 +246,7 @@ class ModelRunner:
     def forward_all_rows(self, batch: StepBatch, logits_out, options):
         """Eager forward writing the logits of every fed token into logits_out[:N] (tests, perplexity)."""
         self.be.bind_thread()
+        self._staged.wait()
         step = self.stager.stage(batch)
         self.model.forward(step, self.kv, logits_out, self.model.plan(step, options.with_(pdl=False)), NullTimer(),
                            all_rows=True)

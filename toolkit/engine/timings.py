@@ -50,10 +50,14 @@ class StepTiming:
     prefill_path: str = ""
     plan: object = None  # the StepPlan: the kernel that ran each op (toolkit/model/plan.py)
     context_bucket: int = 0  # the context length decode attention's plan (and graph) was sized for
+    # Queued on the device before the step before it had its tokens back (LLMEngine._launch_next): its scheduling
+    # and staging ran while the device worked, and wall_ms counts from the step before's tokens.
+    queued: bool = False
 
     @property
     def other_ms(self) -> float:
-        """Host time outside the device work and detokenization: scheduling, staging, Python."""
+        """Host time outside the device work and detokenization that the device waited for: scheduling, staging,
+        Python (a queued step's host work ran while the device worked, and mostly does not count here)."""
         return max(0.0, self.wall_ms - self.gpu_ms - self.detokenize_ms)
 
 
