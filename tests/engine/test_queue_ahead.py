@@ -68,6 +68,22 @@ def test_queued_steps_change_no_tokens(name, buckets):
     assert not queued.has_unfinished()
 
 
+def test_queued_while_requests_wait_for_a_seat():
+    """More requests than seats: decode steps are queued while the waiting ones cannot be admitted, and each is
+    admitted in the step it would be one step at a time (its seat frees when a request ends by length)."""
+    plain, queued = make(ahead=False, max_num_seqs=4), make(max_num_seqs=4, buckets=(1, 2, 4))
+    rng = np.random.default_rng(5)
+    reqs = [(rng.integers(1, plain.cfg.vocab_size, int(rng.integers(3, 12))).tolist(),
+             SamplingParams(max_tokens=int(n), ignore_eos=True)) for n in (9, 14, 6, 11, 8, 7, 10)]
+    want, want_steps = drain(plain, reqs)
+    got, steps = drain(queued, reqs)
+    assert got == want
+    # The same steps (so the same admissions), and some queued before the last request's first token.
+    assert [(s.index, s.kind, s.n_seqs) for s in steps] == [(s.index, s.kind, s.n_seqs) for s in want_steps]
+    last_prefill = max(s.index for s in steps if s.kind == "prefill")
+    assert any(s.queued and s.index < last_prefill for s in steps)
+
+
 def test_requests_that_end_become_padding_rows():
     """With batch buckets (as on the GPU) a queued step keeps the rows of requests that ended by length."""
     engine = make(buckets=(1, 2, 4, 8))

@@ -206,13 +206,17 @@ class LLMEngine:
         The host's work for a step (schedule, stage, then outputs and detokenising) used to run while the device
         idled: ~0.7 ms a step at batch 256 against ~2 ms on the device (experiments/NOTEBOOK.md, "Where does a
         throughput run's wall time go"). Here the next step needs only cur's tokens, and those the device copies
-        into its input itself (runner.launch(feed=True)). That holds when cur is a pure decode step, nothing waits
-        to be admitted, every running request is in cur, and no request's sampling reads its own output (penalties,
+        into its input itself (runner.launch(feed=True)). That holds when cur is a pure decode step, no waiting
+        request can be admitted (none waits, or every seat stays taken: more requests than max_num_seqs), every
+        running request is in cur, and no request's sampling reads its own output (penalties,
         bad words, min_tokens) or asks for logprobs. A request that ends with cur by its length is left out of the
         next step (a padding row); one that ends by a stop token, which only its token tells, wastes its row, and
         its output is dropped. When enough rows have ended that a smaller graph bucket would do, None: the next
         call schedules a compact step."""
-        if not self.queue_ahead or cur.batch.kind != "decode" or self.scheduler.waiting or cur.handle.lp is not None:
+        waiting = bool(self.scheduler.waiting)
+        # A waiting request is admitted as soon as a seat is free: then the scheduler decides the next step.
+        if (not self.queue_ahead or cur.batch.kind != "decode" or cur.handle.lp is not None
+                or (waiting and len(self.scheduler.running) < self.max_num_seqs)):
             return None
         t0 = time.perf_counter()
         live, alive = [], 0
@@ -227,7 +231,8 @@ class LLMEngine:
                 ok = n - len(seq.prompt_ids) < p.max_tokens and n < self.max_context
             live.append(ok)
         runner, n_live = self.runner, sum(live)
-        if not n_live or alive != len(self.scheduler.running) or runner.padded_rows(n_live) != runner.padded_rows(len(live)):
+        if (not n_live or alive != len(self.scheduler.running) or (waiting and n_live < alive)
+                or runner.padded_rows(n_live) != runner.padded_rows(len(live))):
             return None
         bm, bs = self.block_manager, self.block_size
         pos = cur.batch.positions.tolist()  # each row's position in cur (its num_computed: cur is not collected)
