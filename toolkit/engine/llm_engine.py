@@ -6,8 +6,11 @@
             out.request_id, out.text, out.token, out.finish_reason, out.step, out.stats
 
 One `step()`: read the options in force (a `set_options` lands here, between steps), let the
-scheduler pick the requests and their token counts, stage the step and run it (runner), then
-append each sampled token, detokenize, check the stop conditions and emit immutable outputs.
+scheduler pick the requests and their token counts, stage the step and queue it (runner), then
+wait for its tokens, append each one, detokenize, check the stop conditions and emit immutable
+outputs. While decode steps follow one another, the next step is queued before that wait
+(_launch_next), so the host's work overlaps the device's; a step's options are those read by the
+call that queued it.
 
 The engine belongs to one thread: KV blocks, queues and the CUDA stream are not guarded by locks.
 A second thread gets a clear error; `EngineWorker` (worker.py) is how a UI drives it from another

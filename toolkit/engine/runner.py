@@ -5,6 +5,8 @@
     sampler.prepare(...)                 host: the sampler's gate and its per-row inputs, staged likewise
     model.forward + sampler.sample       eager kernels, or the CUDA graph captured for this batch size
                                          (the sampler inside it); only B token ids come back
+    launch(...) -> InFlight, collect()   queue all of that and return; wait for the ids later (the engine
+                                         queues the next decode step in between: llm_engine._launch_next)
 
 CUDA graphs: a pure decode step (every request feeds one token) is replayed from a graph captured
 once per batch-size bucket (1, 2, 4, ..., 256) and context bucket (512, 1024, ..., max_context),
@@ -162,10 +164,6 @@ class ModelRunner:
         return self.graph_bucket(batch.num_seqs) if batch.kind == "decode" else None
 
     # -- one step -----------------------------------------------------------------------------------------
-    def run(self, batch: StepBatch, options, states: list, sample_rows: list) -> StepResult:
-        """Launch the step and wait for its tokens (tests, scripts; the engine keeps one step in flight)."""
-        return self.collect(self.launch(batch, options, states, sample_rows))
-
     def launch(self, batch: StepBatch, options, states: list, sample_rows: list, feed: bool = False) -> "InFlight":
         """Queue the step on the device and return at once; `states` holds each request's RequestSampling,
         `sample_rows` the requests that pick a token this step (the others fed part of a prompt). With `feed`,
