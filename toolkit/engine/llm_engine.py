@@ -16,7 +16,6 @@ The engine belongs to one thread: KV blocks, queues and the CUDA stream are not 
 A second thread gets a clear error; `EngineWorker` (worker.py) is how a UI drives it from another
 thread.
 """
-import itertools
 import threading
 import time
 from typing import Iterator, NamedTuple
@@ -47,9 +46,6 @@ class RequestOutput(NamedTuple):
     error: str | None = None
     seed: int | None = None  # the request's sampling seed (drawn at random when it gave none)
     logprobs: dict | None = None  # with params.logprobs: {"token", "logprob", "rank", "top": [[id, logprob], ...]}
-
-
-_ALL = itertools.repeat(True)  # every row of a scheduled step is live
 
 
 class _Launched(NamedTuple):
@@ -223,7 +219,7 @@ class LLMEngine:
             return None
         t0 = time.perf_counter()
         live, alive = [], 0
-        for seq, was in zip(cur.seqs, cur.live or _ALL):
+        for seq, was in zip(cur.seqs, cur.live or [True] * len(cur.seqs)):
             ok = was and self._seqs.get(seq.request_id) is seq
             if ok:
                 alive += 1
