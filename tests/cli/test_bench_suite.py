@@ -60,6 +60,22 @@ def test_the_issues_table_on_an_h200_is_seven_processes():
         "--batch", "128", "--depth", "8192", "--decode", "128", "--peer", "torch", "--peer-only"]
 
 
+def test_under_a_budget_each_depth_is_a_child():
+    """--budget plans a child a depth (a call can stop between depths of a shape); the prefill joins the first child
+    that fits it, and cells that need separate processes stay apart."""
+    s = dict(suite.DEFAULTS["cuda"], device="cuda", peer="torch", peak_gbps=None)
+
+    def labels(shape):
+        return [r.label for r in suite.plan_runs(shape, shape_config(shape), 2, s, H200, True)[0]]
+
+    assert labels("llama-3.2-1b") == ["llama-3.2-1b b1,32,128 d0 + prefill 4096 (ours + peer)",
+                                      "llama-3.2-1b b1,32,128 d2048 (ours + peer)",
+                                      "llama-3.2-1b b1,32,128 d8192 (ours + peer)"]
+    assert labels("qwen3-0.6b") == ["qwen3-0.6b b1,32,128 d0 + prefill 4096 (ours + peer)",
+                                    "qwen3-0.6b b1,32,128 d2048 (ours + peer)", "qwen3-0.6b b1,32 d8192 (ours + peer)",
+                                    "qwen3-0.6b b128 d8192 (ours)", "qwen3-0.6b b128 d8192 (peer alone)"]
+
+
 def _row(test, impl, kind, ms, tok_per_s, batch=1, depth=0, prefill=0, hbm=None, tflops=None):
     return dict(test=test, impl=impl, kind=kind, ms=ms, tok_per_s=tok_per_s, batch=batch, depth=depth,
                 prefill=prefill, gb_per_s=None, hbm_pct=hbm, tflops=tflops)
@@ -157,6 +173,26 @@ def test_a_budget_starts_no_child_past_it_and_prints_the_rest(tmp_path, capsys, 
     cells = json.loads((tmp_path / "out" / "suite.json").read_text())["shapes"]["tiny"]["cells"]
     assert all(cells[c]["tok_per_s"] > 0 for c in ("b1 d0", "b2 d0", "b1 d8", "b2 d8"))
     assert "python -m toolkit bench suite" not in capsys.readouterr().err  # one child: nothing left
+
+
+def test_a_call_cut_short_keeps_the_children_that_finished(tmp_path, capsys, monkeypatch):
+    """The table is written after every child, so a call killed in its second child (a device call's time limit)
+    leaves the first child's cells in OUT/suite.json. With --budget each depth is its own child."""
+    real_run, seen = bench_cli.subprocess.run, []
+
+    def child(argv, **kw):
+        if seen:  # the second child: the call is killed here
+            raise KeyboardInterrupt
+        seen.append(argv)
+        return real_run(argv, **kw)
+
+    monkeypatch.setattr(bench_cli, "subprocess", SimpleNamespace(run=child))
+    assert _suite(tmp_path, *SMALL, "--budget", "1000") == 130
+    assert "interrupted (SIGINT)" in capsys.readouterr().err
+    assert seen[0][seen[0].index("--depth") + 1] == "0"
+    cells = json.loads((tmp_path / "out" / "suite.json").read_text())["shapes"]["tiny"]["cells"]
+    assert list(cells) == ["prefill 16", "b1 d0", "b2 d0"] and all(c["tok_per_s"] > 0 for c in cells.values())
+    assert "| tiny | " in (tmp_path / "out" / "suite.md").read_text()
 
 
 def test_the_rest_of_a_budgeted_call_as_commands():

@@ -10,7 +10,10 @@ sizes bench itself would give each engine (`engine_sizes`: our paged K/V; `peer_
 
 Cells with the same placement and batch sizes then share a process, depth after depth while the process
 still fits, and the prefill joins the first process that still fits with it: a shape whose cells all fit
-together is one child. The children's JSON is merged into one row per shape.
+together is one child. Under a time budget (`one_depth`) each depth is a child of its own instead, so a call
+can stop between depths: a whole larger shape is longer than one 10-minute device call (Llama-3.2-1B's nine
+cells and the prefill took 427 s in one child on the H200), at the cost of an engine build and a peer compile
+for each extra child. The children's JSON is merged into one row per shape.
 """
 import math
 from dataclasses import dataclass
@@ -73,8 +76,9 @@ def placement(cfg, itemsize: int, tests, free: int, peer: bool) -> tuple[list[st
                    f"2 x {_gib(weights)} of weights), more than the {room}")
 
 
-def plan_runs(shape, cfg, itemsize, s: dict, free: int) -> tuple[list[Run], list[str]]:
-    """The child processes of one shape (settings `s`: batch, depth, prefill, decode, peer) and the placement notes."""
+def plan_runs(shape, cfg, itemsize, s: dict, free: int, one_depth: bool = False) -> tuple[list[Run], list[str]]:
+    """The child processes of one shape (settings `s`: batch, depth, prefill, decode, peer) and the placement notes;
+    with one_depth, a process runs one depth's cells (the prefill still joins the first that fits it)."""
     peer, decode = bool(s["peer"]), s["decode"]
     notes, depths_of = [], {}  # (who, batches) -> depths
     for d in s["depth"]:
@@ -96,7 +100,7 @@ def plan_runs(shape, cfg, itemsize, s: dict, free: int) -> tuple[list[Run], list
         run = Run(shape, who, batches, (depths[0],))
         for d in depths[1:]:  # one process for as many depths as fit together
             more = Run(shape, who, batches, run.depths + (d,))
-            if not fits(more):
+            if one_depth or not fits(more):
                 runs.append(run)
                 more = Run(shape, who, batches, (d,))
             run = more

@@ -291,16 +291,17 @@ prefill our TFLOPS. Each shape runs in child processes of `bench --format json`,
 before the next shape and a failed child becomes a note, not the end of the suite. A cell whose two
 caches do not fit in one process runs ours and the peer in separate processes; one that does not fit
 even alone is reported with the arithmetic (toolkit/bench/suite.py). OUT/suite.md and OUT/suite.json
-are written after each shape, and the table is printed; the exit code is 1 if a child failed.
+are written after each child, and the table is printed; the exit code is 1 if a child failed.
 
 Splitting over device calls (10 minutes each): run the table in parts with one --out, by shape (`--shapes
 A,B` then `--shapes C,D`) or, for a shape too slow for one call, by cells (`--batch 1,32 --depth 0,2048`
 then `--batch 128 --depth 0,2048`, ...). A call keeps every cell of OUT/suite.json that it does not run
 when the table was made with the same settings but --shapes, --batch and --depth (the table's columns
-become the union), so the last call's table has every cell, and a call cut short keeps the shapes it
-finished. stderr shows each child's time, to size the parts; -r and --decode shorten every cell. Or let
-the suite split it: with --budget SECONDS a call starts no child that would likely end past the budget and
-prints the commands (same --out, same --budget) that run the rest.
+become the union), so the last call's table has every cell, and a call cut short keeps what its
+finished children measured. stderr shows each child's time, to size the parts; -r and --decode shorten every cell. Or let
+the suite split it: with --budget SECONDS each depth of a shape is a child of its own, a call starts no
+child that would likely end past the budget, and it prints the commands (same --out, same --budget) that
+run the rest.
 """
 _ROOT = Path(__file__).resolve().parents[2]  # the children import this toolkit: `python -m toolkit` from here
 _PER_ENGINE = ("model", "weights_gb", "max_context", "kv_cache_tokens")  # a child's environment, not the suite's
@@ -333,6 +334,14 @@ def _suite_table(out: Path, s: dict, shapes: list[str]) -> dict:
     return old
 
 
+def _write_table(out: Path, table: dict) -> None:
+    try:
+        (out / "suite.json").write_text(json.dumps(table, indent=2) + "\n")
+        (out / "suite.md").write_text(suite.markdown(table) + "\n")
+    except OSError as e:
+        raise OutputError(f"--out {out}: {e.strerror or e}") from None
+
+
 def _suite(args) -> int:
     backend_name, _ = resolve_device(args.device)
     _fill_defaults(args, suite.DEFAULTS[backend_name])
@@ -346,8 +355,9 @@ def _suite(args) -> int:
     for shape in args.shapes:
         cfg = shape_config(shape)
         itemsize = 2 if backend_name == "cuda" and default_dtype(cfg) != "float32" else 4
-        runs, notes = suite.plan_runs(shape, cfg, itemsize, s, free)
-        rows, seconds = [], {}
+        # --budget: a child a depth, so the call can stop between depths of a shape (suite.plan_runs)
+        runs, notes = suite.plan_runs(shape, cfg, itemsize, s, free, bool(args.budget))
+        rows = []
         for r in runs:
             # --budget: a child is started only if it would end within the budget were it as long as the longest
             # so far (the first always starts: each call makes progress).
@@ -362,28 +372,23 @@ def _suite(args) -> int:
                 data = json.loads(child.stdout) if child.returncode == 0 else None
             except ValueError:
                 data = None
-            seconds[r.label] = round(time.perf_counter() - start, 1)
-            longest = max(longest, seconds[r.label])
-            say(f"suite: {r.label}: {seconds[r.label]:.0f} s")
+            seconds = round(time.perf_counter() - start, 1)
+            longest = max(longest, seconds)
+            say(f"suite: {r.label}: {seconds:.0f} s")
             if data is None:
                 failed += 1
                 why = (child.stderr.strip().splitlines() or ["no output"])[-1]
                 notes.append(f"{r.label} failed (exit {child.returncode}): {why}")
-                continue
-            rows += data["results"]
-            notes += [f"{shape}: {n}" for n in data["notes"]]
-            table["environment"].update((k, v) for k, v in data["environment"].items() if k not in _PER_ENGINE)
-        if not seconds:  # nothing of this shape ran (--budget): its row, if any, stays as it was
-            continue
-        row = table["shapes"].setdefault(shape, {"cells": {}, "notes": [], "seconds": {}})
-        row["cells"].update(suite.cells(rows))  # this call's cells replace the same cells of an earlier part
-        row["notes"] = list(dict.fromkeys(row["notes"] + notes))
-        row["seconds"].update(seconds)
-        try:
-            (args.out / "suite.json").write_text(json.dumps(table, indent=2) + "\n")
-            (args.out / "suite.md").write_text(suite.markdown(table) + "\n")
-        except OSError as e:
-            raise OutputError(f"--out {args.out}: {e.strerror or e}") from None
+            else:
+                rows += data["results"]
+                notes += [f"{shape}: {n}" for n in data["notes"]]
+                table["environment"].update((k, v) for k, v in data["environment"].items() if k not in _PER_ENGINE)
+            # Written after every child: a call cut short (a device call's time limit) keeps what finished.
+            row = table["shapes"].setdefault(shape, {"cells": {}, "notes": [], "seconds": {}})
+            row["cells"].update(suite.cells(rows))  # this call's cells replace the same cells of an earlier part
+            row["notes"] = list(dict.fromkeys(row["notes"] + notes))
+            row["seconds"][r.label] = seconds
+            _write_table(args.out, table)
     print(suite.markdown(table))
     if rest:
         say(f"suite: --budget {args.budget:g} s: {time.perf_counter() - begin:.0f} s run, the longest child "
