@@ -11,8 +11,15 @@ layer). Median over --repeats of the mean over --launches launches, CUDA events.
 read (B x L x kv heads x D x 2 x 2). Each stream result is also checked against the tc kernel's output (max |diff|,
 fp16).
 
+--layout head-major asks whether the cache's layout costs bandwidth. Our cache is [slot, kv head, D], so a block
+(one kv head of one sequence) reads D * 2 bytes of every kv heads * D * 2 (Llama-3.2-1B: 128 of every 1,024); the
+peer's static cache is [batch, kv head, position, D], each head's keys contiguous. The head-major case runs the
+same kernels on the same bytes with each (sequence, kv head) as a sequence of its own with one kv head
+(B * kv heads sequences, group q heads, a [slot, 1, D] cache), so a block's keys are contiguous rows: what a
+head-major paged layout ([block, kv head, slot in block, D], FlashInfer's HND) would give, without a kernel change.
+
     PYTHONPATH=. python3 dev/decode_attention_long.py [--shapes qwen2.5-0.5b,...] [--batch 1,32,128]
-        [--context 1024,2048,8192] [--splits 1,2,4,8,16,32,64]
+        [--context 1024,2048,8192] [--splits 1,2,4,8,16,32,64] [--layout slot-major,head-major]
 """
 import argparse
 import math
@@ -38,8 +45,12 @@ def ints(s):
     return [int(x) for x in s.split(",") if x]
 
 
-def case(k, shape, B, L, split_counts, launches, repeats):
+def case(k, shape, B, L, split_counts, launches, repeats, layout="slot-major"):
     Hq, Hkv, D = SHAPES[shape]
+    label = f"B={B:<4d}"
+    if layout == "head-major":  # each (sequence, kv head) a sequence of its own: the same bytes, contiguous rows
+        B, Hq, Hkv = B * Hkv, Hq // Hkv, 1
+        label = f"B={B // SHAPES[shape][1]:<4d} head-major"
     nb = math.ceil(L / BS)
     kv_bytes = 2 * B * L * Hkv * D * 2
     layers = max(1, min(64, math.ceil(L2_CLEAR / kv_bytes)))
@@ -84,7 +95,7 @@ def case(k, shape, B, L, split_counts, launches, repeats):
     for r in rows:
         gbps = kv_bytes / (r[2] * 1e-6) / 1e9
         check = f"  max|diff| vs tc {r[3]:.2e}" if len(r) > 3 else ""
-        print(f"{shape:13s} B={B:<4d} L={L:<5d} {r[0]:14s} splits {r[1]:4d} {r[2]:9.2f} us  {gbps:7.0f} GB/s K/V "
+        print(f"{shape:13s} {label} L={L:<5d} {r[0]:14s} splits {r[1]:4d} {r[2]:9.2f} us  {gbps:7.0f} GB/s K/V "
               f"({gbps / PEAK_GBPS:4.0%}){check}", flush=True)
     del caches, kc, vc
     cp.get_default_memory_pool().free_all_blocks()
@@ -98,13 +109,15 @@ def main():
     ap.add_argument("--splits", type=ints, default=[1, 2, 4, 8, 16, 32, 64])
     ap.add_argument("--launches", type=int, default=20)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--layout", default="slot-major", help="slot-major (the cache's), head-major, or both")
     a = ap.parse_args()
     k = CudaKernels("float16")
     print(f"{cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}, {k.num_sms} SMs, fp16, block size {BS}")
     for shape in a.shapes.split(","):
         for L in a.context:
             for B in a.batch:
-                case(k, shape, B, L, a.splits, a.launches, a.repeats)
+                for layout in a.layout.split(","):
+                    case(k, shape, B, L, a.splits, a.launches, a.repeats, layout)
     return 0
 
 
