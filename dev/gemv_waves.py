@@ -149,6 +149,21 @@ template __global__ void gemv_swiglu_wave<__nv_bfloat16, 1>(const __nv_bfloat16*
 """
 
 
+def bf16(shape, scale):  # random bf16 values as the backend stores them (uint16 bits): fp32's top half
+    return ((cp.random.standard_normal(shape, cp.float32) * scale).view(cp.uint32) >> 16).astype(cp.uint16)
+
+
+def projection_cases(shape):
+    """The batch-1 projections of a shape: (name, N, K, op, MB, weight copies past the L2, x [1, K], outputs), op
+    "gemv" or "swiglu" (gate_up). The o projection's K, q heads x head dim, equals the hidden size at all three."""
+    H, I, QKV = SHAPES[shape]
+    for name, N, K, op in (("qkv", QKV, H, "gemv"), ("o", H, H, "gemv"), ("gate_up", 2 * I, H, "swiglu"),
+                           ("down", H, I, "gemv")):
+        mb = N * K * 2 / 1e6
+        copies = [bf16((N, K), 0.05) for _ in range(max(2, int(120 / mb) + 1))]
+        yield name, N, K, op, mb, copies, bf16((1, K), 1.0), N // 2 if op == "swiglu" else N
+
+
 def main():
     per_sm = [int(b) for b in (sys.argv[1] if len(sys.argv) > 1 else "4,8").split(",")]
     k = CudaKernels("bfloat16")
@@ -158,21 +173,11 @@ def main():
            "swiglu": mod.get_function("gemv_swiglu_wave<__nv_bfloat16, 1>")}
     n_sm = cp.cuda.Device().attributes["MultiProcessorCount"]
     cp.random.seed(0)
-
-    def bf16(shape, scale):  # random bf16 values as the backend stores them (uint16 bits): fp32's top half
-        return ((cp.random.standard_normal(shape, cp.float32) * scale).view(cp.uint32) >> 16).astype(cp.uint16)
-
     print("| shape | projection | N x K | MB | product us (% HBM) | " +
           " | ".join(f"{b}/SM us (% HBM)" for b in per_sm) + " | same bits |")
     print("|---|---|---|---:|---:|" + "---:|" * len(per_sm) + "---|")
-    for shape, (H, I, QKV) in SHAPES.items():
-        # (the o projection's K, q heads x head dim, equals the hidden size at all three shapes)
-        for name, N, K, op in (("qkv", QKV, H, "gemv"), ("o", H, H, "gemv"), ("gate_up", 2 * I, H, "swiglu"),
-                               ("down", H, I, "gemv")):
-            mb = N * K * 2 / 1e6
-            copies = [bf16((N, K), 0.05) for _ in range(max(2, int(120 / mb) + 1))]
-            x = bf16((1, K), 1.0)
-            n_out = N // 2 if op == "swiglu" else N
+    for shape in SHAPES:
+        for name, N, K, op, mb, copies, x, n_out in projection_cases(shape):
             y = cp.empty((1, n_out), cp.uint16)
             y2 = cp.empty((1, n_out), cp.uint16)
             prod = k.gemv_swiglu if op == "swiglu" else k.gemv

@@ -20,16 +20,11 @@ import numpy as np
 
 import toolkit.backends.cuda_kernels as ck
 from decode_step import replay_us, uniform_step
+from gemv_waves import PEAK_GBS, projection_cases
 from timing import graph_us
 from toolkit.engine.build import build_engine
 from toolkit.engine.options import EngineOptions
 
-PEAK_GBS = 4814
-SHAPES = {  # hidden, intermediate, q heads x head dim + 2 kv heads x head dim
-    "qwen2.5-0.5b": (896, 4864, 14 * 64 + 2 * 2 * 64),
-    "llama-3.2-1b": (2048, 8192, 32 * 64 + 2 * 8 * 64),
-    "qwen2.5-1.5b": (1536, 8960, 12 * 128 + 2 * 2 * 128),
-}
 RULE = ck.gemv_warps_per_row
 
 
@@ -49,10 +44,6 @@ def pf_module(pf, ctype="__nv_bfloat16"):
     return cp.RawModule(code=src, options=ck.OPTIONS, name_expressions=ck.kernel_names("gemv", ctype))
 
 
-def bf16(shape, scale):  # random bf16 values as the backend stores them (uint16 bits): fp32's top half
-    return ((cp.random.standard_normal(shape, cp.float32) * scale).view(cp.uint32) >> 16).astype(cp.uint16)
-
-
 def alone(shapes):
     k = ck.CudaKernels("bfloat16")
     pf8 = pf_module(8)
@@ -60,13 +51,7 @@ def alone(shapes):
     print("| shape | projection | N x K | MB | rule wpr | wpr 1 | wpr 2 | wpr 4 | wpr 8 | rule, GEMV_PF 8 |")
     print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for shape in shapes:
-        H, I, QKV = SHAPES[shape]
-        for name, N, K, op in (("qkv", QKV, H, "gemv"), ("o", H, H, "gemv"), ("gate_up", 2 * I, H, "swiglu"),
-                               ("down", H, I, "gemv")):
-            mb = N * K * 2 / 1e6
-            copies = [bf16((N, K), 0.05) for _ in range(max(2, int(120 / mb) + 1))]
-            x = bf16((1, K), 1.0)
-            n_out = N // 2 if op == "swiglu" else N
+        for name, N, K, op, mb, copies, x, n_out in projection_cases(shape):
             y = cp.empty((1, n_out), cp.uint16)
             fname = "gemv_swiglu<__nv_bfloat16, 1>" if op == "swiglu" else "gemv<__nv_bfloat16, __nv_bfloat16, 1>"
             fn = k._fn("gemv", fname)
