@@ -298,10 +298,10 @@ A,B` then `--shapes C,D`) or, for a shape too slow for one call, by cells (`--ba
 then `--batch 128 --depth 0,2048`, ...). A call keeps every cell of OUT/suite.json that it does not run
 when the table was made with the same settings but --shapes, --batch and --depth (the table's columns
 become the union), so the last call's table has every cell, and a call cut short keeps what its
-finished children measured. stderr shows each child's time, to size the parts; -r and --decode shorten every cell. Or let
-the suite split it: with --budget SECONDS each depth of a shape is a child of its own, a call starts no
-child that would likely end past the budget, and it prints the commands (same --out, same --budget) that
-run the rest.
+finished children measured. stderr shows each child's time, to size the parts; -r and --decode shorten
+every cell. Or let the suite split it: with --budget SECONDS each depth of a shape is a child of its
+own, a call starts no child that would likely end past the budget, and it prints the commands (same
+--out, same --budget) that run the rest.
 """
 _ROOT = Path(__file__).resolve().parents[2]  # the children import this toolkit: `python -m toolkit` from here
 _PER_ENGINE = ("model", "weights_gb", "max_context", "kv_cache_tokens")  # a child's environment, not the suite's
