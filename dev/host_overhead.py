@@ -9,7 +9,8 @@ share of a step. Runs anywhere, no GPU:
     OMP_WAIT_POLICY=passive PYTHONPATH=. python dev/host_overhead.py [requests] [--profile] [--device-model]
         [--one-at-a-time]
 
-With --device-model each step also waits for a modelled device time (below); then read the wall, not the CPU time.
+With --device-model each step also waits for a modelled device time (below); then read the wall (and the time to
+first token), not the CPU time.
 """
 import cProfile
 import pstats
@@ -68,12 +69,13 @@ def serve(seed: int) -> tuple:
     t0, c0 = time.perf_counter(), time.thread_time()
     for p, n in zip(prompts, outs):
         engine.add_request(p, SamplingParams(max_tokens=n, ignore_eos=True))
-    steps, n_out = 0, 0
+    steps, n_out, ttft = 0, 0, []
     while engine.has_unfinished():
         outs = engine.step()
         steps += 1
         n_out += len(outs)
-    return time.thread_time() - c0, time.perf_counter() - t0, steps, n_out
+        ttft += [o.stats.ttft_ms for o in outs if o.finish_reason is not None and o.stats.ttft_ms is not None]
+    return time.thread_time() - c0, time.perf_counter() - t0, steps, n_out, ttft
 
 
 def cold(seed: int) -> tuple:
@@ -84,10 +86,11 @@ def cold(seed: int) -> tuple:
 
 cold(0)
 runs = [cold(0) for _ in range(5)]
-cpu, wall, steps, n_out = min(runs)  # the thread's CPU time: a shared machine's other tenants inflate the wall
+cpu, wall, steps, n_out, ttft = min(runs)  # the thread's CPU time: other tenants of a shared machine inflate the wall
 print(f"{n_requests} requests: host CPU {cpu:.3f} s for {steps} steps ({cpu / steps * 1e3:.3f} ms a step), "
       f"{n_out} outputs ({cpu / n_out * 1e6:.2f} us an output); best of 5, CPU s "
-      f"{', '.join(f'{c:.3f}' for c, *_ in runs)}; wall s {', '.join(f'{w:.3f}' for _, w, *_ in runs)}")
+      f"{', '.join(f'{c:.3f}' for c, *_ in runs)}; wall s {', '.join(f'{w:.3f}' for _, w, *_ in runs)}; "
+      f"time to first token p50/p99 {np.percentile(ttft, 50):.0f}/{np.percentile(ttft, 99):.0f} ms (that run)")
 if "--profile" in sys.argv:
     prof = cProfile.Profile()
     prof.enable()
