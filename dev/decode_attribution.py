@@ -53,6 +53,14 @@ def gemm_without(lm_head: bool):
     return call
 
 
+def gemm_skip(m_out: int):
+    """cuBLAS calls with the one projection whose output has m_out columns left out (qkv, o or gate_up)."""
+    def call(self, transa, transb, m, *rest):
+        if m != m_out:
+            gemm_call(self, transa, transb, m, *rest)
+    return call
+
+
 def plan_of(step):
     """The engine's plan for this step, with the command line's replacements (the fields' types kept)."""
     plan = r.model.plan(step, opts)
@@ -80,6 +88,9 @@ VARIANTS = {  # name -> (class, attribute, replacement) patched while the graph 
     "gemm_skinny (all epilogues, 2-32 rows)": [(CudaKernels, n, noop) for n in SKINNY],
     "cuBLAS projections": [(gemm_cls, "__call__", gemm_without(lm_head=False)), (gemm_cls, "strided", noop)],
     "cuBLAS strided (the sliced down)": [(gemm_cls, "strided", noop)],
+    "cuBLAS qkv": [(gemm_cls, "__call__", gemm_skip(e.cfg.qkv_size))],
+    "cuBLAS o (and a down that is not sliced)": [(gemm_cls, "__call__", gemm_skip(e.cfg.hidden_size))],
+    "cuBLAS gate_up": [(gemm_cls, "__call__", gemm_skip(2 * e.cfg.intermediate_size))],
     "lm_head (cuBLAS)": [(gemm_cls, "__call__", gemm_without(lm_head=True))],
     "embedding": [(CudaKernels, "embedding", noop)],
     "sampling": [(type(r.sampler), "sample", noop)],
