@@ -45,18 +45,10 @@ def noop(*args, **kwargs):
     pass
 
 
-def gemm_without(lm_head: bool):
-    """cuBLAS calls with the lm_head (lm_head=True) or the layers' projections (False) left out."""
+def gemm_skipping(skip):
+    """cuBLAS calls with those whose output width m satisfies skip(m) left out (the lm_head's is the vocabulary)."""
     def call(self, transa, transb, m, *rest):
-        if (m == vocab) != lm_head:
-            gemm_call(self, transa, transb, m, *rest)
-    return call
-
-
-def gemm_skip(m_out: int):
-    """cuBLAS calls with the one projection whose output has m_out columns left out (qkv, o or gate_up)."""
-    def call(self, transa, transb, m, *rest):
-        if m != m_out:
+        if not skip(m):
             gemm_call(self, transa, transb, m, *rest)
     return call
 
@@ -71,6 +63,7 @@ def plan_of(step):
     return dataclasses.replace(plan, **changes)
 
 
+QKV, HIDDEN, GATE_UP = e.cfg.qkv_size, e.cfg.hidden_size, 2 * e.cfg.intermediate_size  # output widths
 SKINNY = ("gemm_skinny", "gemm_skinny_swiglu", "gemm_skinny_rope", "gemm_skinny_norm")
 SMALL = ("add_rmsnorm", "add_rmsnorm_partials", "rope_qkv", "decode_attention", "decode_attention_tc",
          "decode_attention_stream", "silu_mul", "silu_mul_scaled", "embedding")
@@ -86,12 +79,12 @@ VARIANTS = {  # name -> (class, attribute, replacement) patched while the graph 
     "silu_mul": [(CudaKernels, "silu_mul", noop)],
     "silu_mul_scaled (after the o projection's norm epilogue)": [(CudaKernels, "silu_mul_scaled", noop)],
     "gemm_skinny (all epilogues, 2-32 rows)": [(CudaKernels, n, noop) for n in SKINNY],
-    "cuBLAS projections": [(gemm_cls, "__call__", gemm_without(lm_head=False)), (gemm_cls, "strided", noop)],
+    "cuBLAS projections": [(gemm_cls, "__call__", gemm_skipping(lambda m: m != vocab)), (gemm_cls, "strided", noop)],
     "cuBLAS strided (the sliced down)": [(gemm_cls, "strided", noop)],
-    "cuBLAS qkv": [(gemm_cls, "__call__", gemm_skip(e.cfg.qkv_size))],
-    "cuBLAS o (and a down that is not sliced)": [(gemm_cls, "__call__", gemm_skip(e.cfg.hidden_size))],
-    "cuBLAS gate_up": [(gemm_cls, "__call__", gemm_skip(2 * e.cfg.intermediate_size))],
-    "lm_head (cuBLAS)": [(gemm_cls, "__call__", gemm_without(lm_head=True))],
+    "cuBLAS qkv": [(gemm_cls, "__call__", gemm_skipping(lambda m: m == QKV))],
+    "cuBLAS o (and a down that is not sliced)": [(gemm_cls, "__call__", gemm_skipping(lambda m: m == HIDDEN))],
+    "cuBLAS gate_up": [(gemm_cls, "__call__", gemm_skipping(lambda m: m == GATE_UP))],
+    "lm_head (cuBLAS)": [(gemm_cls, "__call__", gemm_skipping(lambda m: m == vocab))],
     "embedding": [(CudaKernels, "embedding", noop)],
     "sampling": [(type(r.sampler), "sample", noop)],
     "all but projections and lm_head": [(CudaKernels, n, noop) for n in SMALL] + [(type(r.sampler), "sample", noop)],
