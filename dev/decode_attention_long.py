@@ -58,16 +58,16 @@ def stage_variant(D, ns, ctype="__half"):
     """A CudaKernels whose stream kernel at head dim D has a ring of ns K/V buffers (the source edited)."""
     today = ck.STREAM_STAGES[D]
     if (D, ns) not in _VARIANTS:
-        src = ck.kernel_source("decode_attention_tc").replace(
-            "return D == 64 ? 4 : 3;", f"return D == {D} ? {ns} : {ck.STREAM_STAGES[192 - D]};")
-        assert src != ck.kernel_source("decode_attention_tc"), "dt_stream_stages not found"
+        stages, original = {**ck.STREAM_STAGES, D: ns}, ck.kernel_source("decode_attention_tc")
+        src = original.replace("return D == 64 ? 4 : 3;", f"return D == 64 ? {stages[64]} : {stages[128]};")
+        assert src != original, "dt_stream_stages not found"
         _VARIANTS[D, ns] = cp.RawModule(code=src, options=ck.OPTIONS,
                                         name_expressions=ck.kernel_names("decode_attention_tc", ctype))
     mod = _VARIANTS[D, ns]
     saved = ck._MODULES.get(("decode_attention_tc", ctype))
     ck._MODULES[("decode_attention_tc", ctype)], ck.STREAM_STAGES[D] = mod, ns
     k = CudaKernels("float16")
-    # bind the variant's function and plan smem now, then restore the module table and the stage count
+    # the caller makes its plan (function, shared memory) before it calls restore: the module table, the stage count
     return k, lambda: (ck._MODULES.__setitem__(("decode_attention_tc", ctype), saved),
                        ck.STREAM_STAGES.__setitem__(D, today))
 
@@ -116,10 +116,10 @@ def case(k, shape, B, L, split_counts, launches, repeats, layout="slot-major", s
     ref = reference(q, kc, vc, tables, L, D ** -0.5)
     rows = []
 
-    def run(kind, n=None):
+    def run(kind, n=None, kernels=k):
         out = cp.zeros((B, Hq, D), cp.float16)
-        fn = {"cuda_cores": k.decode_attention, "tc": k.decode_attention_tc,
-              "stream": k.decode_attention_stream}[kind]
+        fn = {"cuda_cores": kernels.decode_attention, "tc": kernels.decode_attention_tc,
+              "stream": kernels.decode_attention_stream}[kind]
 
         def launch(i):
             kc, vc = caches[i % layers]
@@ -127,7 +127,7 @@ def case(k, shape, B, L, split_counts, launches, repeats, layout="slot-major", s
         us = graph_us(cp, launch, launches, repeats)
         launch(0)  # layer 0's output for the check
         cp.cuda.Device().synchronize()
-        plan_n = [p for key, p in k._decode_plans.items() if key[:6] == (B, Hq, Hkv, D, L, kind)
+        plan_n = [p for key, p in kernels._decode_plans.items() if key[:6] == (B, Hq, Hkv, D, L, kind)
                   and key[6] == n][0][2]
         return us, int(plan_n), out
 
@@ -143,15 +143,8 @@ def case(k, shape, B, L, split_counts, launches, repeats, layout="slot-major", s
             continue
         kv, restore = stage_variant(D_, ns)
         try:
-            out = cp.zeros((B, Hq, D), cp.float16)
-
-            def launch(i):
-                kc, vc = caches[i % layers]
-                kv.decode_attention_stream(q, kc, vc, tables, lens, BS, D ** -0.5, out, L)
-            us = graph_us(cp, launch, launches, repeats)
-            launch(0)
-            cp.cuda.Device().synchronize()
-            rows.append((f"stream NS={ns}", stream_splits(B, Hkv, k.num_sms, L), us, check(out, ref)))
+            us, got_n, out = run("stream", kernels=kv)
+            rows.append((f"stream NS={ns}", got_n, us, check(out, ref)))
         finally:
             restore()
     gpu = cp.cuda.runtime.getDeviceProperties(0)["name"].decode()
@@ -160,8 +153,6 @@ def case(k, shape, B, L, split_counts, launches, repeats, layout="slot-major", s
         gbps = kv_bytes / (us * 1e-6) / 1e9
         print(f"{shape:13s} {label} L={L:<5d} {kind:14s} splits {n:4d} {us:9.2f} us  {gbps:7.0f} GB/s K/V "
               f"({gbps / peak:4.0%}){err}", flush=True)
-    del caches, kc, vc, ref
-    cp.get_default_memory_pool().free_all_blocks()
 
 
 def main():
@@ -183,6 +174,7 @@ def main():
             for B in a.batch:
                 for layout in a.layout.split(","):
                     case(k, shape, B, L, a.splits, a.launches, a.repeats, layout, stages)
+                    cp.get_default_memory_pool().free_all_blocks()  # the case's caches, before the next one's
     return 0
 
 
