@@ -11,6 +11,9 @@
 #   sampler_ncu    the sampling kernel under Nsight Compute
 #   profile        Nsight Compute: the sampling kernel and one decode step's kernels at batch 1 and 32
 #   dev            a quick round while developing: kernel, sampler and engine GPU tests, then the peer
+#   wg             the Hopper prefill attention (prefill_attention_wg): wgmma probes, its GPU tests, then every
+#                  prefill attention kernel against SDPA at the four bench-suite shapes (dev/prefill_attention.py),
+#                  and the prefill projections' TFLOPS (dev/prefill_gemms.py)
 #   close          a session's closing run: every GPU test, the peer, throughput, the sampler, the attribution
 #   all            tests, speed, sampler, sparse and peer
 # The GPU image lacks nvmath-python (the capturable cuBLAS binding): its wheel travels in .whl/ (git-ignored) and is
@@ -39,6 +42,13 @@ if run tests all close; then
 fi
 if run dev; then
   python3 -m pytest -q -m gpu tests/kernels tests/sampler tests/engine -x 2>&1 | tail -4
+fi
+if run wg; then
+  python3 dev/prefill_attention.py --probe --shapes llama-3.2-1b 2>&1 | tee "$OUT/prefill_attention_probe.log"
+  python3 -m pytest -q -m gpu tests/kernels/test_gpu_kernels.py -k prefill_attention 2>&1 \
+    | tee "$OUT/gpu_tests_prefill.log" | tail -15
+  python3 dev/prefill_attention.py --keys 64,128 2>&1 | tee "$OUT/prefill_attention.log"
+  python3 dev/prefill_gemms.py --tokens 4096 2>&1 | tee "$OUT/prefill_gemms.log"
 fi
 if run speed all; then
   python3 dev/bench_kernels.py 2>&1 | tee "$OUT/bench_kernels.log" | tail -30

@@ -27,8 +27,18 @@
 //    16-byte chunk from its row's slot), and the block-table entries of tile j+2 are fetched while tile j is
 //    used. S = Q K^T and O += P V use mma.sync m16n8k16 (fp32 accumulate). Tiles are visited in key order;
 //    only tiles that cross the diagonal are masked and tiles entirely above it are never loaded.
+//
+// 3. prefill_attention_wg<T, D, BN>: the same FlashAttention-2 loop on Hopper's warpgroup MMA (wgmma.cuh), sm_90a
+//    only (built so on an sm_90 GPU; elsewhere it traps). block 256 = 2 warpgroups, 128 queries of one head (64 a
+//    warpgroup), dynamic smem (128 + 4 * BN) * D * 2 bytes + 1 KB of alignment slack. K/V tiles of BN keys (128 at
+//    D=64, 64 at D=128) are gathered with cp.async into 128-byte-swizzled tiles (wgmma.cuh) and double-buffered;
+//    both warpgroups share them (one fill of a tile serves 128 queries). S = Q K^T is D/16 wgmma steps with Q and K
+//    read from smem; O += P V is BN/16 steps with P from the S registers and V from smem. The softmax between them
+//    is mma.cuh's, per warp on its 16 rows, unchanged. A warpgroup skips the math of a tile that lies wholly above
+//    its diagonal (the last tile of a 128-query block at BN=64).
 #include "dtype.cuh"
 #include "mma.cuh"
+#include "wgmma.cuh"
 
 constexpr float LOG2E = 1.4426950408889634f;
 
@@ -266,6 +276,154 @@ prefill_attention_tc(const T* __restrict__ q, const T* __restrict__ k_cache, con
     const int t0 = q0 + warp * 16 + g, t1 = t0 + 8;
     T* ob = out + ((size_t)sq.qs * Hq + h) * D;
     store_tile_rows<T, D>(ob + (size_t)t0 * Hq * D, ob + (size_t)t1 * Hq * D, t0, t1, n_tokens, o, l0, l1, lane);
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// 3. Hopper kernel (wgmma). Smem: Q [D/64 chunks][128 rows][128 B], then 2 K and 2 V tiles [D/64][BN][128 B], all
+//    128-byte swizzled and 1,024-byte aligned.
+// ---------------------------------------------------------------------------------------------------------
+constexpr int WG_BQ = 128;  // queries a block: 64 a warpgroup
+
+// A tile of ROWS rows gathered through `slots` (-1: a zero row) into a swizzled tile; 256 threads, consecutive
+// threads on consecutive 16-byte units of a row, so each row's read is one contiguous run.
+template <typename T, int D, int ROWS>
+__device__ __forceinline__ void load_sw128_slots(unsigned char* dst, const T* base, const int* slots, size_t stride) {
+    constexpr int UPR = D / 8;  // 16-byte units a row
+#pragma unroll
+    for (int i = 0; i < ROWS * UPR / 256; i++) {
+        const int c = threadIdx.x + i * 256, r = c / UPR, u = c % UPR, slot = slots[r];
+        cp_async16(dst + sw128_offset(ROWS, r, u), base + (slot >= 0 ? (size_t)slot * stride : 0) + u * 8, slot >= 0);
+    }
+}
+
+template <typename T, int D, int BN>
+__global__ void __launch_bounds__(256, 1)
+prefill_attention_wg(const T* __restrict__ q, const T* __restrict__ k_cache, const T* __restrict__ v_cache,
+                     const int* __restrict__ block_tables, const int* __restrict__ query_start_loc,
+                     const int* __restrict__ seq_lens, int block_size, int M, int num_blocks, float scale, int Hq,
+                     int Hkv, T* __restrict__ out) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    static_assert(D % 64 == 0 && BN % 64 == 0 && BN <= 256, "64-element chunks; a slot a thread");
+    constexpr int Q_BYTES = WG_BQ * D * 2, KV_BYTES = BN * D * 2, UPR = D / 8;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    unsigned char* Qs = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);  // 1,024-byte aligned
+    unsigned char* Ks = Qs + Q_BYTES;       // [2][KV_BYTES]
+    unsigned char* Vs = Ks + 2 * KV_BYTES;  // [2][KV_BYTES]
+    __shared__ int s_slot[2][BN];           // cache slots of the keys of the next tiles (-1: none)
+
+    const int h = blockIdx.x, b = blockIdx.y, kvh = h / (Hq / Hkv), tid = threadIdx.x;
+    const int q0 = (gridDim.z - 1 - blockIdx.z) * WG_BQ;  // heaviest query tiles are scheduled first
+    const Seq sq = sequence(query_start_loc, seq_lens, b, M * block_size);
+    if (q0 >= sq.n) return;  // whole block: before any barrier
+    const int sp = sq.start, n_tokens = sq.n;
+    const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3, wg = warp >> 2;
+    const int kv_len = min(sp + min(q0 + WG_BQ, n_tokens), sq.len);  // keys up to the block's last query
+    const int n_kt = max(1, (kv_len + BN - 1) / BN);  // >= 1: zero keys (bad input) give 0, not NaN
+    const int* table = block_tables + (size_t)b * M;
+    const size_t kv_stride = (size_t)Hkv * D;
+    const T* kb = k_cache + (size_t)kvh * D;
+    const T* vb = v_cache + (size_t)kvh * D;
+
+    // Slots of tiles 0 and 1, Q (zeros past the sequence's rows) and tile 0 in one cp.async group.
+    const int s0 = tid < BN ? key_slot(table, tid, kv_len, block_size, num_blocks) : -1;
+    const int s1 = tid < BN ? key_slot(table, BN + tid, kv_len, block_size, num_blocks) : -1;
+    const T* qb = q + ((size_t)sq.qs * Hq + h) * D;
+#pragma unroll
+    for (int i = 0; i < WG_BQ * UPR / 256; i++) {
+        const int cc = tid + i * 256, r = cc / UPR, u = cc % UPR;
+        const bool ok = q0 + r < n_tokens;
+        cp_async16(Qs + sw128_offset(WG_BQ, r, u), qb + (ok ? (size_t)(q0 + r) * Hq * D : 0) + u * 8, ok);
+    }
+    if (tid < BN) { s_slot[0][tid] = s0; s_slot[1][tid] = s1; }
+    __syncthreads();
+    load_sw128_slots<T, D, BN>(Ks, kb, s_slot[0], kv_stride);
+    load_sw128_slots<T, D, BN>(Vs, vb, s_slot[0], kv_stride);
+    cp_async_commit();
+
+    // This thread's rows r0 = 16 * warp + g (= 64 * wg + 16 * (warp % 4) + g) and r0 + 8 of the block's 128 queries;
+    // the warpgroup's first query position and its last stored one (a tile past that is needed by none of its rows).
+    const int pos0 = sp + q0 + warp * 16 + g, pos1 = pos0 + 8;
+    const int wg_first = sp + q0 + wg * 64;
+    const int wg_last = q0 + wg * 64 < n_tokens ? sp + min(q0 + wg * 64 + 63, n_tokens - 1) : -1;  // -1: no rows
+    const float sl2 = scale * LOG2E;
+    const T* tag = nullptr;
+    float o[D / 8][4];
+    float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.0f, l1 = 0.0f;
+#pragma unroll
+    for (int n = 0; n < D / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    // Q's descriptor for k-step kk: this warpgroup's 64 rows of column chunk kk / 4, 32 bytes a step inside it.
+    const unsigned char* q_wg = Qs + wg * 64 * 128;
+
+    for (int j = 0; j < n_kt; j++) {
+        const int buf = j & 1, k0 = j * BN;
+        if (j + 1 < n_kt) {  // prefetch the next tile into the other buffer while this one is used
+            load_sw128_slots<T, D, BN>(Ks + (buf ^ 1) * KV_BYTES, kb, s_slot[buf ^ 1], kv_stride);
+            load_sw128_slots<T, D, BN>(Vs + (buf ^ 1) * KV_BYTES, vb, s_slot[buf ^ 1], kv_stride);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        const int next_slot = tid < BN ? key_slot(table, k0 + 2 * BN + tid, kv_len, block_size, num_blocks) : -1;
+        fence_async_smem();  // this thread's copies (generic proxy) before the wgmma reads (async proxy)
+        __syncthreads();
+        if (k0 <= wg_last) {  // warpgroup-uniform
+            const unsigned char* Kt = Ks + buf * KV_BYTES;
+            const unsigned char* Vt = Vs + buf * KV_BYTES;
+            float s[BN / 8][4];
+            float (&sd)[BN / 2] = reinterpret_cast<float (&)[BN / 2]>(s);
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < D / 16; kk++)  // column chunk kk / 4 (all of a tile's rows each), 32 bytes a step
+                wgmma_ss(sd, sw128_desc(q_wg + (kk >> 2) * WG_BQ * 128 + (kk & 3) * 32, 16),
+                         sw128_desc(Kt + (kk >> 2) * BN * 128 + (kk & 3) * 32, 16), kk > 0, tag);
+            wgmma_commit();
+            wgmma_wait<0>();
+            wgmma_keep(sd);
+
+            const bool diag = k0 + BN - 1 > wg_first;
+            float mx0 = NEG_INF, mx1 = NEG_INF;
+#pragma unroll
+            for (int n = 0; n < BN / 8; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    float v = s[n][e] * sl2;
+                    if (diag && k0 + n * 8 + 2 * c + (e & 1) > (e < 2 ? pos0 : pos1)) v = NEG_INF;
+                    s[n][e] = v;
+                    if (e < 2) mx0 = fmaxf(mx0, v); else mx1 = fmaxf(mx1, v);
+                }
+            // Tile 0 holds key 0, visible to every row, so the running max is finite from the first tile on.
+            softmax_tile<D, BN, false>(s, mx0, mx1, m0, m1, l0, l1, o);
+            unsigned p[BN / 16][4];  // P as the A operand of k-step kk: keys 16kk..16kk+15 (mma.cuh's pv_tile)
+#pragma unroll
+            for (int kk = 0; kk < BN / 16; kk++) {
+                p[kk][0] = pack2(s[2 * kk][0], s[2 * kk][1], tag);
+                p[kk][1] = pack2(s[2 * kk][2], s[2 * kk][3], tag);
+                p[kk][2] = pack2(s[2 * kk + 1][0], s[2 * kk + 1][1], tag);
+                p[kk][3] = pack2(s[2 * kk + 1][2], s[2 * kk + 1][3], tag);
+            }
+            float (&od)[D / 2] = reinterpret_cast<float (&)[D / 2]>(o);
+            wgmma_keep(od);  // o rescaled and p written by ordinary instructions: all of it before the fence
+            wgmma_keep(p);
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < BN / 16; kk++)  // keys 16kk.. are 2 8-row groups of every column chunk: +2 KB
+                wgmma_rs(od, p[kk], sw128_desc(Vt + kk * 2048, BN * 128), tag);
+            wgmma_commit();
+            wgmma_wait<0>();
+            wgmma_keep(od);
+            wgmma_keep(p);
+        }
+        if (tid < BN) s_slot[buf][tid] = next_slot;
+        __syncthreads();  // both warpgroups are done with this buffer before the next iteration refills it
+    }
+
+    const int t0 = q0 + warp * 16 + g, t1 = t0 + 8;
+    T* ob = out + ((size_t)sq.qs * Hq + h) * D;
+    store_tile_rows<T, D>(ob + (size_t)t0 * Hq * D, ob + (size_t)t1 * Hq * D, t0, t1, n_tokens, o, l0, l1, lane);
+#else
+    __trap();  // built for sm_90a only; the wrapper never launches it elsewhere
+#endif
 }
 
 #define GENERIC_INSTANCE(T)                                                                                   \

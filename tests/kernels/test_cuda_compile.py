@@ -10,7 +10,8 @@ import re
 
 import pytest
 
-from toolkit.backends.cuda_kernels import CTYPES, KERNEL_DIR, OPTIONS, kernel_names, kernel_source
+from toolkit.backends.cuda_kernels import (CTYPES, KERNEL_DIR, OPTIONS, kernel_names, kernel_source,
+                                           sm90a_kernel_names)
 
 nvrtc = pytest.importorskip("cupy_backends.cuda.libs.nvrtc")
 try:
@@ -70,3 +71,24 @@ def test_broken_kernel_reports_compiler_log(tmp_path):
     bad.write_text('extern "C" __global__ void k(float* x) { x[0] = undefined_name; }\n')
     with pytest.raises(pytest.fail.Exception, match="undefined_name"):
         compile_cu(bad)
+
+
+@pytest.mark.parametrize("op", [p.stem for p in SOURCES if any(sm90a_kernel_names(p.stem, ct) for ct in CTYPES.values())])
+def test_sm90a_kernels_compile_with_wgmma(op):
+    """The Hopper kernels (wgmma) of an op, built as the wrapper builds them on an sm_90 GPU: our -arch=sm_90a, then
+    the -arch=sm_90 CuPy appends. They must come out as the real kernel, not the __trap() an sm_90 build gets (a few
+    registers), and without spills."""
+    names = sorted({n for ct in CTYPES.values() for n in sm90a_kernel_names(op, ct)})
+    cubin, log, lowered = compile_cu(KERNEL_DIR / f"{op}.cu", ["-arch=sm_90a", "-arch=sm_90", "-Xptxas=-v",
+                                                              "-Xptxas=-warn-spills"], names)
+    regs, fn = {}, None
+    for line in log.splitlines():
+        m = re.search(r"Compiling entry function '(\w+)'", line)
+        fn = m.group(1) if m else fn
+        m = re.search(r"Used (\d+) registers", line)
+        if m and fn:
+            regs[fn] = int(m.group(1))
+        assert "spill" not in line or re.search(r"\b0 bytes spill stores, 0 bytes spill loads", line), line
+        assert "serialized" not in line, f"ptxas could not pipeline the wgmma instructions: {line}"
+    for name, low in lowered.items():
+        assert regs.get(low, 0) > 64, f"{name}: {regs.get(low)} registers, so not the wgmma build"

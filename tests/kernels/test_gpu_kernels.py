@@ -405,6 +405,8 @@ PREFILL_CASES = {  # name: (Hq, Hkv, D, q_lens, cached prefixes, block_size, fir
     "chunks_b64": (HQ, HKV, 64, "chunks64", None, 16, 0, 5),
     "bs8_d64": (HQ, HKV, 64, [200, 65], [63, 1], 8, 1, 1),   # a 64-key tile spans 8 blocks
     "d256": (8, 2, 256, [40, 9], [3, 0], 16, 2, 0),           # CUDA cores only (> 48 KB smem)
+    "llama_2k": (32, 8, 64, [2048, 300], [0, 1500], 16, 0, 0),   # Llama-3.2-1B's heads: a prompt, a chunk
+    "qwen15b_2k": (12, 2, 128, [2048, 129], [0, 640], 16, 0, 0),  # Qwen2.5-1.5B's heads
 }
 
 
@@ -425,28 +427,34 @@ def prefill_case(name):
     return q, kc, vc, table, qsl, seq_lens, ref, max(q_lens)
 
 
-@pytest.mark.parametrize("dtype, tc", [("float32", False), ("bfloat16", True), ("bfloat16", False), ("float16", True)])
+@pytest.mark.parametrize("dtype, kind", [("float32", "cuda_cores"), ("bfloat16", "tc"), ("bfloat16", "cuda_cores"),
+                                         ("float16", "tc"), ("bfloat16", "wg"), ("float16", "wg")])
 @pytest.mark.parametrize("name", list(PREFILL_CASES))
-def test_prefill_attention(dtype, tc, name):
-    """prefill_attention (CUDA cores) and, where it applies (16-bit, D 64 or 128), prefill_attention_tc against the
-    CPU twin; elsewhere prefill_attention_tc refuses the shape."""
+def test_prefill_attention(dtype, kind, name):
+    """prefill_attention (CUDA cores) and, where they apply (16-bit, D 64 or 128; wg on an sm_90 GPU),
+    prefill_attention_tc and prefill_attention_wg against the CPU twin; elsewhere tc and wg refuse the shape."""
     hq, hkv, hd, _, _, bs, first, _ = PREFILL_CASES[name]
+    kern = K(dtype)
+    if kind == "wg" and not kern.sm90:
+        pytest.skip("prefill_attention_wg needs an sm_90 GPU")
+    if kind == "cuda_cores" and name in ("llama_2k", "qwen15b_2k"):
+        pytest.skip("the model-shape cases are for the tensor-core kernels (the CUDA-core kernel has prompt4096)")
     q, kc, vc, table, qsl, seq_lens, ref, max_q = prefill_case(name)
     out = dev(np.full_like(q, SENTINEL), dtype)
-    kern = K(dtype)
     args = (dev(q, dtype), dev(kc, dtype), dev(vc, dtype), ints(table), ints(qsl), ints(seq_lens), bs,
             1 / np.sqrt(hd), out, max_q)
-    if tc and hd not in (64, 128):
-        with pytest.raises(ValueError, match="prefill_attention_tc"):
-            kern.prefill_attention_tc(*args)
+    fn = {"cuda_cores": kern.prefill_attention, "tc": kern.prefill_attention_tc, "wg": kern.prefill_attention_wg}[kind]
+    if kind != "cuda_cores" and hd not in (64, 128):
+        with pytest.raises(ValueError, match=f"prefill_attention_{kind}"):
+            fn(*args)
         return
-    (kern.prefill_attention_tc if tc else kern.prefill_attention)(*args)
+    fn(*args)
     got = host(out, dtype)
     outside = np.ones(len(q), bool)
     outside[qsl[0]:qsl[-1]] = False
     assert (got[outside] == SENTINEL).all(), "rows outside query_start_loc[0]..query_start_loc[B] were written"
-    check(f"prefill_attention({'tensor cores' if tc else 'generic'}, {name}: B={len(seq_lens)}, D={hd}, "
-          f"max q_len {max_q}, max len {seq_lens.max()})", got, ref, dtype)
+    check(f"prefill_attention({kind}, {name}: B={len(seq_lens)}, D={hd}, max q_len {max_q}, "
+          f"max len {seq_lens.max()})", got, ref, dtype)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])

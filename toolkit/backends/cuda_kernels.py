@@ -39,6 +39,8 @@ STORAGE = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}
 OPTIONS = ("-std=c++17",)
 DECODE_HEAD_DIMS = (8, 16, 32, 64, 128, 256)   # decode_attention<T, D> instantiations
 TC_HEAD_DIMS = (64, 128)            # prefill_attention_tc / decode_attention_tc<T, D> (16-bit T only)
+WG_KEYS = {64: 128, 128: 64}        # prefill_attention_wg<T, D, BN>: keys a K/V tile at head dim D (sm_90 only)
+WG_QUERIES = 128                    # prefill_attention_wg: queries a block (64 a warpgroup)
 TC_DECODE_GROUP = 16                # decode_attention_tc: q heads a block (the mma's 16 A rows)
 TC_DECODE_KT = 64                   # decode_attention_tc: keys a tile
 TC_ONE_SPLIT_TILES = 4              # decode_attention_tc: a sequence of up to this many tiles is one split
@@ -91,6 +93,14 @@ def kernel_names(op: str, ctype: str) -> list:
     return [{"embedding": "embedding", "rope": "rope_qkv"}[op] + f"<{ctype}>"]
 
 
+def sm90a_kernel_names(op: str, ctype: str) -> list:
+    """The kernels of kernels/<op>.cu that use Hopper's own instructions (wgmma): built into a second module of the op
+    with -arch=sm_90a, on sm_90 GPUs only (the op's ordinary module stays a plain sm_90 build)."""
+    if op == "prefill_attention" and ctype != "float":
+        return [f"prefill_attention_wg<{ctype}, {d}, {WG_KEYS[d]}>" for d in TC_HEAD_DIMS]
+    return []
+
+
 def gumbel_cpt(ctype: str) -> int:
     """gumbel_sample<T, CPT>'s 16-token chunks a thread per step: 2 for 16-bit logits (64 bytes in flight a
     thread), 1 for fp32 (the same bytes in flight; two would need 32 more registers a thread)."""
@@ -121,15 +131,18 @@ def inline_headers(src: str) -> str:
                   flags=re.MULTILINE)
 
 
-def _module(op: str, ctype: str):
-    key = (op, ctype if op != "combine" else "")
+def _module(op: str, ctype: str, sm90a: bool = False):
+    key = (op + (":sm_90a" if sm90a else ""), ctype if op != "combine" else "")
     mod = _MODULES.get(key)
     if mod is None:
         import cupy
 
         src = kernel_source(op)
-        mod = cupy.RawModule(code=src, options=OPTIONS,
-                             name_expressions=kernel_names(op, ctype) or None)
+        # sm90a: CuPy appends its own -arch=sm_90 after these options; NVRTC then builds for sm_90a, the superset
+        # (tests/kernels/test_cuda_compile.py compiles with exactly that pair).
+        options = OPTIONS + (("-arch=sm_90a",) if sm90a else ())
+        names = sm90a_kernel_names(op, ctype) if sm90a else kernel_names(op, ctype)
+        mod = cupy.RawModule(code=src, options=options, name_expressions=names or None)
         _MODULES[key] = mod
     return mod
 
@@ -231,14 +244,15 @@ class CudaKernels(SkinnyGemms):
         self._decode_plans = {} # (B, Hq, Hkv, D, max_seq_len, tc) -> kernel, grid, splits, workspace
         self._gemm_plans = {}   # (M, N, K, swiglu, out type, split) -> gemm_skinny's launch (cuda_gemm.py)
         self.num_sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
+        self.sm90 = cupy.cuda.Device().compute_capability == "90"  # Hopper: the wgmma kernels (sm90a_kernel_names)
         self._smem_optin = {}   # name -> dynamic shared memory opted in
         self.pdl = False  # see with_pdl
         self._go = self._launch  # how the decode-step kernels launch
 
     # -- plumbing ---------------------------------------------------------------------------------------
-    def _fn(self, op: str, name: str, smem: int = 0):
+    def _fn(self, op: str, name: str, smem: int = 0, sm90a: bool = False):
         if name not in self._fns:
-            self._fns[name] = _module(op, self.ctype).get_function(name)
+            self._fns[name] = _module(op, self.ctype, sm90a).get_function(name)
         f = self._fns[name]
         if smem > _SMEM_DEFAULT and self._smem_optin.get(name, 0) < smem:
             f.max_dynamic_shared_size_bytes = smem  # opt in once (cudaFuncSetAttribute)
@@ -427,26 +441,34 @@ class CudaKernels(SkinnyGemms):
                              f"block_size {block_size} (Hq % Hkv == 0, D <= 256, a cache of >= 1 block)")
         return Hq, D, Hkv, block_tables.shape[1], num_slots // block_size
 
-    def _prefill(self, tc, q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, block_size, scale, out,
+    def _prefill(self, kind, q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, block_size, scale, out,
                  max_query_len):
         """Varlen causal attention over the paged caches: sequence b's queries are the rows query_start_loc[b]..
         query_start_loc[b+1]-1 of q [N, Hq, D], at positions ending at seq_lens[b]-1. max_query_len bounds every
         sequence's query count (it sizes the grid); rows outside [query_start_loc[0], query_start_loc[B]) are not
-        touched. On CUDA cores (fp32 math, any dtype and D <= 256), or with tc the mma.sync FlashAttention-2
-        kernel, for 16-bit dtypes and D 64 or 128 (ValueError otherwise)."""
-        op = "prefill_attention_tc" if tc else "prefill_attention"
+        touched. kind: "cuda_cores" (fp32 math, any dtype and D <= 256), "tc" (the mma.sync FlashAttention-2 kernel)
+        or "wg" (the same loop on Hopper's wgmma, sm_90 GPUs only); tc and wg take 16-bit dtypes and D 64 or 128
+        (ValueError otherwise)."""
+        op = {"cuda_cores": "prefill_attention", "tc": "prefill_attention_tc", "wg": "prefill_attention_wg"}[kind]
         Hq, D, Hkv, M, n_blocks = self._paged(op, q, k_cache, v_cache, block_tables, seq_lens, block_size, out)
         self._check(op, I32, query_start_loc)
         B = seq_lens.shape[0]
         if query_start_loc.shape != (B + 1,):
             raise ValueError(f"{op}: query_start_loc {query_start_loc.shape} != ({B + 1},)")
-        if tc and (self.dtype == "float32" or D not in TC_HEAD_DIMS):
+        if kind != "cuda_cores" and (self.dtype == "float32" or D not in TC_HEAD_DIMS):
             raise ValueError(f"{op}: {self.dtype}, head dim {D} (16-bit dtypes, head dim in {TC_HEAD_DIMS})")
+        if kind == "wg" and not self.sm90:
+            raise ValueError(f"{op}: needs an sm_90 (Hopper) GPU")
         if not B or max_query_len < 1 or not q.shape[0]:
             return
         args = (q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, _i32(block_size), _i32(M),
                 _i32(n_blocks), _f32(scale), _i32(Hq), _i32(Hkv))
-        if tc:
+        if kind == "wg":  # Q, two K and two V tiles (128-byte swizzled), and 1 KB to align them to 1,024 bytes
+            bn = WG_KEYS[D]
+            smem = (WG_QUERIES + 4 * bn) * D * self.itemsize + 1024
+            f = self._fn("prefill_attention", f"prefill_attention_wg<{self.ctype}, {D}, {bn}>", smem, sm90a=True)
+            f((Hq, B, -(-int(max_query_len) // WG_QUERIES)), (256,), args + (out,), shared_mem=smem)
+        elif kind == "tc":
             smem = 5 * 64 * (D + 8) * self.itemsize  # Q + double-buffered K and V, rows padded by 8
             f = self._fn("prefill_attention", f"prefill_attention_tc<{self.ctype}, {D}>", smem)
             f((Hq, B, -(-int(max_query_len) // 64)), (128,), args + (out,), shared_mem=smem)
@@ -455,8 +477,9 @@ class CudaKernels(SkinnyGemms):
             f = self._fn("prefill_attention", f"prefill_attention<{self.ctype}>", smem)
             f((Hq, B, -(-int(max_query_len) // 16)), (128,), args + (_i32(D), out), shared_mem=smem)
 
-    prefill_attention = functools.partialmethod(_prefill, False)
-    prefill_attention_tc = functools.partialmethod(_prefill, True)
+    prefill_attention = functools.partialmethod(_prefill, "cuda_cores")
+    prefill_attention_tc = functools.partialmethod(_prefill, "tc")
+    prefill_attention_wg = functools.partialmethod(_prefill, "wg")
 
     def _decode(self, kind, q, k_cache, v_cache, block_tables, seq_lens, block_size, scale, out, max_seq_len,
                 n_splits=None):

@@ -1,0 +1,103 @@
+"""The projections of a prefill alone: cuBLAS as our backend calls it, against torch.matmul, in TFLOPS and % of the
+dense bf16 peak (issue 36 asks for >= 70% at 4,096 tokens).
+
+For each shape (toolkit/model/shapes.py) and token count M, the four projections of a layer, each y[M, N] =
+x[M, K] @ W[N, K]^T in bf16 with fp32 accumulation: qkv (N = (q heads + 2 kv heads) x head dim, K = hidden), o
+(N = hidden, K = q heads x head dim), gate_up (N = 2 x intermediate, K = hidden), down (N = hidden, K =
+intermediate). Each is timed with CUDA events over --calls back-to-back calls on the backend's stream (a call at
+these sizes is 20-700 µs, so launch cost does not count), median of --repeats. The last row of a shape is its
+layers' projections summed: the ms a prefill of M tokens spends in them at these rates.
+
+    PYTHONPATH=. python3 dev/prefill_gemms.py [--shapes llama-3.2-1b,...] [--tokens 512,4096] [--peak 989]
+"""
+import argparse
+import os
+import statistics
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import cupy as cp  # noqa: E402
+
+from toolkit.backends.cuda import CudaBackend  # noqa: E402
+from toolkit.model.shapes import NAMES, shape_config  # noqa: E402
+
+
+def projections(cfg):
+    H, D = cfg.hidden_size, cfg.head_dim
+    return [("qkv", (cfg.num_heads + 2 * cfg.num_kv_heads) * D, H), ("o", H, cfg.num_heads * D),
+            ("gate_up", 2 * cfg.intermediate_size, H), ("down", H, cfg.intermediate_size)]
+
+
+def events_us(stream, fn, calls, repeats):
+    fn()
+    stream.synchronize()
+    times = []
+    for _ in range(repeats):
+        a, b = cp.cuda.Event(), cp.cuda.Event()
+        a.record(stream)
+        for _ in range(calls):
+            fn()
+        b.record(stream)
+        b.synchronize()
+        times.append(cp.cuda.get_elapsed_time(a, b) * 1e3 / calls)
+    return statistics.median(times)
+
+
+def torch_us(M, N, K, calls, repeats):
+    try:
+        import torch
+    except ImportError:
+        return None
+    x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)
+    fn = lambda: x @ w.T  # noqa: E731
+    fn()
+    times = []
+    for _ in range(repeats):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(calls):
+            fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e3 / calls)
+    return statistics.median(times)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shapes", default=",".join(n for n in NAMES if n != "tiny"))
+    ap.add_argument("--tokens", default="512,2048,4096")
+    ap.add_argument("--peak", type=float, default=989.0, help="dense bf16 TFLOPS of the GPU (H100/H200 SXM: 989)")
+    ap.add_argument("--calls", type=int, default=20)
+    ap.add_argument("--repeats", type=int, default=5)
+    args = ap.parse_args(argv)
+    be = CudaBackend("bfloat16")
+    dev = cp.cuda.Device()
+    print(f"GPU: {cp.cuda.runtime.getDeviceProperties(dev.id)['name'].decode()}; {be.gemm_note}")
+    print(f"{'shape':14s} {'M':>5s} {'proj':8s} {'N':>6s} {'K':>6s} {'ours µs':>9s} {'TFLOPS':>7s} {'% peak':>7s} "
+          f"{'torch µs':>9s} {'torch/ours':>10s}")
+    for shape in args.shapes.split(","):
+        cfg = shape_config(shape)
+        for M in map(int, args.tokens.split(",")):
+            total_us = 0.0
+            for name, N, K in projections(cfg):
+                x = (cp.random.standard_normal((M, K), cp.float32).view(cp.uint32) >> 16).astype(cp.uint16)
+                w = (cp.random.standard_normal((N, K), cp.float32).view(cp.uint32) >> 16).astype(cp.uint16)
+                y = cp.empty((M, N), cp.uint16)
+                with be.stream:
+                    us = events_us(be.stream, lambda: be.linear(x, w, y), args.calls, args.repeats)
+                tf = 2 * M * N * K / (us * 1e-6) / 1e12
+                t = torch_us(M, N, K, args.calls, args.repeats)
+                total_us += us
+                print(f"{shape:14s} {M:5d} {name:8s} {N:6d} {K:6d} {us:9.1f} {tf:7.1f} {100 * tf / args.peak:6.1f}% "
+                      + (f"{t:9.1f} {t / us:10.2f}" if t else ""), flush=True)
+            flops = 2 * M * sum(N * K for _, N, K in projections(cfg))
+            tf = flops / (total_us * 1e-6) / 1e12
+            print(f"{shape:14s} {M:5d} {'layer':8s} {'':6s} {'':6s} {total_us:9.1f} {tf:7.1f} "
+                  f"{100 * tf / args.peak:6.1f}%   x {cfg.num_layers} layers = {total_us * cfg.num_layers / 1e3:.2f} ms")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
