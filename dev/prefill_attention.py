@@ -36,6 +36,7 @@ except ImportError:  # tests/dev/test_prefill_attention_dev.py compiles PROBE_SR
 import toolkit.backends.cuda_kernels as ck  # noqa: E402
 from timing import graph_us  # noqa: E402
 from toolkit.backends.cuda_kernels import CudaKernels  # noqa: E402
+from toolkit.bench.sampler import torch_us  # noqa: E402
 from toolkit.engine.build import BLOCK_SIZE as BS  # noqa: E402
 
 SHAPES = {"qwen2.5-0.5b": (14, 2, 64), "qwen3-0.6b": (16, 8, 128), "llama-3.2-1b": (32, 8, 64),
@@ -213,16 +214,7 @@ def sdpa_us(qf, kf, vf, hq, hkv, tokens, reps):
     fn = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)  # noqa: E731
     for _ in range(3):
         fn()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(20):
-            fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / 20)
-    return float(np.median(times))
+    return float(np.median([torch_us(torch, fn, 20) for _ in range(reps)]))
 
 
 def main(argv=None):

@@ -4,9 +4,10 @@ dense bf16 peak (issue 36 asks for >= 70% at 4,096 tokens).
 For each shape (toolkit/model/shapes.py) and token count M, the four projections of a layer, each y[M, N] =
 x[M, K] @ W[N, K]^T in bf16 with fp32 accumulation: qkv (N = (q heads + 2 kv heads) x head dim, K = hidden), o
 (N = hidden, K = q heads x head dim), gate_up (N = 2 x intermediate, K = hidden), down (N = hidden, K =
-intermediate). Each is timed with CUDA events over --calls back-to-back calls on the backend's stream (a call at
-these sizes is 20-700 µs, so launch cost does not count), median of --repeats. The last row of a shape is its
-layers' projections summed: the ms a prefill of M tokens spends in them at these rates.
+intermediate). Ours: --calls calls replayed from a CUDA graph on the backend's stream (dev/timing.py); torch: the
+same count between CUDA events (toolkit/bench/sampler.py's torch_us; a call at these sizes is 20-700 µs, so launch
+cost does not count); medians of --repeats. The last row of a shape is its layers' projections summed: the ms a
+prefill of M tokens spends in them at these rates.
 
     PYTHONPATH=. python3 dev/prefill_gemms.py [--shapes llama-3.2-1b,...] [--tokens 512,4096] [--peak 989]
 """
@@ -15,10 +16,13 @@ import os
 import statistics
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import cupy as cp  # noqa: E402
 
+from timing import graph_us  # noqa: E402
 from toolkit.backends.cuda import CudaBackend  # noqa: E402
+from toolkit.bench.sampler import torch_us as torch_calls_us  # noqa: E402
 from toolkit.model.shapes import NAMES, shape_config  # noqa: E402
 
 
@@ -26,21 +30,6 @@ def projections(cfg):
     H, D = cfg.hidden_size, cfg.head_dim
     return [("qkv", (cfg.num_heads + 2 * cfg.num_kv_heads) * D, H), ("o", H, cfg.num_heads * D),
             ("gate_up", 2 * cfg.intermediate_size, H), ("down", H, cfg.intermediate_size)]
-
-
-def events_us(stream, fn, calls, repeats):
-    fn()
-    stream.synchronize()
-    times = []
-    for _ in range(repeats):
-        a, b = cp.cuda.Event(), cp.cuda.Event()
-        a.record(stream)
-        for _ in range(calls):
-            fn()
-        b.record(stream)
-        b.synchronize()
-        times.append(cp.cuda.get_elapsed_time(a, b) * 1e3 / calls)
-    return statistics.median(times)
 
 
 def torch_us(M, N, K, calls, repeats):
@@ -52,16 +41,7 @@ def torch_us(M, N, K, calls, repeats):
     w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)
     fn = lambda: x @ w.T  # noqa: E731
     fn()
-    times = []
-    for _ in range(repeats):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(calls):
-            fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / calls)
-    return statistics.median(times)
+    return statistics.median(torch_calls_us(torch, fn, calls) for _ in range(repeats))
 
 
 def main(argv=None):
@@ -85,8 +65,7 @@ def main(argv=None):
                 x = (cp.random.standard_normal((M, K), cp.float32).view(cp.uint32) >> 16).astype(cp.uint16)
                 w = (cp.random.standard_normal((N, K), cp.float32).view(cp.uint32) >> 16).astype(cp.uint16)
                 y = cp.empty((M, N), cp.uint16)
-                with be.stream:
-                    us = events_us(be.stream, lambda: be.linear(x, w, y), args.calls, args.repeats)
+                us = graph_us(cp, lambda i: be.linear(x, w, y), args.calls, args.repeats, stream=be.stream)
                 tf = 2 * M * N * K / (us * 1e-6) / 1e12
                 t = torch_us(M, N, K, args.calls, args.repeats)
                 total_us += us

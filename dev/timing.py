@@ -3,10 +3,11 @@ more than many of our kernels take on the GPU)."""
 import statistics
 
 
-def graph_us(cp, fn, n=50, reps=5):
+def graph_us(cp, fn, n=50, reps=5, stream=None):
     """µs per call of fn(i), i = 0..n-1, from one CUDA graph of the n calls: median of reps replays. fn(0) runs once
-    outside the capture first (plans, workspaces, compilation)."""
-    s = cp.cuda.Stream(non_blocking=True)
+    outside the capture first (plans, workspaces, compilation). `stream`: capture there (a CudaBackend's stream, which
+    its cuBLAS handle launches on), else on a new one."""
+    s = stream or cp.cuda.Stream(non_blocking=True)
     with s:
         fn(0)
         s.begin_capture()

@@ -137,10 +137,37 @@ __device__ __forceinline__ void softmax_tile(float (&s)[TK / 8][4], float mx0, f
     for (int n = 0; n < D / 8; n++) { o[n][0] *= a0; o[n][1] *= a0; o[n][2] *= a1; o[n][3] *= a1; }
 }
 
-// O += P V. The S accumulators of n-tiles 2kk and 2kk+1 (keys 16kk..16kk+15) are exactly the A fragment of P
-// for k-step kk: a0 = (row g, keys 2c..) = s[2kk][0,1], a1 = (row g+8) = s[2kk][2,3], a2 = (row g, keys
-// 8+2c..) = s[2kk+1][0,1], a3 = s[2kk+1][2,3]. V[key][d] is row-major, so the B fragments (k = key, n = d) come
-// from ldmatrix.trans: matrices = keys 0-7|8-15 x dims 0-7|8-15.
+// A causal tile's scores in log2 units: s *= sl2, and where the tile reaches past the rows' first position (diag),
+// key k0 + 8n + 2c + e % 2 above the row's position (pos0 for row g, pos1 for row g + 8) becomes -inf. mx0, mx1
+// (start them at -inf): this thread's maxima of its two rows.
+template <int TK>
+__device__ __forceinline__ void causal_scale_tile(float (&s)[TK / 8][4], float sl2, bool diag, int k0, int c, int pos0,
+                                                  int pos1, float& mx0, float& mx1) {
+#pragma unroll
+    for (int n = 0; n < TK / 8; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            float v = s[n][e] * sl2;
+            if (diag && k0 + n * 8 + 2 * c + (e & 1) > (e < 2 ? pos0 : pos1)) v = NEG_INF;
+            s[n][e] = v;
+            if (e < 2) mx0 = fmaxf(mx0, v); else mx1 = fmaxf(mx1, v);
+        }
+}
+
+// The A fragment of P for k-step kk of P V, rounded to T. The S accumulators of n-tiles 2kk and 2kk+1 (keys
+// 16kk..16kk+15) are exactly it: a0 = (row g, keys 2c..) = s[2kk][0,1], a1 = (row g+8) = s[2kk][2,3], a2 = (row g,
+// keys 8+2c..) = s[2kk+1][0,1], a3 = s[2kk+1][2,3]. (wgmma takes the same fragment from registers: wgmma.cuh.)
+template <typename T, int TK>
+__device__ __forceinline__ void p_fragment(unsigned (&a)[4], const float (&s)[TK / 8][4], int kk) {
+    const T* tag = nullptr;
+    a[0] = pack2(s[2 * kk][0], s[2 * kk][1], tag);
+    a[1] = pack2(s[2 * kk][2], s[2 * kk][3], tag);
+    a[2] = pack2(s[2 * kk + 1][0], s[2 * kk + 1][1], tag);
+    a[3] = pack2(s[2 * kk + 1][2], s[2 * kk + 1][3], tag);
+}
+
+// O += P V (P from p_fragment). V[key][d] is row-major, so the B fragments (k = key, n = d) come from
+// ldmatrix.trans: matrices = keys 0-7|8-15 x dims 0-7|8-15.
 template <typename T, int D, int TK, int LD>
 __device__ __forceinline__ void pv_tile(float (&o)[D / 8][4], const float (&s)[TK / 8][4], const T* Vt, int lane) {
     const T* tag = nullptr;
@@ -148,10 +175,7 @@ __device__ __forceinline__ void pv_tile(float (&o)[D / 8][4], const float (&s)[T
 #pragma unroll
     for (int kk = 0; kk < TK / 16; kk++) {
         unsigned a[4];
-        a[0] = pack2(s[2 * kk][0], s[2 * kk][1], tag);
-        a[1] = pack2(s[2 * kk][2], s[2 * kk][3], tag);
-        a[2] = pack2(s[2 * kk + 1][0], s[2 * kk + 1][1], tag);
-        a[3] = pack2(s[2 * kk + 1][2], s[2 * kk + 1][3], tag);
+        p_fragment<T, TK>(a, s, kk);
 #pragma unroll
         for (int dp = 0; dp < D / 16; dp++) {
             unsigned b[4];  // b[0], b[1]: dims 16dp..16dp+7;  b[2], b[3]: dims 16dp+8..16dp+15

@@ -257,15 +257,7 @@ prefill_attention_tc(const T* __restrict__ q, const T* __restrict__ k_cache, con
         // Scale to log2 units; mask keys above the diagonal (only tiles that reach past the first query).
         const bool diag = k0 + TC_BK - 1 > sp + q0;
         float mx0 = NEG_INF, mx1 = NEG_INF;
-#pragma unroll
-        for (int n = 0; n < TC_BK / 8; n++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                float v = s[n][e] * sl2;
-                if (diag && k0 + n * 8 + 2 * c + (e & 1) > (e < 2 ? pos0 : pos1)) v = NEG_INF;
-                s[n][e] = v;
-                if (e < 2) mx0 = fmaxf(mx0, v); else mx1 = fmaxf(mx1, v);
-            }
+        causal_scale_tile<TC_BK>(s, sl2, diag, k0, c, pos0, pos1, mx0, mx1);
         // Tile 0 holds key 0, visible to every row, so the running max is finite from the first tile on.
         softmax_tile<D, TC_BK, false>(s, mx0, mx1, m0, m1, l0, l1, o);
         pv_tile<T, D, TC_BK, LD>(o, s, Vt, lane);
@@ -381,27 +373,13 @@ prefill_attention_wg(const T* __restrict__ q, const T* __restrict__ k_cache, con
             wgmma_wait<0>();
             wgmma_keep(sd);
 
-            const bool diag = k0 + BN - 1 > wg_first;
             float mx0 = NEG_INF, mx1 = NEG_INF;
-#pragma unroll
-            for (int n = 0; n < BN / 8; n++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    float v = s[n][e] * sl2;
-                    if (diag && k0 + n * 8 + 2 * c + (e & 1) > (e < 2 ? pos0 : pos1)) v = NEG_INF;
-                    s[n][e] = v;
-                    if (e < 2) mx0 = fmaxf(mx0, v); else mx1 = fmaxf(mx1, v);
-                }
+            causal_scale_tile<BN>(s, sl2, k0 + BN - 1 > wg_first, k0, c, pos0, pos1, mx0, mx1);
             // Tile 0 holds key 0, visible to every row, so the running max is finite from the first tile on.
             softmax_tile<D, BN, false>(s, mx0, mx1, m0, m1, l0, l1, o);
-            unsigned p[BN / 16][4];  // P as the A operand of k-step kk: keys 16kk..16kk+15 (mma.cuh's pv_tile)
+            unsigned p[BN / 16][4];  // P as the A operand of k-step kk: keys 16kk..16kk+15
 #pragma unroll
-            for (int kk = 0; kk < BN / 16; kk++) {
-                p[kk][0] = pack2(s[2 * kk][0], s[2 * kk][1], tag);
-                p[kk][1] = pack2(s[2 * kk][2], s[2 * kk][3], tag);
-                p[kk][2] = pack2(s[2 * kk + 1][0], s[2 * kk + 1][1], tag);
-                p[kk][3] = pack2(s[2 * kk + 1][2], s[2 * kk + 1][3], tag);
-            }
+            for (int kk = 0; kk < BN / 16; kk++) p_fragment<T, BN>(p[kk], s, kk);
             float (&od)[D / 2] = reinterpret_cast<float (&)[D / 2]>(o);
             wgmma_keep(od);  // o rescaled and p written by ordinary instructions: all of it before the fence
             wgmma_keep(p);

@@ -1,20 +1,14 @@
 """dev/prefill_attention.py is what a GPU session runs first for the Hopper prefill attention: its wgmma probes and
 the kernel's other tile sizes must compile for sm_90a as the script builds them (a compile error there would cost a
 device call), and its host-side helpers must be right. NVRTC only, no GPU; skips where NVRTC is absent."""
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.dev import load_dev_script
 
 
 def load():
-    spec = importlib.util.spec_from_file_location("prefill_attention_dev", ROOT / "dev" / "prefill_attention.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_dev_script("prefill_attention")
 
 
 def nvrtc_compile(source, names, options):

@@ -1,17 +1,11 @@
 """dev/profile_sampler.py edits kernels/sampler.cu's text into its variants: every edit must still apply to
 today's source (a stale one stops the GPU run it was meant for), and each variant must differ from the kernel as
 built. String work only: no GPU, no compiler."""
-import importlib.util
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.dev import load_dev_script
 
 
 def load():
-    spec = importlib.util.spec_from_file_location("profile_sampler", ROOT / "dev" / "profile_sampler.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_dev_script("profile_sampler")
 
 
 def test_every_variant_applies_and_differs():
