@@ -6,6 +6,7 @@ repeats):
   - tc: prefill_attention_tc (mma.sync, FlashAttention-2), 64 queries a block;
   - wg: prefill_attention_wg (Hopper wgmma, kernels/wgmma.cuh), 128 queries a block, at the plan's K/V tile (WG_KEYS)
     and at each other tile size of --keys (the same source, other template arguments);
+  - wgp: dev/prefill_attention_wgp.cu, wg with FlashAttention-3's intra-warpgroup overlap (--variants);
   - sdpa: torch's scaled_dot_product_attention(is_causal=True, enable_gqa=True) on contiguous [1, H, T, D] tensors,
     as the torch.compile peer's prefill runs it (only without a prefix), when torch imports.
 TFLOPS counts the causal work, 4 * D * Hq * (the keys each query sees, summed). Every output is checked against our
@@ -18,7 +19,7 @@ against NumPy. A wrong descriptor or fragment layout shows there first; a failin
 the result are wrong.
 
     PYTHONPATH=. python3 dev/prefill_attention.py [--probe] [--shapes llama-3.2-1b,...] [--tokens 4096]
-        [--prefix 0] [--keys 64,128]
+        [--prefix 0] [--keys 64,128] [--variants wgp]
 """
 import argparse
 import os
@@ -183,13 +184,27 @@ def causal_tflops(us, hq, d, prefix, tokens):
     return 4 * d * hq * keys / (us * 1e-6) / 1e12
 
 
-def wg_launcher(ctype, d, bn):
-    """A call of prefill_attention_wg<ctype, d, bn> (any tile size, not only the wrapper's WG_KEYS) on the wrapper's
-    arguments."""
-    name = f"prefill_attention_wg<{ctype}, {d}, {bn}>"
-    mod = cp.RawModule(code=ck.kernel_source("prefill_attention"), options=OPTIONS, name_expressions=[name])
+WGP_SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "prefill_attention_wgp.cu")
+VARIANTS = {  # name: (template, extra source, K/V stages): wg is the product's kernel, wgp the dev variant
+    "wg": ("prefill_attention_wg", None, 2),
+    "wgp": ("prefill_attention_wgp", WGP_SRC, 3),
+}
+
+
+def variant_source(variant):
+    """The op's source, with the variant's appended (it uses the op's helpers)."""
+    extra = VARIANTS[variant][1]
+    return ck.kernel_source("prefill_attention") + ("" if extra is None else "\n" + open(extra).read())
+
+
+def wg_launcher(ctype, d, bn, variant="wg"):
+    """A call of prefill_attention_wg<ctype, d, bn> (any tile size, not only the wrapper's WG_KEYS), or of a dev
+    variant's kernel, on the wrapper's arguments."""
+    template, _, stages = VARIANTS[variant]
+    name = f"{template}<{ctype}, {d}, {bn}>"
+    mod = cp.RawModule(code=variant_source(variant), options=OPTIONS, name_expressions=[name])
     f = mod.get_function(name)
-    smem = (ck.WG_QUERIES + 4 * bn) * d * 2 + 1024
+    smem = (ck.WG_QUERIES + 2 * stages * bn) * d * 2 + 1024
     f.max_dynamic_shared_size_bytes = smem
 
     def call(q, kc, vc, table, qsl, seq_lens, block_size, scale, out, max_q):
@@ -224,6 +239,7 @@ def main(argv=None):
     ap.add_argument("--tokens", type=int, default=4096)
     ap.add_argument("--prefix", type=int, default=0)
     ap.add_argument("--keys", default="64,128", help="K/V tile sizes of prefill_attention_wg to time")
+    ap.add_argument("--variants", default="wgp", help="dev variants of the wg kernel to time as well (VARIANTS)")
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args(argv)
     dev = cp.cuda.Device()
@@ -251,6 +267,8 @@ def main(argv=None):
             kernels.append((f"wg {ck.WG_KEYS[d]}", kern.prefill_attention_wg))
             kernels += [(f"wg {bn}", wg_launcher("__nv_bfloat16", d, bn))
                         for bn in map(int, args.keys.split(",")) if bn != ck.WG_KEYS[d]]
+            kernels += [(f"{v} {bn}", wg_launcher("__nv_bfloat16", d, bn, v)) for v in args.variants.split(",") if v
+                        for bn in map(int, args.keys.split(","))]
         if base is not None:
             print(f"{shape:14s} {'sdpa':10s} {base:9.1f} {causal_tflops(base, hq, d, 0, args.tokens):7.1f}")
         for label, fn in kernels:

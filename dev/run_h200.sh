@@ -13,7 +13,8 @@
 #   dev            a quick round while developing: kernel, sampler and engine GPU tests, then the peer
 #   wg             the Hopper prefill attention (prefill_attention_wg): wgmma probes, its GPU tests, then every
 #                  prefill attention kernel against SDPA at the four bench-suite shapes (dev/prefill_attention.py),
-#                  and the prefill projections' TFLOPS (dev/prefill_gemms.py)
+#                  the 4,096-token prefill of each shape against the peer, and the prefill projections' TFLOPS
+#                  (dev/prefill_gemms.py)
 #   close          a session's closing run: every GPU test, the peer, throughput, the sampler, the attribution
 #   all            tests, speed, sampler, sparse and peer
 # The GPU image lacks nvmath-python (the capturable cuBLAS binding): its wheel travels in .whl/ (git-ignored) and is
@@ -47,7 +48,12 @@ if run wg; then
   python3 dev/prefill_attention.py --probe --shapes llama-3.2-1b 2>&1 | tee "$OUT/prefill_attention_probe.log"
   python3 -m pytest -q -m gpu tests/kernels/test_gpu_kernels.py -k prefill_attention 2>&1 \
     | tee "$OUT/gpu_tests_prefill.log" | tail -15
-  python3 dev/prefill_attention.py --keys 64,128 2>&1 | tee "$OUT/prefill_attention.log"
+  python3 dev/prefill_attention.py --keys 64,128 --variants wgp 2>&1 | tee "$OUT/prefill_attention.log"
+  # The plan's prefill (wg on Hopper) against the peer. A few decode steps first: without them the peer's eager
+  # prefill measured 2-3x slower (experiments/NOTEBOOK.md, "It runs").
+  for s in llama-3.2-1b qwen3-0.6b qwen2.5-1.5b qwen2.5-0.5b; do
+    $B --shape $s --batch 1 --depth 0 --decode 32 --prefill 4096 --peer torch -r 5 2>&1 | grep "^| "
+  done | tee "$OUT/bench_prefill.log"
   python3 dev/prefill_gemms.py --tokens 4096 2>&1 | tee "$OUT/prefill_gemms.log"
 fi
 if run speed all; then

@@ -108,19 +108,21 @@ __device__ __forceinline__ void qk_tile(float (&s)[TK / 8][4], const T* Qs, cons
 
 // The online softmax of one tile. s: log2-scaled scores, -inf where masked; mx0, mx1: this thread's maxima of
 // its two rows. A row lives in the 4 lanes of a quad, so the maxima are reduced over it; then s becomes
-// P = exp2(s - m_new), and m, l (this thread's partial row sums: alpha is the same across the quad, so they
-// are reduced once at the end) and o are rescaled. EMPTY: a row may have seen no key yet and keep m = -inf;
-// 0 is then subtracted instead, so exp2(-inf) = 0 and never NaN (false where every row sees a key of tile 0).
-template <int D, int TK, bool EMPTY>
-__device__ __forceinline__ void softmax_tile(float (&s)[TK / 8][4], float mx0, float mx1, float& m0, float& m1,
-                                             float& l0, float& l1, float (&o)[D / 8][4]) {
+// P = exp2(s - m_new), and m and l (this thread's partial row sums: alpha is the same across the quad, so they
+// are reduced once at the end) are rescaled; a0, a1 = alpha of the two rows, O's factor. EMPTY: a row may have seen
+// no key yet and keep m = -inf; 0 is then subtracted instead, so exp2(-inf) = 0 and never NaN (false where every
+// row sees a key of tile 0).
+template <int TK, bool EMPTY>
+__device__ __forceinline__ void softmax_rows(float (&s)[TK / 8][4], float mx0, float mx1, float& m0, float& m1,
+                                             float& l0, float& l1, float& a0, float& a1) {
     mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
     mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
     mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
     mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
     const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
     const float b0 = EMPTY && mn0 == NEG_INF ? 0.0f : mn0, b1 = EMPTY && mn1 == NEG_INF ? 0.0f : mn1;
-    const float a0 = exp2f(m0 - b0), a1 = exp2f(m1 - b1);  // exp2(-inf) = 0 on a row's first keys
+    a0 = exp2f(m0 - b0);  // exp2(-inf) = 0 on a row's first keys
+    a1 = exp2f(m1 - b1);
     m0 = mn0;
     m1 = mn1;
     float sum0 = 0.0f, sum1 = 0.0f;
@@ -133,8 +135,22 @@ __device__ __forceinline__ void softmax_tile(float (&s)[TK / 8][4], float mx0, f
     }
     l0 = l0 * a0 + sum0;
     l1 = l1 * a1 + sum1;
+}
+
+// O's rows scaled by their alphas (softmax_rows).
+template <int D>
+__device__ __forceinline__ void rescale_rows(float (&o)[D / 8][4], float a0, float a1) {
 #pragma unroll
     for (int n = 0; n < D / 8; n++) { o[n][0] *= a0; o[n][1] *= a0; o[n][2] *= a1; o[n][3] *= a1; }
+}
+
+// softmax_rows, then O rescaled at once.
+template <int D, int TK, bool EMPTY>
+__device__ __forceinline__ void softmax_tile(float (&s)[TK / 8][4], float mx0, float mx1, float& m0, float& m1,
+                                             float& l0, float& l1, float (&o)[D / 8][4]) {
+    float a0, a1;
+    softmax_rows<TK, EMPTY>(s, mx0, mx1, m0, m1, l0, l1, a0, a1);
+    rescale_rows<D>(o, a0, a1);
 }
 
 // A causal tile's scores in log2 units: s *= sl2, and where the tile reaches past the rows' first position (diag),

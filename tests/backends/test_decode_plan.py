@@ -97,7 +97,7 @@ def test_the_plan_streams_long_context_buckets():
                           qkv_size=1152, qk_norm=False, vocab_size=151936)
 
     def kind(dtype, batch, bucket):
-        be = SimpleNamespace(dtype=dtype, name="cuda", num_sms=132)
+        be = SimpleNamespace(dtype=dtype, name="cuda", num_sms=132, sm90=True)
         return make_plan(be, cfg, batch, batch, bucket, EngineOptions()).decode_attention
 
     assert [kind("bfloat16", b, STREAM_MIN_LEN) for b in (1, 32, 128)] == ["stream"] * 3

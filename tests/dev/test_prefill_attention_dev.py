@@ -42,12 +42,13 @@ def test_probes_compile_for_sm90a():
     assert set(lowered) == set(mod.PROBE_NAMES)
 
 
-def test_every_tile_size_compiles_for_sm90a():
-    import toolkit.backends.cuda_kernels as ck
-
+@pytest.mark.parametrize("variant", ["wg", "wgp"])
+def test_every_tile_size_compiles_for_sm90a(variant):
+    """The product's kernel and each dev variant (appended to the op's source), at every tile size the script
+    times."""
     mod = load()
-    names = [f"prefill_attention_wg<__nv_bfloat16, {d}, {bn}>" for d in (64, 128) for bn in (64, 128)]
-    assert len(nvrtc_compile(ck.kernel_source("prefill_attention"), names, mod.OPTIONS)) == 4
+    names = [f"{mod.VARIANTS[variant][0]}<__nv_bfloat16, {d}, {bn}>" for d in (64, 128) for bn in (64, 128)]
+    assert len(nvrtc_compile(mod.variant_source(variant), names, mod.OPTIONS)) == 4
 
 
 def test_bf16_rounding_and_flop_count():

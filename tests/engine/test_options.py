@@ -6,8 +6,8 @@ import pytest
 
 from toolkit.engine.options import EngineOptions
 
-GPU = SimpleNamespace(name="cuda", dtype="bfloat16", num_sms=132, graphs_supported=True, pdl_supported=True)
-CPU = SimpleNamespace(name="cpu", dtype="float32", num_sms=0, graphs_supported=False, pdl_supported=False)
+GPU = SimpleNamespace(name="cuda", dtype="bfloat16", num_sms=132, sm90=True, graphs_supported=True, pdl_supported=True)
+CPU = SimpleNamespace(name="cpu", dtype="float32", num_sms=0, sm90=False, graphs_supported=False, pdl_supported=False)
 
 
 def test_six_toggles_all_on_by_default():

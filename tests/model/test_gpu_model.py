@@ -37,10 +37,10 @@ def test_cuda_bf16_same_greedy_tokens(name):
     assert greedy_tokens(engine, ref["input_ids"], 17) == ref["generated_ids"].tolist()
 
 
-@pytest.mark.parametrize("attention", ["tc", "cuda_cores"])
+@pytest.mark.parametrize("attention", ["wg", "tc", "cuda_cores"])
 def test_bf16_model_close_to_fp32_cpu(attention, monkeypatch):
-    """Head dim 64 on a 300-token prompt, random weights: the plan's tensor-core prefill attention, and the CUDA-core
-    kernel in a hand-built plan."""
+    """Head dim 64 on a 300-token prompt, random weights: the tensor-core prefill attention (wg on Hopper, the plan's
+    there; tc elsewhere), and the CUDA-core kernel, in hand-built plans (decode: tc for wg)."""
     ids = np.random.default_rng(1).integers(0, 4096, 300)
     cpu = build_engine(shape="tiny", device="cpu", dtype="bfloat16", max_context=512, weights_seed=3)
     gpu = build_engine(shape="tiny", device="cuda", dtype="bfloat16", max_context=512, weights_seed=3,
@@ -48,7 +48,9 @@ def test_bf16_model_close_to_fp32_cpu(attention, monkeypatch):
     model = gpu.runner.model
     own = type(model).plan.__get__(model)
     monkeypatch.setattr(model, "plan", lambda step, options: dataclasses.replace(
-        own(step, options), prefill_attention=attention, decode_attention=attention))
+        own(step, options), prefill_attention=attention, decode_attention="tc" if attention == "wg" else attention))
+    if attention == "wg" and not gpu.runner.model.be.sm90:
+        pytest.skip("prefill_attention_wg needs an sm_90 GPU")
     a, b = cpu.logits(ids, chunk=128), gpu.logits(ids, chunk=128)  # chunks: prefill over a cached prefix
     rel = np.linalg.norm(a - b) / np.linalg.norm(a)
     print(f"tiny bf16 (attention {attention}) vs fp32 cpu: rel-L2 {rel:.2e}")

@@ -9,8 +9,8 @@ from toolkit.engine.options import EngineOptions
 from toolkit.model.plan import StepPlan, make_plan
 from toolkit.model.shapes import shape_config
 
-GPU = SimpleNamespace(name="cuda", dtype="bfloat16", num_sms=132, graphs_supported=True, pdl_supported=True)
-CPU = SimpleNamespace(name="cpu", dtype="float32", num_sms=0, graphs_supported=False, pdl_supported=False)
+GPU = SimpleNamespace(name="cuda", dtype="bfloat16", num_sms=132, sm90=True, graphs_supported=True, pdl_supported=True)
+CPU = SimpleNamespace(name="cpu", dtype="float32", num_sms=0, sm90=False, graphs_supported=False, pdl_supported=False)
 QWEN = shape_config("qwen2.5-0.5b")  # H 896, I 4864, 14 q heads / 2 kv heads of 64, no q/k norms
 QWEN3 = shape_config("qwen3-0.6b")  # q/k norms
 
@@ -48,7 +48,9 @@ def test_prompt_steps_stay_on_cublas():
     """A prompt's projections do not depend on how much of it a prefix-cache hit left to compute."""
     p = plan(8, decodes=4)
     assert (p.qkv, p.o, p.gate_up, p.down) == ("blas",) * 4 and p.down_slices == 0
-    assert p.prefill_attention == "tc" and p.sparse is not None
+    assert p.prefill_attention == "wg" and p.sparse is not None  # Hopper: wgmma
+    ampere = SimpleNamespace(**{**vars(GPU), "sm90": False})
+    assert plan(8, decodes=4, backend=ampere).prefill_attention == "tc"  # elsewhere mma.sync
 
 
 def test_fused_kernels_off_is_cublas_and_plain_kernels():

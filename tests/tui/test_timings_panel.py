@@ -16,7 +16,7 @@ from tui.timings_panel import TimingsPanel, marks_line, sparkline_columns  # noq
 ON = EngineOptions()
 NO_GRAPHS = ON.with_(cuda_graphs=False)
 SLOW = ON.with_(sampler_fast_path=False)
-GPU = SimpleNamespace(name="cuda", dtype="bfloat16", num_sms=132, graphs_supported=True, pdl_supported=True)
+GPU = SimpleNamespace(name="cuda", dtype="bfloat16", num_sms=132, sm90=True, graphs_supported=True, pdl_supported=True)
 _index = iter(range(10**9))
 
 

@@ -50,7 +50,7 @@ class FakeEngine:
         self.tokenizer = FakeTokenizer()
         self.chat_template = FakeTemplate() if chat else None
         self.backend = SimpleNamespace(name=backend, dtype="float32" if backend == "cpu" else "bfloat16",
-                                       num_sms=132, graphs_supported=True, pdl_supported=True)
+                                       num_sms=132, sm90=True, graphs_supported=True, pdl_supported=True)
         self.cfg = SimpleNamespace(vocab_size=VOCAB)
         self.generation_defaults = load_generation_config(model_dir) if model_dir else {}  # as build_engine
         self.weight_bytes = 50_000_000

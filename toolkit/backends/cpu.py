@@ -88,6 +88,7 @@ class CpuBackend:
     name = "cpu"
     dtype = "float32"
     num_sms = 0  # (the plan's tensor-core decisions are for the GPU only)
+    sm90 = False
     graphs_supported = pdl_supported = False
     asynchronous = False  # an op has run when it returns
 
@@ -162,7 +163,7 @@ class CpuBackend:
         prefill_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, block_size, scale, out)
 
     # The tensor-core prefill kernel computes the same function (kernels/prefill_attention.py is its twin too).
-    prefill_attention_tc = prefill_attention
+    prefill_attention_tc = prefill_attention_wg = prefill_attention
 
     # -- sparse prefill ops (kernels/sparse_prefill.cu, kernels/sparse_prefill.py) ------------------------
     # (and kernels/combine.cu, kernels/combine.py); the driver is toolkit/model/sparse.py.

@@ -161,7 +161,7 @@ class CudaBackend:
             self._gemm = _CupyGemm(cp, self.stream)
             self.gemm_note = "cuBLAS via CuPy (nvmath-python missing: no CUDA graphs)"
         self.graphs_supported = self._gemm.capturable
-        self.num_sms = self.kernels.num_sms
+        self.num_sms, self.sm90 = self.kernels.num_sms, self.kernels.sm90
         self._pdl_twin = None
         # griddepcontrol (kernels/pdl.cuh) exists from Hopper (sm_90) on, and the launch needs cuda-bindings (the
         # `cuda` extra); otherwise decode kernels launch plainly and the step records pdl as off.
@@ -325,7 +325,8 @@ class CudaBackend:
 KERNEL_OPS = ("kernels", {n: n for n in (
     "embedding", "add_rmsnorm", "add_rmsnorm_partials", "rope_qkv", "silu_mul", "silu_mul_scaled", "gemv",
     "gemv_swiglu", "gemm_skinny", "gemm_skinny_swiglu", "gemm_skinny_rope", "gemm_skinny_norm", "decode_attention",
-    "decode_attention_tc", "decode_attention_stream", "prefill_attention", "prefill_attention_tc")})
+    "decode_attention_tc", "decode_attention_stream", "prefill_attention", "prefill_attention_tc",
+    "prefill_attention_wg")})
 SAMPLER_OPS = ("sampler_kernels", {n: n for n in (
     "gumbel_sample", "filter_sample", "to_fp32", "add_entries", "apply_penalties", "temperature_min_p", "top_k_top_p",
     "logprobs")})

@@ -39,7 +39,7 @@ STORAGE = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}
 OPTIONS = ("-std=c++17",)
 DECODE_HEAD_DIMS = (8, 16, 32, 64, 128, 256)   # decode_attention<T, D> instantiations
 TC_HEAD_DIMS = (64, 128)            # prefill_attention_tc / decode_attention_tc<T, D> (16-bit T only)
-WG_KEYS = {64: 128, 128: 64}        # prefill_attention_wg<T, D, BN>: keys a K/V tile at head dim D (sm_90 only)
+WG_KEYS = {64: 64, 128: 128}        # prefill_attention_wg<T, D, BN>: keys a K/V tile at head dim D (sm_90 only)
 WG_QUERIES = 128                    # prefill_attention_wg: queries a block (64 a warpgroup)
 TC_DECODE_GROUP = 16                # decode_attention_tc: q heads a block (the mma's 16 A rows)
 TC_DECODE_KT = 64                   # decode_attention_tc: keys a tile

@@ -16,6 +16,7 @@ class Backend(Protocol):
     name: str  # "cpu" | "cuda"
     dtype: str  # compute/storage dtype: "float32" | "float16" | "bfloat16"
     num_sms: int  # streaming multiprocessors (0 on the CPU): the plan sizes decode attention's kernel choice by it
+    sm90: bool  # a Hopper GPU: the plan's prefill attention runs on wgmma (prefill_attention_wg)
     graphs_supported: bool  # whether a step can be captured as a CUDA graph (a capturable cuBLAS)
     pdl_supported: bool  # programmatic dependent launch (Hopper and cuda-bindings)
     asynchronous: bool  # whether ops return before their work is done (the engine then queues a step ahead)
@@ -66,10 +67,12 @@ class Backend(Protocol):
                             max_seq_len: int) -> None: ...
     def decode_attention_stream(self, q, k_cache, v_cache, block_tables, seq_lens, block_size: int, scale: float,
                                 out, max_seq_len: int) -> None: ...
-    # Varlen causal prefill; _tc: FlashAttention-2 on mma.sync (16-bit, D 64 or 128).
+    # Varlen causal prefill; _tc: FlashAttention-2 on mma.sync (16-bit, D 64 or 128); _wg: the same on wgmma (sm_90).
     def prefill_attention(self, q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, block_size: int,
                           scale: float, out, max_query_len: int) -> None: ...
     def prefill_attention_tc(self, q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, block_size: int,
+                             scale: float, out, max_query_len: int) -> None: ...
+    def prefill_attention_wg(self, q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, block_size: int,
                              scale: float, out, max_query_len: int) -> None: ...
 
     # -- sparse prefill ops (kernels/sparse_prefill.cu, kernels/sparse_prefill.py) ------------------------

@@ -92,6 +92,7 @@ def bench_combine(be, tokens):
 
 def bench_layer(be, tokens, K=512, W=128, R=4, query_tiles=(64, 1)):
     cp = be.cp
+    from toolkit.model.plan import PREFILL_OPS, tensor_core_prefill
     from toolkit.model.sparse import SparsePrefill
 
     Hq, Hkv, D, bs = 14, 2, 64, 16
@@ -116,25 +117,26 @@ def bench_layer(be, tokens, K=512, W=128, R=4, query_tiles=(64, 1)):
             seq_lens = cp.asarray(np.array([T], np.int32))
             out = cp.empty_like(qb)
         be.bind_thread()  # leaving `with stream` need not leave our stream current: kernels launch on the current one
-        dense = _timed_ms(cp, be.stream, lambda: be.prefill_attention_tc(qb, kc, vc, table, qsl, seq_lens, bs, scale,
-                                                                         out, T))
+        kind = tensor_core_prefill(be)  # the dense kernel a plan runs here
+        dense_op = getattr(be, PREFILL_OPS[kind])
+        dense = _timed_ms(cp, be.stream, lambda: dense_op(qb, kc, vc, table, qsl, seq_lens, bs, scale, out, T))
         sparse = SparsePrefill(be)
         step = SimpleNamespace(prefill_lens=((T, T),), query_start_loc=qsl, seq_lens=seq_lens, block_tables=table,
                                max_query_len=T)
         sdpa = _sdpa_ms(q, kf, vf, Hq, Hkv)
         cudnn = _sdpa_ms(q, kf, vf, Hq, Hkv, "CUDNN_ATTENTION")
 
-        def run_laps(opts, tensor_cores, reps=3):
+        def run_laps(opts, prefill_kind, reps=3):
             """Per-section event times over `reps` runs after a warm-up (compile, workspaces), and the wall time of
             the same runs with the whole device synchronised: it also sees work that strayed off our stream."""
             laps, tm = {}, be.section_timer()  # events on the backend's stream
-            sparse.run(step, kc, vc, bs, qb, out, 0, opts, NullTimer(), scale, tensor_cores)
+            sparse.run(step, kc, vc, bs, qb, out, 0, opts, NullTimer(), scale, prefill_kind)
             be.bind_thread()
             cp.cuda.Device().synchronize()
             t0 = time.perf_counter()
             for _ in range(reps):
                 tm.start()
-                sparse.run(step, kc, vc, bs, qb, out, 0, opts, tm, scale, tensor_cores)
+                sparse.run(step, kc, vc, bs, qb, out, 0, opts, tm, scale, prefill_kind)
                 if cp.cuda.get_current_stream().ptr != be.stream.ptr:
                     raise RuntimeError("bench sparse: the sparse path left another stream current")
                 for name, ms in tm.laps_ms():
@@ -146,10 +148,10 @@ def bench_layer(be, tokens, K=512, W=128, R=4, query_tiles=(64, 1)):
         for Q in query_tiles:
             opts = EngineOptions(sparse_topk=K, sparse_window=W, sparse_block=R, sparse_query_tile=Q,
                                  sparse_max_keep_pct=100)
-            laps, wall = run_laps(opts, True)
+            laps, wall = run_laps(opts, kind)
             total = sum(laps.values())
             graph = _graph_us(cp, be.stream, lambda: sparse.run(step, kc, vc, bs, qb, out, 0, opts, NullTimer(), scale,
-                                                                True), replays=3) / 1e3
+                                                                kind), replays=3) / 1e3
             ws = sparse._ws.get("ucount")
             union = "-"
             if ws is not None:  # the tiled route ran: mean union size of the prompt's tiles
@@ -159,7 +161,7 @@ def bench_layer(be, tokens, K=512, W=128, R=4, query_tiles=(64, 1)):
             gathered, gather = _gather_ms(cp, be.stream, sparse._ws, -(-T // 64), table, bs, R, kc, vc) \
                 if ws is not None else ("-", None)
             be.bind_thread()
-            per_query = run_laps(opts, False, reps=1)[0].get("sparse_attention")
+            per_query = run_laps(opts, "cuda_cores", reps=1)[0].get("sparse_attention")
             f = lambda x: "-" if x is None else f"{x:.3f}"
             ratio = lambda a, b: "-" if b is None else f"{a / b:.2f}"
             rows.append(f"| {T} | {Q} | {dense:.3f} | {f(laps.get('indexer', 0.0))} | {f(laps.get('topk'))} | "

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from toolkit.model.config import ModelConfig, rope_tables
-from toolkit.model.plan import DOWN_SLICES, SKINNY_ROWS, StepPlan, make_plan
+from toolkit.model.plan import DOWN_SLICES, PREFILL_OPS, SKINNY_ROWS, StepPlan, make_plan
 from toolkit.model.sparse import SparsePrefill
 from toolkit.model.weights import Weights
 
@@ -180,9 +180,9 @@ class Model:
                    step.context_bucket)
         if nd < B and plan.sparse is not None:  # prompt rows: window + top-k blocks (sparse.py)
             self._sparse.run(step, k, v, bs, s.q, s.attn, nd, plan.sparse, timer, self.scale,
-                             plan.prefill_attention == "tc")
+                             plan.prefill_attention)
         elif nd < B:
-            prefill = be.prefill_attention_tc if plan.prefill_attention == "tc" else be.prefill_attention
+            prefill = getattr(be, PREFILL_OPS[plan.prefill_attention])
             prefill(s.q, k, v, step.block_tables[nd:], step.query_start_loc[nd:], step.seq_lens[nd:], bs, self.scale,
                     s.attn, step.max_query_len)
 

@@ -16,7 +16,8 @@ hand: `dataclasses.replace(model.plan(step, options), o="skinny")`.
     lm_head  blas | gemv | skinny
     decode_attention   cuda_cores | tc | stream   (tc: a GQA group's heads as the rows of one mma tile; stream: the
                                                    same on a long context bucket, a ring of K/V tiles in flight)
-    prefill_attention  cuda_cores | tc            (tc: FlashAttention-2 on mma.sync)
+    prefill_attention  cuda_cores | tc | wg       (tc: FlashAttention-2 on mma.sync; wg: the same loop on Hopper's
+                                                   wgmma, 128 queries a block, on sm_90 GPUs)
     sparse   None | the options with the sparse prefill's parameters (sparse.py; prompt rows only)
     pdl      whether decode kernels launch with programmatic dependent launch (graph-replayed steps)
 
@@ -48,6 +49,8 @@ TC_PAYS_MIN_LEN = 512  # decode_tc_pays decides a shorter plan as one of this ma
 STREAM_MIN_LEN, STREAM_TC_TILES = 2048, 32768
 
 PROJECTIONS = ("blas", "gemv", "skinny")
+# The backend op of each prefill attention kind of the plan.
+PREFILL_OPS = {"cuda_cores": "prefill_attention", "tc": "prefill_attention_tc", "wg": "prefill_attention_wg"}
 
 
 @dataclass(frozen=True)
@@ -72,7 +75,7 @@ class StepPlan:
               and (self.swiglu == "scaled") == (self.o == "skinny_norm")
               and (self.swiglu != "epilogue" or self.gate_up != "blas")
               and self.decode_attention in ("cuda_cores", "tc", "stream")
-              and self.prefill_attention in ("cuda_cores", "tc"))
+              and self.prefill_attention in PREFILL_OPS)
         if not ok:
             raise ValueError(f"inconsistent step plan: {self}")
 
@@ -108,6 +111,11 @@ def decode_stream_pays(batch: int, n_kv_heads: int, D: int, max_seq_len: int) ->
     against 609 us, 128 x 2,048 150 against 160; the 0.5B step at batch 128 x 8,193 4,522 against 4,629."""
     tiles = batch * n_kv_heads * math.ceil(max_seq_len / 64)
     return max_seq_len >= STREAM_MIN_LEN and not (D == 64 and tiles >= STREAM_TC_TILES)
+
+
+def tensor_core_prefill(backend) -> str:
+    """The prefill attention kernel on tensor cores: wg on Hopper (sm_90a's wgmma), tc (mma.sync) elsewhere."""
+    return "wg" if backend.sm90 else "tc"
 
 
 def make_plan(backend, cfg, rows: int, decodes: int, context_bucket: int, options) -> StepPlan:
@@ -153,5 +161,5 @@ def make_plan(backend, cfg, rows: int, decodes: int, context_bucket: int, option
     return StepPlan(qkv=qkv, o=o, gate_up=gate_up, swiglu=swiglu, down=down, down_slices=slices,
                     lm_head=project(cfg.vocab_size, H),
                     decode_attention="stream" if stream else "tc" if decode_tc else "cuda_cores",
-                    prefill_attention="tc" if tc else "cuda_cores",
+                    prefill_attention=tensor_core_prefill(backend) if tc else "cuda_cores",
                     sparse=options if options.sparse_prefill and decodes < rows else None, pdl=options.pdl and on_gpu)

@@ -38,6 +38,8 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from toolkit.model.plan import PREFILL_OPS
+
 DENSE_WHEN_EXACT = True  # tests set False to run the sparse kernels on fully covered steps
 SCORE_BYTES = 256 << 20  # at most this much fp32 scores at once: queries are scored in chunks of rows
 UNION_BYTES = 512 << 20  # tile-union lists above this (B * tiles * min(N, 64K) * 12 bytes): per-query kernel
@@ -176,14 +178,17 @@ class SparsePrefill:
         return p
 
     def run(self, step, k_cache, v_cache, bs: int, q, out, nd: int, options, timer, scale: float,
-            tensor_cores: bool):
+            prefill_kind: str):
+        """prefill_kind: the plan's prefill attention (plan.PREFILL_OPS), the kernel of a dense step; the sparse
+        tiles go to tensor cores wherever it does."""
         be = self.be
+        tensor_cores = prefill_kind != "cuda_cores"
         K, W, R = options.sparse_topk, options.sparse_window, options.sparse_block
         p = self.plan(step, k_cache, nd, options, tensor_cores)
         qsl, seq_lens, tables = p.qsl, p.seq_lens, p.tables
         timer.lap("attention")  # qkv, RoPE and the decode rows so far
         if p.dense:
-            dense = be.prefill_attention_tc if tensor_cores else be.prefill_attention
+            dense = getattr(be, PREFILL_OPS[prefill_kind])
             dense(q, k_cache, v_cache, tables, qsl, seq_lens, bs, scale, out, step.max_query_len)
             timer.lap("sparse_attention")
             return
