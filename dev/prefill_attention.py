@@ -7,6 +7,7 @@ repeats):
   - wg: prefill_attention_wg (Hopper wgmma, kernels/wgmma.cuh), 128 queries a block, at the plan's K/V tile (WG_KEYS)
     and at each other tile size of --keys (the same source, other template arguments);
   - wgp: dev/prefill_attention_wgp.cu, wg with FlashAttention-3's intra-warpgroup overlap (--variants);
+  - wgpp: the same file, wgp plus FA3's ping-pong of the two warpgroups (mbarriers, named barriers);
   - sdpa: torch's scaled_dot_product_attention(is_causal=True, enable_gqa=True) on contiguous [1, H, T, D] tensors,
     as the torch.compile peer's prefill runs it (only without a prefix), when torch imports.
 TFLOPS counts the causal work, 4 * D * Hq * (the keys each query sees, summed). Every output is checked against our
@@ -188,6 +189,7 @@ WGP_SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "prefill_atte
 VARIANTS = {  # name: (template, extra source, K/V stages): wg is the product's kernel, wgp the dev variant
     "wg": ("prefill_attention_wg", None, 2),
     "wgp": ("prefill_attention_wgp", WGP_SRC, 3),
+    "wgpp": ("prefill_attention_wgpp", WGP_SRC, 3),
 }
 
 
@@ -239,7 +241,7 @@ def main(argv=None):
     ap.add_argument("--tokens", type=int, default=4096)
     ap.add_argument("--prefix", type=int, default=0)
     ap.add_argument("--keys", default="64,128", help="K/V tile sizes of prefill_attention_wg to time")
-    ap.add_argument("--variants", default="wgp", help="dev variants of the wg kernel to time as well (VARIANTS)")
+    ap.add_argument("--variants", default="wgp,wgpp", help="dev variants of the wg kernel to time as well (VARIANTS)")
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args(argv)
     dev = cp.cuda.Device()

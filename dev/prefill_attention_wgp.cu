@@ -160,3 +160,209 @@ prefill_attention_wgp(const T* __restrict__ q, const T* __restrict__ k_cache, co
     __trap();  // built for sm_90a only
 #endif
 }
+
+// ---------------------------------------------------------------------------------------------------------------
+// prefill_attention_wgpp<T, D, BN>: wgp plus FlashAttention-3's ping-pong of the two warpgroups. Same arguments,
+// grid, output and smem as wgp.
+//
+// wgp's one __syncthreads a tile keeps the two warpgroups in step, so both issue their GEMMs at once and then both
+// run their softmax while the tensor cores wait. Here nothing block-wide remains in the loop:
+//   - a K/V stage's "full" mbarrier (256 arrivals: each thread once its own cp.async copies of the tile landed and
+//     were fenced for the async proxy) replaces the barrier before the GEMMs;
+//   - its "empty" mbarrier (256 arrivals: each thread once its warpgroup's P V of the tile is done) guards the refill;
+//   - two named barriers take turns: a warpgroup issues its GEMMs only after the other one has issued its own
+//     (bar.sync on its id), then lets the other go (bar.arrive on the other's id). So warpgroup 1's GEMMs run while
+//     warpgroup 0 does its softmax, and the other way round.
+// Each thread gathers its own rows of every tile (the slots of the next tile are read from the block table one
+// tile ahead, into registers), so no smem slot list needs guarding either.
+// ---------------------------------------------------------------------------------------------------------------
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+__device__ __forceinline__ void mbar_init(unsigned long long* bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(unsigned long long* bar) {
+    asm volatile("{\n .reg .b64 st;\n mbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(smem_addr(bar)) : "memory");
+}
+// Wait for the phase of parity `parity` of the barrier to complete (the k-th completion has parity k % 2).
+__device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned parity) {
+    unsigned done = 0;
+    while (!done)
+        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                     " selp.u32 %0, 1, 0, p;\n}\n" : "=r"(done) : "r"(smem_addr(bar)), "r"(parity) : "memory");
+}
+// Barrier ids as immediates: a register id makes ptxas reserve all 16 of the block's barriers.
+template <int ID> __device__ __forceinline__ void named_sync() {
+    asm volatile("bar.sync %0, 256;\n" ::"n"(ID) : "memory");
+}
+template <int ID> __device__ __forceinline__ void named_arrive() {
+    asm volatile("bar.arrive %0, 256;\n" ::"n"(ID) : "memory");
+}
+
+// This thread's rows of a BN-key tile: unit i of the thread is row (tid + 256 i) / UPR, unit (tid + 256 i) % UPR.
+template <int D, int BN>
+__device__ __forceinline__ void wgpp_slots(int (&slots)[BN * D / 8 / 256], const int* table, int k0, int kv_len,
+                                           int block_size, int num_blocks) {
+#pragma unroll
+    for (int i = 0; i < BN * D / 8 / 256; i++)
+        slots[i] = key_slot(table, k0 + (int)(threadIdx.x + i * 256) / (D / 8), kv_len, block_size, num_blocks);
+}
+template <typename T, int D, int BN>
+__device__ __forceinline__ void wgpp_load(unsigned char* Kt, unsigned char* Vt, const T* kb, const T* vb,
+                                          const int (&slots)[BN * D / 8 / 256], size_t stride) {
+    constexpr int UPR = D / 8;
+#pragma unroll
+    for (int i = 0; i < BN * UPR / 256; i++) {
+        const int cc = threadIdx.x + i * 256, r = cc / UPR, u = cc % UPR, slot = slots[i];
+        const size_t off = (slot >= 0 ? (size_t)slot * stride : 0) + u * 8;
+        cp_async16(Kt + sw128_offset(BN, r, u), kb + off, slot >= 0);
+        cp_async16(Vt + sw128_offset(BN, r, u), vb + off, slot >= 0);
+    }
+}
+#endif
+
+template <typename T, int D, int BN>
+__global__ void __launch_bounds__(256, 1)
+prefill_attention_wgpp(const T* __restrict__ q, const T* __restrict__ k_cache, const T* __restrict__ v_cache,
+                       const int* __restrict__ block_tables, const int* __restrict__ query_start_loc,
+                       const int* __restrict__ seq_lens, int block_size, int M, int num_blocks, float scale, int Hq,
+                       int Hkv, T* __restrict__ out) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    static_assert(D % 64 == 0 && BN % 64 == 0 && BN * D / 8 % 256 == 0, "64-element chunks; whole units a thread");
+    constexpr int STAGES = 3, Q_BYTES = WG_BQ * D * 2, KV_BYTES = BN * D * 2, UPR = D / 8, UNITS = BN * UPR / 256;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    unsigned char* Qs = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);  // 1,024-byte aligned
+    unsigned char* Ks = Qs + Q_BYTES;            // [STAGES][KV_BYTES]
+    unsigned char* Vs = Ks + STAGES * KV_BYTES;  // [STAGES][KV_BYTES]
+    __shared__ __align__(8) unsigned long long full[STAGES], empty[STAGES];
+
+    const int h = blockIdx.x, b = blockIdx.y, kvh = h / (Hq / Hkv), tid = threadIdx.x;
+    const int q0 = (gridDim.z - 1 - blockIdx.z) * WG_BQ;  // heaviest query tiles are scheduled first
+    const Seq sq = sequence(query_start_loc, seq_lens, b, M * block_size);
+    if (q0 >= sq.n) return;  // whole block: before any barrier
+    const int sp = sq.start, n_tokens = sq.n;
+    const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3, wg = warp >> 2;
+    const int kv_len = min(sp + min(q0 + WG_BQ, n_tokens), sq.len);  // keys up to the block's last query
+    const int n_kt = max(1, (kv_len + BN - 1) / BN);  // >= 1: zero keys (bad input) give 0, not NaN
+    const int* table = block_tables + (size_t)b * M;
+    const size_t kv_stride = (size_t)Hkv * D;
+    const T* kb = k_cache + (size_t)kvh * D;
+    const T* vb = v_cache + (size_t)kvh * D;
+
+    if (tid == 0) {
+#pragma unroll
+        for (int st = 0; st < STAGES; st++) { mbar_init(&full[st], 256); mbar_init(&empty[st], 256); }
+    }
+    // Q and tile 0 in one cp.async group, tile 1 in the next; the slots of tile 2 stay in registers.
+    int slots[UNITS];
+    wgpp_slots<D, BN>(slots, table, 0, kv_len, block_size, num_blocks);
+    const T* qb = q + ((size_t)sq.qs * Hq + h) * D;
+#pragma unroll
+    for (int i = 0; i < WG_BQ * UPR / 256; i++) {
+        const int cc = tid + i * 256, r = cc / UPR, u = cc % UPR;
+        const bool ok = q0 + r < n_tokens;
+        cp_async16(Qs + sw128_offset(WG_BQ, r, u), qb + (ok ? (size_t)(q0 + r) * Hq * D : 0) + u * 8, ok);
+    }
+    wgpp_load<T, D, BN>(Ks, Vs, kb, vb, slots, kv_stride);
+    cp_async_commit();
+    wgpp_slots<D, BN>(slots, table, BN, kv_len, block_size, num_blocks);
+    if (n_kt > 1) wgpp_load<T, D, BN>(Ks + KV_BYTES, Vs + KV_BYTES, kb, vb, slots, kv_stride);
+    cp_async_commit();
+    wgpp_slots<D, BN>(slots, table, 2 * BN, kv_len, block_size, num_blocks);
+    __syncthreads();  // the barriers' init before any arrival
+
+    const int pos0 = sp + q0 + warp * 16 + g, pos1 = pos0 + 8;
+    const int wg_first = sp + q0 + wg * 64;
+    const int wg_last = q0 + wg * 64 < n_tokens ? sp + min(q0 + wg * 64 + 63, n_tokens - 1) : -1;  // -1: no rows
+    const float sl2 = scale * LOG2E;
+    const T* tag = nullptr;
+    float o[D / 8][4];
+    float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.0f, l1 = 0.0f;
+#pragma unroll
+    for (int n = 0; n < D / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    float (&od)[D / 2] = reinterpret_cast<float (&)[D / 2]>(o);
+    const unsigned char* q_wg = Qs + wg * 64 * 128;
+    unsigned p[BN / 16][4];  // P of the tile whose P V is next
+
+    // Tile 0 (and Q): this thread's copies, fenced, then everyone's.
+    cp_async_wait<1>();
+    fence_async_smem();
+    mbar_arrive(&full[0]);
+    mbar_wait(&full[0], 0);
+    if (0 <= wg_last) {  // warpgroup-uniform
+        float s[BN / 8][4];
+        float (&sd)[BN / 2] = reinterpret_cast<float (&)[BN / 2]>(s);
+        wgmma_fence();
+        wgp_qk<T, D, BN>(s, q_wg, Ks);
+        wgmma_commit();
+        wgmma_wait<0>();
+        wgmma_keep(sd);
+        float mx0 = NEG_INF, mx1 = NEG_INF, a0, a1;
+        causal_scale_tile<BN>(s, sl2, BN - 1 > wg_first, 0, c, pos0, pos1, mx0, mx1);
+        softmax_rows<BN, false>(s, mx0, mx1, m0, m1, l0, l1, a0, a1);  // tile 0 holds key 0: every row sees one
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; kk++) p_fragment<T, BN>(p[kk], s, kk);
+    }
+    if (wg == 1) named_arrive<1>();  // warpgroup 0 issues first
+
+    for (int j = 0; j < n_kt; j++) {
+        const int k1 = (j + 1) * BN;  // first key of tile j + 1
+        if (j + 1 < n_kt) {           // this thread's part of tile j + 1 (copied since iteration j - 1) is in
+            cp_async_wait<0>();
+            fence_async_smem();
+            mbar_arrive(&full[(j + 1) % STAGES]);
+        }
+        if (j + 2 < n_kt) {  // refill tile j - 1's stage with tile j + 2 once every thread is done with tile j - 1
+            const int st = (j + 2) % STAGES;
+            if (j >= 1) mbar_wait(&empty[st], ((j - 1) / STAGES) & 1);
+            wgpp_load<T, D, BN>(Ks + st * KV_BYTES, Vs + st * KV_BYTES, kb, vb, slots, kv_stride);
+            cp_async_commit();
+            wgpp_slots<D, BN>(slots, table, k1 + 2 * BN, kv_len, block_size, num_blocks);
+        }
+
+        const bool cur = j * BN <= wg_last, next = j + 1 < n_kt && k1 <= wg_last;  // warpgroup-uniform; next => cur
+        if (next) mbar_wait(&full[(j + 1) % STAGES], ((j + 1) / STAGES) & 1);
+        float s[BN / 8][4];
+        float (&sd)[BN / 2] = reinterpret_cast<float (&)[BN / 2]>(s);
+        if (wg == 0) named_sync<1>(); else named_sync<2>();  // the other warpgroup has issued its GEMMs of this round
+        wgmma_keep(od);
+        wgmma_keep(p);
+        wgmma_fence();
+        if (next) {
+            wgp_qk<T, D, BN>(s, q_wg, Ks + ((j + 1) % STAGES) * KV_BYTES);
+            wgmma_commit();
+        }
+        if (cur) {
+            const unsigned char* Vt = Vs + (j % STAGES) * KV_BYTES;
+#pragma unroll
+            for (int kk = 0; kk < BN / 16; kk++)
+                wgmma_rs(od, p[kk], sw128_desc(Vt + kk * 2048, BN * 128), tag);
+            wgmma_commit();
+        }
+        // Its turn; warpgroup 1's last arrival would have no bar.sync to meet, so it is left out.
+        if (wg == 0) named_arrive<2>(); else if (j + 1 < n_kt) named_arrive<1>();
+        float a0 = 1.0f, a1 = 1.0f;
+        if (next) {
+            wgmma_wait<1>();
+            wgmma_keep(sd);
+            float mx0 = NEG_INF, mx1 = NEG_INF;
+            causal_scale_tile<BN>(s, sl2, k1 + BN - 1 > wg_first, k1, c, pos0, pos1, mx0, mx1);
+            softmax_rows<BN, false>(s, mx0, mx1, m0, m1, l0, l1, a0, a1);
+        }
+        wgmma_wait<0>();
+        wgmma_keep(od);
+        wgmma_keep(p);
+        mbar_arrive(&empty[j % STAGES]);  // tile j: K read by its S (done), V by this P V (done)
+        if (next) {
+            rescale_rows<D>(o, a0, a1);
+#pragma unroll
+            for (int kk = 0; kk < BN / 16; kk++) p_fragment<T, BN>(p[kk], s, kk);
+        }
+    }
+
+    const int t0 = q0 + warp * 16 + g, t1 = t0 + 8;
+    T* ob = out + ((size_t)sq.qs * Hq + h) * D;
+    store_tile_rows<T, D>(ob + (size_t)t0 * Hq * D, ob + (size_t)t1 * Hq * D, t0, t1, n_tokens, o, l0, l1, lane);
+#else
+    __trap();  // built for sm_90a only
+#endif
+}

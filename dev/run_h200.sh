@@ -48,7 +48,7 @@ if run wg; then
   python3 dev/prefill_attention.py --probe --shapes llama-3.2-1b 2>&1 | tee "$OUT/prefill_attention_probe.log"
   python3 -m pytest -q -m gpu tests/kernels/test_gpu_kernels.py -k prefill_attention 2>&1 \
     | tee "$OUT/gpu_tests_prefill.log" | tail -15
-  python3 dev/prefill_attention.py --keys 64,128 --variants wgp 2>&1 | tee "$OUT/prefill_attention.log"
+  python3 dev/prefill_attention.py --keys 64,128 --variants wgp,wgpp 2>&1 | tee "$OUT/prefill_attention.log"
   # The plan's prefill (wg on Hopper) against the peer. A few decode steps first: without them the peer's eager
   # prefill measured 2-3x slower (experiments/NOTEBOOK.md, "It runs").
   for s in llama-3.2-1b qwen3-0.6b qwen2.5-1.5b qwen2.5-0.5b; do
