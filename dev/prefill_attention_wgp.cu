@@ -10,14 +10,72 @@
 // K(j+1) must then be in smem while V(j) is read: a ring of 3 K/V stages, one __syncthreads a tile (wg has two).
 // Tile j+2 is gathered right after the barrier that opens iteration j, so it has one whole tile of math to land.
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// A tile's scores to P (log2 units, causal mask where the tile reaches past the warpgroup's first row), the row
+// maxima and sums updated; a0, a1: O's factor.
+template <int BN>
+__device__ __forceinline__ void wgp_softmax(float (&s)[BN / 8][4], float sl2, int k0, int wg_first, int c, int pos0,
+                                            int pos1, float& m0, float& m1, float& l0, float& l1, float& a0,
+                                            float& a1) {
+    float mx0 = NEG_INF, mx1 = NEG_INF;
+    causal_scale_tile<BN>(s, sl2, k0 + BN - 1 > wg_first, k0, c, pos0, pos1, mx0, mx1);
+    softmax_rows<BN, false>(s, mx0, mx1, m0, m1, l0, l1, a0, a1);  // tile 0 holds key 0: every row sees a key
+}
+
+// Tile 0: S, its softmax and P, waited (O is still 0: nothing to overlap).
 template <typename T, int D, int BN>
-__device__ __forceinline__ void wgp_qk(float (&s)[BN / 8][4], const unsigned char* q_wg, const unsigned char* Kt) {
+__device__ __forceinline__ void wgp_first(unsigned (&p)[BN / 16][4], const unsigned char* q_wg,
+                                          const unsigned char* Kt, float sl2, int wg_first, int c, int pos0, int pos1,
+                                          float& m0, float& m1, float& l0, float& l1) {
+    float s[BN / 8][4];
     float (&sd)[BN / 2] = reinterpret_cast<float (&)[BN / 2]>(s);
-    const T* tag = nullptr;  // picks the instruction's dtype
+    wgmma_fence();
+    wg_qk<T, D, BN>(s, q_wg, Kt);
+    wgmma_commit();
+    wgmma_wait<0>();
+    wgmma_keep(sd);
+    float a0, a1;
+    wgp_softmax<BN>(s, sl2, 0, wg_first, c, pos0, pos1, m0, m1, l0, l1, a0, a1);
 #pragma unroll
-    for (int kk = 0; kk < D / 16; kk++)
-        wgmma_ss(sd, sw128_desc(q_wg + (kk >> 2) * WG_BQ * 128 + (kk & 3) * 32, 16),
-                 sw128_desc(Kt + (kk >> 2) * BN * 128 + (kk & 3) * 32, 16), kk > 0, tag);
+    for (int kk = 0; kk < BN / 16; kk++) p_fragment<T, BN>(p[kk], s, kk);
+}
+
+// One round of the overlapped loop, between the K/V waits and the release of tile j: issue S(j+1) (if next) and
+// O += P(j) V(j) (if cur), let the other warpgroup go (turn: ping-pong only), run S(j+1)'s softmax while P(j) V(j)
+// runs, then wait for it, rescale O and make P(j+1).
+template <typename T, int D, int BN, typename Turn>
+__device__ __forceinline__ void wgp_round(float (&o)[D / 8][4], unsigned (&p)[BN / 16][4], bool cur, bool next,
+                                          const unsigned char* q_wg, const unsigned char* Kn, const unsigned char* Vt,
+                                          int k1, float sl2, int wg_first, int c, int pos0, int pos1, float& m0,
+                                          float& m1, float& l0, float& l1, Turn turn) {
+    float (&od)[D / 2] = reinterpret_cast<float (&)[D / 2]>(o);
+    float s[BN / 8][4];
+    float (&sd)[BN / 2] = reinterpret_cast<float (&)[BN / 2]>(s);
+    wgmma_keep(od);  // o rescaled and p written by ordinary instructions: all of it before the fence
+    wgmma_keep(p);
+    wgmma_fence();
+    if (next) {
+        wg_qk<T, D, BN>(s, q_wg, Kn);
+        wgmma_commit();
+    }
+    if (cur) {
+        wg_pv<T, D, BN>(od, p, Vt);
+        wgmma_commit();
+    }
+    turn();
+    float a0 = 1.0f, a1 = 1.0f;
+    if (next) {  // S(j + 1) is done; its softmax runs while P(j) V(j) may still be on the tensor cores
+        wgmma_wait<1>();
+        wgmma_keep(sd);
+        wgp_softmax<BN>(s, sl2, k1, wg_first, c, pos0, pos1, m0, m1, l0, l1, a0, a1);
+    }
+    wgmma_wait<0>();
+    wgmma_keep(od);
+    wgmma_keep(p);
+    if (next) {
+        rescale_rows<D>(o, a0, a1);
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; kk++) p_fragment<T, BN>(p[kk], s, kk);
+    }
 }
 #endif
 
@@ -74,12 +132,10 @@ prefill_attention_wgp(const T* __restrict__ q, const T* __restrict__ k_cache, co
     const int wg_first = sp + q0 + wg * 64;
     const int wg_last = q0 + wg * 64 < n_tokens ? sp + min(q0 + wg * 64 + 63, n_tokens - 1) : -1;  // -1: no rows
     const float sl2 = scale * LOG2E;
-    const T* tag = nullptr;
     float o[D / 8][4];
     float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.0f, l1 = 0.0f;
 #pragma unroll
     for (int n = 0; n < D / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-    float (&od)[D / 2] = reinterpret_cast<float (&)[D / 2]>(o);
     const unsigned char* q_wg = Qs + wg * 64 * 128;
     unsigned p[BN / 16][4];  // P of the tile whose P V is next, as the A operand of its k-steps
 
@@ -87,20 +143,8 @@ prefill_attention_wgp(const T* __restrict__ q, const T* __restrict__ k_cache, co
     cp_async_wait<1>();
     fence_async_smem();
     __syncthreads();
-    if (0 <= wg_last) {  // warpgroup-uniform
-        float s[BN / 8][4];
-        float (&sd)[BN / 2] = reinterpret_cast<float (&)[BN / 2]>(s);
-        wgmma_fence();
-        wgp_qk<T, D, BN>(s, q_wg, Ks);
-        wgmma_commit();
-        wgmma_wait<0>();
-        wgmma_keep(sd);
-        float mx0 = NEG_INF, mx1 = NEG_INF, a0, a1;
-        causal_scale_tile<BN>(s, sl2, BN - 1 > wg_first, 0, c, pos0, pos1, mx0, mx1);
-        softmax_rows<BN, false>(s, mx0, mx1, m0, m1, l0, l1, a0, a1);  // tile 0 holds key 0: every row sees one
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; kk++) p_fragment<T, BN>(p[kk], s, kk);
-    }
+    if (0 <= wg_last)  // warpgroup-uniform
+        wgp_first<T, D, BN>(p, q_wg, Ks, sl2, wg_first, c, pos0, pos1, m0, m1, l0, l1);
 
     for (int j = 0; j < n_kt; j++) {
         const int k1 = (j + 1) * BN;  // first key of tile j + 1
@@ -119,38 +163,8 @@ prefill_attention_wgp(const T* __restrict__ q, const T* __restrict__ k_cache, co
         if (tid < BN) s_slot[j % STAGES][tid] = key_slot(table, k1 + 2 * BN + tid, kv_len, block_size, num_blocks);
 
         const bool cur = j * BN <= wg_last, next = j + 1 < n_kt && k1 <= wg_last;  // warpgroup-uniform; next => cur
-        float s[BN / 8][4];
-        float (&sd)[BN / 2] = reinterpret_cast<float (&)[BN / 2]>(s);
-        wgmma_keep(od);  // o rescaled and p written by ordinary instructions: all of it before the fence
-        wgmma_keep(p);
-        wgmma_fence();
-        if (next) {
-            wgp_qk<T, D, BN>(s, q_wg, Ks + ((j + 1) % STAGES) * KV_BYTES);
-            wgmma_commit();
-        }
-        if (cur) {
-            const unsigned char* Vt = Vs + (j % STAGES) * KV_BYTES;
-#pragma unroll
-            for (int kk = 0; kk < BN / 16; kk++)  // keys 16kk.. are 2 8-row groups of every column chunk: +2 KB
-                wgmma_rs(od, p[kk], sw128_desc(Vt + kk * 2048, BN * 128), tag);
-            wgmma_commit();
-        }
-        float a0 = 1.0f, a1 = 1.0f;
-        if (next) {  // S(j + 1) is done; its softmax runs while P(j) V(j) may still be on the tensor cores
-            wgmma_wait<1>();
-            wgmma_keep(sd);
-            float mx0 = NEG_INF, mx1 = NEG_INF;
-            causal_scale_tile<BN>(s, sl2, k1 + BN - 1 > wg_first, k1, c, pos0, pos1, mx0, mx1);
-            softmax_rows<BN, false>(s, mx0, mx1, m0, m1, l0, l1, a0, a1);
-        }
-        wgmma_wait<0>();
-        wgmma_keep(od);
-        wgmma_keep(p);
-        if (next) {
-            rescale_rows<D>(o, a0, a1);
-#pragma unroll
-            for (int kk = 0; kk < BN / 16; kk++) p_fragment<T, BN>(p[kk], s, kk);
-        }
+        wgp_round<T, D, BN>(o, p, cur, next, q_wg, Ks + ((j + 1) % STAGES) * KV_BYTES, Vs + (j % STAGES) * KV_BYTES, k1,
+                            sl2, wg_first, c, pos0, pos1, m0, m1, l0, l1, [] {});
     }
 
     const int t0 = q0 + warp * 16 + g, t1 = t0 + 8;
@@ -274,12 +288,10 @@ prefill_attention_wgpp(const T* __restrict__ q, const T* __restrict__ k_cache, c
     const int wg_first = sp + q0 + wg * 64;
     const int wg_last = q0 + wg * 64 < n_tokens ? sp + min(q0 + wg * 64 + 63, n_tokens - 1) : -1;  // -1: no rows
     const float sl2 = scale * LOG2E;
-    const T* tag = nullptr;
     float o[D / 8][4];
     float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.0f, l1 = 0.0f;
 #pragma unroll
     for (int n = 0; n < D / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-    float (&od)[D / 2] = reinterpret_cast<float (&)[D / 2]>(o);
     const unsigned char* q_wg = Qs + wg * 64 * 128;
     unsigned p[BN / 16][4];  // P of the tile whose P V is next
 
@@ -288,20 +300,8 @@ prefill_attention_wgpp(const T* __restrict__ q, const T* __restrict__ k_cache, c
     fence_async_smem();
     mbar_arrive(&full[0]);
     mbar_wait(&full[0], 0);
-    if (0 <= wg_last) {  // warpgroup-uniform
-        float s[BN / 8][4];
-        float (&sd)[BN / 2] = reinterpret_cast<float (&)[BN / 2]>(s);
-        wgmma_fence();
-        wgp_qk<T, D, BN>(s, q_wg, Ks);
-        wgmma_commit();
-        wgmma_wait<0>();
-        wgmma_keep(sd);
-        float mx0 = NEG_INF, mx1 = NEG_INF, a0, a1;
-        causal_scale_tile<BN>(s, sl2, BN - 1 > wg_first, 0, c, pos0, pos1, mx0, mx1);
-        softmax_rows<BN, false>(s, mx0, mx1, m0, m1, l0, l1, a0, a1);  // tile 0 holds key 0: every row sees one
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; kk++) p_fragment<T, BN>(p[kk], s, kk);
-    }
+    if (0 <= wg_last)  // warpgroup-uniform
+        wgp_first<T, D, BN>(p, q_wg, Ks, sl2, wg_first, c, pos0, pos1, m0, m1, l0, l1);
     if (wg == 1) named_arrive<1>();  // warpgroup 0 issues first
 
     for (int j = 0; j < n_kt; j++) {
@@ -321,42 +321,12 @@ prefill_attention_wgpp(const T* __restrict__ q, const T* __restrict__ k_cache, c
 
         const bool cur = j * BN <= wg_last, next = j + 1 < n_kt && k1 <= wg_last;  // warpgroup-uniform; next => cur
         if (next) mbar_wait(&full[(j + 1) % STAGES], ((j + 1) / STAGES) & 1);
-        float s[BN / 8][4];
-        float (&sd)[BN / 2] = reinterpret_cast<float (&)[BN / 2]>(s);
         if (wg == 0) named_sync<1>(); else named_sync<2>();  // the other warpgroup has issued its GEMMs of this round
-        wgmma_keep(od);
-        wgmma_keep(p);
-        wgmma_fence();
-        if (next) {
-            wgp_qk<T, D, BN>(s, q_wg, Ks + ((j + 1) % STAGES) * KV_BYTES);
-            wgmma_commit();
-        }
-        if (cur) {
-            const unsigned char* Vt = Vs + (j % STAGES) * KV_BYTES;
-#pragma unroll
-            for (int kk = 0; kk < BN / 16; kk++)
-                wgmma_rs(od, p[kk], sw128_desc(Vt + kk * 2048, BN * 128), tag);
-            wgmma_commit();
-        }
-        // Its turn; warpgroup 1's last arrival would have no bar.sync to meet, so it is left out.
-        if (wg == 0) named_arrive<2>(); else if (j + 1 < n_kt) named_arrive<1>();
-        float a0 = 1.0f, a1 = 1.0f;
-        if (next) {
-            wgmma_wait<1>();
-            wgmma_keep(sd);
-            float mx0 = NEG_INF, mx1 = NEG_INF;
-            causal_scale_tile<BN>(s, sl2, k1 + BN - 1 > wg_first, k1, c, pos0, pos1, mx0, mx1);
-            softmax_rows<BN, false>(s, mx0, mx1, m0, m1, l0, l1, a0, a1);
-        }
-        wgmma_wait<0>();
-        wgmma_keep(od);
-        wgmma_keep(p);
+        // Then its turn, once ours are issued; warpgroup 1's last arrival would meet no bar.sync, so it is left out.
+        const auto turn = [&] { if (wg == 0) named_arrive<2>(); else if (j + 1 < n_kt) named_arrive<1>(); };
+        wgp_round<T, D, BN>(o, p, cur, next, q_wg, Ks + ((j + 1) % STAGES) * KV_BYTES, Vs + (j % STAGES) * KV_BYTES, k1,
+                            sl2, wg_first, c, pos0, pos1, m0, m1, l0, l1, turn);
         mbar_arrive(&empty[j % STAGES]);  // tile j: K read by its S (done), V by this P V (done)
-        if (next) {
-            rescale_rows<D>(o, a0, a1);
-#pragma unroll
-            for (int kk = 0; kk < BN / 16; kk++) p_fragment<T, BN>(p[kk], s, kk);
-        }
     }
 
     const int t0 = q0 + warp * 16 + g, t1 = t0 + 8;

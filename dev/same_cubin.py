@@ -9,7 +9,8 @@ no GPU needed, and compare:
 Where a kept kernel is identical, what the GPU measured on that revision holds for the edit: a refactor (a helper,
 comments, a removed sibling kernel) checked this way needs no new device time.
 
-    PYTHONPATH=. python dev/same_cubin.py OP REV [-v]      e.g. PYTHONPATH=. python dev/same_cubin.py gemv 9e518e7
+    PYTHONPATH=. python dev/same_cubin.py OP REV [-v] [--sm90a]   e.g. PYTHONPATH=. python dev/same_cubin.py gemv 9e518e7
+(--sm90a: the op's Hopper kernels, sm90a_kernel_names, built for sm_90a; a REV from before they existed has none)
 """
 import json
 import re
@@ -25,12 +26,14 @@ from cupy_backends.cuda.libs import nvrtc
 OPTIONS = ("-std=c++17",)
 CTYPES = ("float", "__half", "__nv_bfloat16")
 # A template renamed since REV: its working-tree name expression -> REV's (decode_attention lost its RoPE variant)
+SM90A = "--sm90a" in sys.argv  # the op's second module: its wgmma kernels, built for sm_90a (sm90a_kernel_names)
 MAP = [(re.compile(r"^decode_attention<([^,]+), (\d+)>$"), r"decode_attention<\1, \2, false>")]
 
 
 def names(tree: Path, op: str) -> list:
-    code = ("import json, sys; from toolkit.backends.cuda_kernels import kernel_names; "
-            f"print(json.dumps(sorted({{n for ct in {CTYPES!r} for n in kernel_names({op!r}, ct)}})))")
+    fn = "sm90a_kernel_names" if SM90A else "kernel_names"
+    code = (f"import json, sys; from toolkit.backends.cuda_kernels import {fn}; "
+            f"print(json.dumps(sorted({{n for ct in {CTYPES!r} for n in {fn}({op!r}, ct)}})))")
     out = subprocess.run([sys.executable, "-c", code], cwd=tree, env={"PYTHONPATH": str(tree), "PATH": "/usr/bin"},
                          check=True, capture_output=True, text=True).stdout
     return json.loads(out)
@@ -40,7 +43,7 @@ def compile_op(tree: Path, op: str, exprs: list):
     kd = tree / "kernels"
     src = re.sub(r'^#include "([\w.]+\.cuh)"$', lambda m: (kd / m.group(1)).read_text(), (kd / f"{op}.cu").read_text(),
                  flags=re.MULTILINE)
-    base = ["-arch=sm_90", f"-I{pf.find_nvidia_header_directory('cudart')}", "-ftz=true",
+    base = ["-arch=sm_90a" if SM90A else "-arch=sm_90", f"-I{pf.find_nvidia_header_directory('cudart')}", "-ftz=true",
             "--device-as-default-execution-space", *OPTIONS]
     prog = nvrtc.createProgram(src, f"{op}.cu", (), ())
     try:

@@ -288,6 +288,28 @@ __device__ __forceinline__ void load_sw128_slots(unsigned char* dst, const T* ba
     }
 }
 
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// S = Q K^T of a warpgroup's 64 queries and a BN-key tile (issued, not waited): D/16 k-steps, each in column chunk
+// kk / 4 (all of a tile's rows), 32 bytes further a step. q_wg: the warpgroup's first Q row.
+template <typename T, int D, int BN>
+__device__ __forceinline__ void wg_qk(float (&s)[BN / 8][4], const unsigned char* q_wg, const unsigned char* Kt) {
+    float (&sd)[BN / 2] = reinterpret_cast<float (&)[BN / 2]>(s);
+    const T* tag = nullptr;  // picks the instruction's dtype
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++)
+        wgmma_ss(sd, sw128_desc(q_wg + (kk >> 2) * WG_BQ * 128 + (kk & 3) * 32, 16),
+                 sw128_desc(Kt + (kk >> 2) * BN * 128 + (kk & 3) * 32, 16), kk > 0, tag);
+}
+
+// O += P V over a BN-key V tile (issued, not waited): keys 16kk.. are 2 8-row groups of every column chunk, +2 KB.
+template <typename T, int D, int BN>
+__device__ __forceinline__ void wg_pv(float (&od)[D / 2], const unsigned (&p)[BN / 16][4], const unsigned char* Vt) {
+    const T* tag = nullptr;
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; kk++) wgmma_rs(od, p[kk], sw128_desc(Vt + kk * 2048, BN * 128), tag);
+}
+#endif
+
 template <typename T, int D, int BN>
 __global__ void __launch_bounds__(256, 1)
 prefill_attention_wg(const T* __restrict__ q, const T* __restrict__ k_cache, const T* __restrict__ v_cache,
@@ -338,7 +360,6 @@ prefill_attention_wg(const T* __restrict__ q, const T* __restrict__ k_cache, con
     const int wg_first = sp + q0 + wg * 64;
     const int wg_last = q0 + wg * 64 < n_tokens ? sp + min(q0 + wg * 64 + 63, n_tokens - 1) : -1;  // -1: no rows
     const float sl2 = scale * LOG2E;
-    const T* tag = nullptr;
     float o[D / 8][4];
     float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.0f, l1 = 0.0f;
 #pragma unroll
@@ -365,10 +386,7 @@ prefill_attention_wg(const T* __restrict__ q, const T* __restrict__ k_cache, con
             float s[BN / 8][4];
             float (&sd)[BN / 2] = reinterpret_cast<float (&)[BN / 2]>(s);
             wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < D / 16; kk++)  // column chunk kk / 4 (all of a tile's rows each), 32 bytes a step
-                wgmma_ss(sd, sw128_desc(q_wg + (kk >> 2) * WG_BQ * 128 + (kk & 3) * 32, 16),
-                         sw128_desc(Kt + (kk >> 2) * BN * 128 + (kk & 3) * 32, 16), kk > 0, tag);
+            wg_qk<T, D, BN>(s, q_wg, Kt);
             wgmma_commit();
             wgmma_wait<0>();
             wgmma_keep(sd);
@@ -384,9 +402,7 @@ prefill_attention_wg(const T* __restrict__ q, const T* __restrict__ k_cache, con
             wgmma_keep(od);  // o rescaled and p written by ordinary instructions: all of it before the fence
             wgmma_keep(p);
             wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < BN / 16; kk++)  // keys 16kk.. are 2 8-row groups of every column chunk: +2 KB
-                wgmma_rs(od, p[kk], sw128_desc(Vt + kk * 2048, BN * 128), tag);
+            wg_pv<T, D, BN>(od, p, Vt);
             wgmma_commit();
             wgmma_wait<0>();
             wgmma_keep(od);
