@@ -20,7 +20,7 @@ against NumPy. A wrong descriptor or fragment layout shows there first; a failin
 the result are wrong.
 
     PYTHONPATH=. python3 dev/prefill_attention.py [--probe] [--shapes llama-3.2-1b,...] [--tokens 4096]
-        [--prefix 0] [--keys 64,128] [--variants wgp]
+        [--prefix 0] [--keys 64,128] [--variants wgp,wgpp]
 """
 import argparse
 import os
@@ -186,7 +186,7 @@ def causal_tflops(us, hq, d, prefix, tokens):
 
 
 WGP_SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "prefill_attention_wgp.cu")
-VARIANTS = {  # name: (template, extra source, K/V stages): wg is the product's kernel, wgp the dev variant
+VARIANTS = {  # name: (template, extra source, K/V stages): wg is the product's kernel, wgp and wgpp dev variants
     "wg": ("prefill_attention_wg", None, 2),
     "wgp": ("prefill_attention_wgp", WGP_SRC, 3),
     "wgpp": ("prefill_attention_wgpp", WGP_SRC, 3),
