@@ -87,7 +87,7 @@ prefill_attention_wgp(const T* __restrict__ q, const T* __restrict__ k_cache, co
                       int Hkv, T* __restrict__ out) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     static_assert(D % 64 == 0 && BN % 64 == 0 && BN <= 256, "64-element chunks; a slot a thread");
-    constexpr int STAGES = 3, Q_BYTES = WG_BQ * D * 2, KV_BYTES = BN * D * 2, UPR = D / 8;
+    constexpr int STAGES = 3, Q_BYTES = WG_BQ * D * 2, KV_BYTES = BN * D * 2;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     unsigned char* Qs = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);  // 1,024-byte aligned
     unsigned char* Ks = Qs + Q_BYTES;            // [STAGES][KV_BYTES]
@@ -111,13 +111,7 @@ prefill_attention_wgp(const T* __restrict__ q, const T* __restrict__ k_cache, co
 #pragma unroll
     for (int t = 0; t < STAGES; t++)
         if (tid < BN) s_slot[t][tid] = key_slot(table, t * BN + tid, kv_len, block_size, num_blocks);
-    const T* qb = q + ((size_t)sq.qs * Hq + h) * D;
-#pragma unroll
-    for (int i = 0; i < WG_BQ * UPR / 256; i++) {
-        const int cc = tid + i * 256, r = cc / UPR, u = cc % UPR;
-        const bool ok = q0 + r < n_tokens;
-        cp_async16(Qs + sw128_offset(WG_BQ, r, u), qb + (ok ? (size_t)(q0 + r) * Hq * D : 0) + u * 8, ok);
-    }
+    load_sw128_q<T, D>(Qs, q + ((size_t)sq.qs * Hq + h) * D, q0, (size_t)Hq * D, n_tokens);
     __syncthreads();
     load_sw128_slots<T, D, BN>(Ks, kb, s_slot[0], kv_stride);
     load_sw128_slots<T, D, BN>(Vs, vb, s_slot[0], kv_stride);
@@ -269,13 +263,7 @@ prefill_attention_wgpp(const T* __restrict__ q, const T* __restrict__ k_cache, c
     // Q and tile 0 in one cp.async group, tile 1 in the next; the slots of tile 2 stay in registers.
     int slots[UNITS];
     wgpp_slots<D, BN>(slots, table, 0, kv_len, block_size, num_blocks);
-    const T* qb = q + ((size_t)sq.qs * Hq + h) * D;
-#pragma unroll
-    for (int i = 0; i < WG_BQ * UPR / 256; i++) {
-        const int cc = tid + i * 256, r = cc / UPR, u = cc % UPR;
-        const bool ok = q0 + r < n_tokens;
-        cp_async16(Qs + sw128_offset(WG_BQ, r, u), qb + (ok ? (size_t)(q0 + r) * Hq * D : 0) + u * 8, ok);
-    }
+    load_sw128_q<T, D>(Qs, q + ((size_t)sq.qs * Hq + h) * D, q0, (size_t)Hq * D, n_tokens);
     wgpp_load<T, D, BN>(Ks, Vs, kb, vb, slots, kv_stride);
     cp_async_commit();
     wgpp_slots<D, BN>(slots, table, BN, kv_len, block_size, num_blocks);

@@ -288,6 +288,18 @@ __device__ __forceinline__ void load_sw128_slots(unsigned char* dst, const T* ba
     }
 }
 
+// The block's WG_BQ query rows q0.. (row r at qb + (q0 + r) * stride; zeros from row n_rows on) into a swizzled tile.
+template <typename T, int D>
+__device__ __forceinline__ void load_sw128_q(unsigned char* Qs, const T* qb, int q0, size_t stride, int n_rows) {
+    constexpr int UPR = D / 8;  // 16-byte units a row
+#pragma unroll
+    for (int i = 0; i < WG_BQ * UPR / 256; i++) {
+        const int cc = threadIdx.x + i * 256, r = cc / UPR, u = cc % UPR;
+        const bool ok = q0 + r < n_rows;
+        cp_async16(Qs + sw128_offset(WG_BQ, r, u), qb + (ok ? (size_t)(q0 + r) * stride : 0) + u * 8, ok);
+    }
+}
+
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // S = Q K^T of a warpgroup's 64 queries and a BN-key tile (issued, not waited): D/16 k-steps, each in column chunk
 // kk / 4 (all of a tile's rows), 32 bytes further a step. q_wg: the warpgroup's first Q row.
@@ -318,7 +330,7 @@ prefill_attention_wg(const T* __restrict__ q, const T* __restrict__ k_cache, con
                      int Hkv, T* __restrict__ out) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     static_assert(D % 64 == 0 && BN % 64 == 0 && BN <= 256, "64-element chunks; a slot a thread");
-    constexpr int Q_BYTES = WG_BQ * D * 2, KV_BYTES = BN * D * 2, UPR = D / 8;
+    constexpr int Q_BYTES = WG_BQ * D * 2, KV_BYTES = BN * D * 2;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     unsigned char* Qs = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);  // 1,024-byte aligned
     unsigned char* Ks = Qs + Q_BYTES;       // [2][KV_BYTES]
@@ -341,13 +353,7 @@ prefill_attention_wg(const T* __restrict__ q, const T* __restrict__ k_cache, con
     // Slots of tiles 0 and 1, Q (zeros past the sequence's rows) and tile 0 in one cp.async group.
     const int s0 = tid < BN ? key_slot(table, tid, kv_len, block_size, num_blocks) : -1;
     const int s1 = tid < BN ? key_slot(table, BN + tid, kv_len, block_size, num_blocks) : -1;
-    const T* qb = q + ((size_t)sq.qs * Hq + h) * D;
-#pragma unroll
-    for (int i = 0; i < WG_BQ * UPR / 256; i++) {
-        const int cc = tid + i * 256, r = cc / UPR, u = cc % UPR;
-        const bool ok = q0 + r < n_tokens;
-        cp_async16(Qs + sw128_offset(WG_BQ, r, u), qb + (ok ? (size_t)(q0 + r) * Hq * D : 0) + u * 8, ok);
-    }
+    load_sw128_q<T, D>(Qs, q + ((size_t)sq.qs * Hq + h) * D, q0, (size_t)Hq * D, n_tokens);
     if (tid < BN) { s_slot[0][tid] = s0; s_slot[1][tid] = s1; }
     __syncthreads();
     load_sw128_slots<T, D, BN>(Ks, kb, s_slot[0], kv_stride);
