@@ -1,5 +1,6 @@
 """One eager decode step of the Qwen2.5-0.5B shape (random bf16 weights) between cudaProfilerStart/Stop, for
-`ncu --profile-from-start off`: which kernels a step launches and how long each takes.
+`ncu --profile-from-start off`: which kernels a step launches and how long each takes. `--prefill N` profiles
+one N-token prompt's prefill step instead (dense: the sparse prefill off), after one of the same length.
 
     ncu --profile-from-start off --clock-control none --metrics gpu__time_duration.sum --csv \
         python3 dev/profile_decode.py --batch 1 > ncu.csv
@@ -14,19 +15,27 @@ import re
 import numpy as np
 
 
-def run(batch: int, shape: str, steps: int):
+def run(batch: int, shape: str, steps: int, prefill: int):
     import cupy as cp
     from toolkit.engine.build import build_engine
     from toolkit.engine.options import EngineOptions
     from toolkit.sampler.params import SamplingParams
 
-    engine = build_engine(shape=shape, device="cuda", max_context=1024,
-                          options=EngineOptions(cuda_graphs=False))
     rng = np.random.default_rng(0)
-    for _ in range(batch):
-        engine.add_request(rng.integers(0, engine.cfg.vocab_size, 16), SamplingParams(max_tokens=200, ignore_eos=True))
-    for _ in range(steps):
-        engine.step()
+    if prefill:  # no prefix caching: the second prompt must not reuse the first's blocks
+        engine = build_engine(shape=shape, device="cuda", max_context=prefill + 64, max_num_batched_tokens=prefill,
+                              options=EngineOptions(cuda_graphs=False, sparse_prefill=False, prefix_caching=False))
+        engine.add_request(rng.integers(0, engine.cfg.vocab_size, prefill), SamplingParams(max_tokens=1))
+        while engine.has_unfinished():
+            engine.step()
+        engine.add_request(rng.integers(0, engine.cfg.vocab_size, prefill), SamplingParams(max_tokens=1))
+    else:
+        engine = build_engine(shape=shape, device="cuda", max_context=1024, options=EngineOptions(cuda_graphs=False))
+        for _ in range(batch):
+            engine.add_request(rng.integers(0, engine.cfg.vocab_size, 16),
+                               SamplingParams(max_tokens=200, ignore_eos=True))
+        for _ in range(steps):
+            engine.step()
     cp.cuda.Device().synchronize()
     cp.cuda.runtime.profilerStart()
     engine.step()
@@ -61,9 +70,10 @@ if __name__ == "__main__":
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--shape", default="qwen2.5-0.5b")
     ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--prefill", type=int, default=0, help="profile an N-token prefill step instead")
     ap.add_argument("--summarise")
     a = ap.parse_args()
     if a.summarise:
         summarise(a.summarise)
     else:
-        run(a.batch, a.shape, a.steps)
+        run(a.batch, a.shape, a.steps, a.prefill)

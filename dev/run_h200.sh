@@ -10,6 +10,11 @@
 #   filter         the sampler's GPU tests, filter_sample's stage profile (dev/profile_filter.py), bench sampler
 #   sampler_ncu    the sampling kernel under Nsight Compute
 #   profile        Nsight Compute: the sampling kernel and one decode step's kernels at batch 1 and 32
+#   prefill_profile  Nsight Compute: one 4,096-token prefill step's kernels, qwen2.5-0.5b and llama-3.2-1b
+#   prefill        the prefill's GPU tests (rope, prefill attention, the model), each shape's 4,096-token prefill
+#                  against the peer, the projections against cuBLASLt's autotuned algorithms, then prefill_profile
+#   rope           rope_qkv against its dev variant rope_qkv_runs (dev/rope.py): same outputs, µs and GB/s
+#   readme         the README's results: its bench suite row (qwen2.5-0.5b, batch 1, prefill) and throughput
 #   dev            a quick round while developing: kernel, sampler and engine GPU tests, then the peer
 #   wg             the Hopper prefill attention (prefill_attention_wg): wgmma probes, its GPU tests, then every
 #                  prefill attention kernel and the dev variants (wgp, wgpp) against SDPA at the four bench-suite
@@ -18,6 +23,7 @@
 #                  (dev/prefill_gemms.py)
 #   close          a session's closing run: every GPU test, the peer, throughput, the sampler, the attribution
 #   all            tests, speed, sampler, sparse and peer
+# Several modes in one call: `bash dev/run_h200.sh "prefill readme"` (each block runs once, in this file's order).
 # The GPU image lacks nvmath-python (the capturable cuBLAS binding): its wheel travels in .whl/ (git-ignored) and is
 # installed here; stories260K lives in ../shared, which does not travel: a copy in .gpu_shared/ (git-ignored) does.
 set -uo pipefail
@@ -37,7 +43,8 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | t
 B="python3 -m toolkit bench --device cuda"
 GPU_SUITE="python3 -m pytest -q -m gpu tests/"
 PEER="$B --shape qwen2.5-0.5b --batch 1,32 --depth 0 --prefill 4096 --peer torch -r 5"
-run() { [[ " $* " == *" $what "* ]]; }  # run MODE...: is this run one of these modes?
+# run MODE...: is one of this call's modes among these? (the blocks run in this file's order, whatever $1's)
+run() { local m; for m in $what; do [[ " $* " == *" $m "* ]] && return 0; done; return 1; }
 
 if run tests all close; then
   $GPU_SUITE 2>&1 | tee "$OUT/gpu_tests.log" | tail -20
@@ -114,5 +121,31 @@ if run profile; then  # one eager decode step's kernels, serialised (Nsight Comp
     ncu --clock-control none --profile-from-start off --metrics gpu__time_duration.sum --csv \
       python3 dev/profile_decode.py --batch $b > "$OUT/ncu_decode_b$b.csv" 2>&1
     python3 dev/profile_decode.py --summarise "$OUT/ncu_decode_b$b.csv" | tee "$OUT/decode_kernels_b$b.txt" | head -30
+  done
+fi
+if run prefill; then
+  python3 -m pytest -q -m gpu tests/kernels/test_gpu_kernels.py tests/model/test_gpu_model.py \
+    -k "rope or prefill_attention or model" 2>&1 | tee "$OUT/gpu_tests_prefill.log" | tail -3
+fi
+if run rope; then
+  python3 dev/rope.py 2>&1 | tee "$OUT/rope_runs.log"
+fi
+if run readme; then  # the README's results: its bench suite row and throughput
+  python3 -m toolkit bench suite --device cuda --shapes qwen2.5-0.5b --batch 1 --depth 0 --prefill 4096 --peer torch \
+    -r 3 --out "$OUT/suite" 2>&1 | tee "$OUT/bench_suite_readme.log" | tail -8
+  python3 -m toolkit bench throughput --device cuda --shape qwen2.5-0.5b --repeats 3 2>&1 | tee "$OUT/throughput.log" \
+    | tail -3
+fi
+if run prefill; then
+  for s in qwen2.5-0.5b llama-3.2-1b qwen3-0.6b qwen2.5-1.5b; do
+    $B --shape $s --batch 1 --depth 0 --decode 32 --prefill 4096 --peer torch -r 5 2>&1 | grep "^| pp"
+  done | tee "$OUT/bench_prefill.log"
+  python3 dev/prefill_gemms.py --tokens 4096 --lt 2>&1 | tee "$OUT/prefill_gemms.log"
+fi
+if run prefill_profile prefill; then  # where a 4,096-token prefill's device time goes, kernel by kernel
+  for s in qwen2.5-0.5b llama-3.2-1b; do
+    ncu --clock-control none --profile-from-start off --metrics gpu__time_duration.sum --csv \
+      python3 dev/profile_decode.py --shape $s --prefill 4096 > "$OUT/ncu_prefill_$s.csv" 2>&1
+    python3 dev/profile_decode.py --summarise "$OUT/ncu_prefill_$s.csv" | tee "$OUT/prefill_kernels_$s.txt" | head -20
   done
 fi
