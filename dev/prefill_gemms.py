@@ -7,9 +7,11 @@ x[M, K] @ W[N, K]^T in bf16 with fp32 accumulation: qkv (N = (q heads + 2 kv hea
 intermediate). Ours: --calls calls replayed from a CUDA graph on the backend's stream (dev/timing.py); torch: the
 same count between CUDA events (toolkit/bench/sampler.py's torch_us; a call at these sizes is 20-700 µs, so launch
 cost does not count); medians of --repeats. The last row of a shape is its layers' projections summed: the ms a
-prefill of M tokens spends in them at these rates.
+prefill of M tokens spends in them at these rates. `--lt` adds a column: cuBLASLt through nvmath-python's
+`Matmul` with the best of its heuristic's algorithms by `autotune` (is there a faster algorithm than the one
+gemmEx picks?), timed like torch.
 
-    PYTHONPATH=. python3 dev/prefill_gemms.py [--shapes llama-3.2-1b,...] [--tokens 512,4096] [--peak 989]
+    PYTHONPATH=. python3 dev/prefill_gemms.py [--shapes llama-3.2-1b,...] [--tokens 512,4096] [--peak 989] [--lt]
 """
 import argparse
 import os
@@ -44,6 +46,24 @@ def torch_us(M, N, K, calls, repeats):
     return statistics.median(torch_calls_us(torch, fn, calls) for _ in range(repeats))
 
 
+def lt_us(M, N, K, calls, repeats):
+    """cuBLASLt's autotuned algorithm for y = x @ w.T (bf16 torch tensors), µs a call; None without torch."""
+    try:
+        import torch
+        from nvmath.linalg.advanced import Matmul, MatmulPlanPreferences
+    except ImportError:
+        return None
+    x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)
+    mm = Matmul(x, w.T)
+    mm.plan(preferences=MatmulPlanPreferences(limit=16))
+    mm.autotune(iterations=10)
+    mm.execute()
+    us = statistics.median(torch_calls_us(torch, mm.execute, calls) for _ in range(repeats))
+    mm.free()
+    return us
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", default=",".join(n for n in NAMES if n != "tiny"))
@@ -51,12 +71,13 @@ def main(argv=None):
     ap.add_argument("--peak", type=float, default=989.0, help="dense bf16 TFLOPS of the GPU (H100/H200 SXM: 989)")
     ap.add_argument("--calls", type=int, default=20)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--lt", action="store_true", help="add cuBLASLt with autotuned algorithms")
     args = ap.parse_args(argv)
     be = CudaBackend("bfloat16")
     dev = cp.cuda.Device()
     print(f"GPU: {cp.cuda.runtime.getDeviceProperties(dev.id)['name'].decode()}; {be.gemm_note}")
     print(f"{'shape':14s} {'M':>5s} {'proj':8s} {'N':>6s} {'K':>6s} {'ours µs':>9s} {'TFLOPS':>7s} {'% peak':>7s} "
-          f"{'torch µs':>9s} {'torch/ours':>10s}")
+          f"{'torch µs':>9s} {'torch/ours':>10s}" + (f" {'Lt µs':>9s} {'Lt/ours':>8s}" if args.lt else ""))
     for shape in args.shapes.split(","):
         cfg = shape_config(shape)
         for M in map(int, args.tokens.split(",")):
@@ -68,9 +89,15 @@ def main(argv=None):
                 us = graph_us(cp, lambda i: be.linear(x, w, y), args.calls, args.repeats, stream=be.stream)
                 tf = 2 * M * N * K / (us * 1e-6) / 1e12
                 t = torch_us(M, N, K, args.calls, args.repeats)
+                try:
+                    lt = lt_us(M, N, K, args.calls, args.repeats) if args.lt else None
+                except Exception as e:  # (a missing cuBLASLt, an nvmath without torch support) ends the column
+                    print(f"cuBLASLt column left out: {type(e).__name__}: {e}")
+                    lt = args.lt = None
                 total_us += us
                 print(f"{shape:14s} {M:5d} {name:8s} {N:6d} {K:6d} {us:9.1f} {tf:7.1f} {100 * tf / args.peak:6.1f}% "
-                      + (f"{t:9.1f} {t / us:10.2f}" if t else ""), flush=True)
+                      + (f"{t:9.1f} {t / us:10.2f}" if t else "") + (f" {lt:9.1f} {lt / us:8.2f}" if lt else ""),
+                      flush=True)
             flops = 2 * M * sum(N * K for _, N, K in projections(cfg))
             tf = flops / (total_us * 1e-6) / 1e12
             print(f"{shape:14s} {M:5d} {'layer':8s} {'':6s} {'':6s} {total_us:9.1f} {tf:7.1f} "
