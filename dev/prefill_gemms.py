@@ -34,33 +34,27 @@ def projections(cfg):
             ("gate_up", 2 * cfg.intermediate_size, H), ("down", H, cfg.intermediate_size)]
 
 
-def torch_us(M, N, K, calls, repeats):
+def torch_us(M, N, K, calls, repeats, lt=False):
+    """µs a call of y = x @ w.T on bf16 torch tensors, timed between events: torch.matmul, or with `lt` cuBLASLt's
+    autotuned algorithm (nvmath-python's Matmul); None without torch."""
     try:
         import torch
     except ImportError:
         return None
     x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)
-    fn = lambda: x @ w.T  # noqa: E731
-    fn()
-    return statistics.median(torch_calls_us(torch, fn, calls) for _ in range(repeats))
-
-
-def lt_us(M, N, K, calls, repeats):
-    """cuBLASLt's autotuned algorithm for y = x @ w.T (bf16 torch tensors), µs a call; None without torch."""
-    try:
-        import torch
+    mm = None
+    if lt:
         from nvmath.linalg.advanced import Matmul, MatmulPlanPreferences
-    except ImportError:
-        return None
-    x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
-    w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)
-    mm = Matmul(x, w.T)
-    mm.plan(preferences=MatmulPlanPreferences(limit=16))
-    mm.autotune(iterations=10)
-    mm.execute()
-    us = statistics.median(torch_calls_us(torch, mm.execute, calls) for _ in range(repeats))
-    mm.free()
+
+        mm = Matmul(x, w.T)
+        mm.plan(preferences=MatmulPlanPreferences(limit=16))
+        mm.autotune(iterations=10)
+    fn = mm.execute if mm else (lambda: x @ w.T)
+    fn()
+    us = statistics.median(torch_calls_us(torch, fn, calls) for _ in range(repeats))
+    if mm:
+        mm.free()
     return us
 
 
@@ -90,7 +84,7 @@ def main(argv=None):
                 tf = 2 * M * N * K / (us * 1e-6) / 1e12
                 t = torch_us(M, N, K, args.calls, args.repeats)
                 try:
-                    lt = lt_us(M, N, K, args.calls, args.repeats) if args.lt else None
+                    lt = torch_us(M, N, K, args.calls, args.repeats, lt=True) if args.lt else None
                 except Exception as e:  # (a missing cuBLASLt, an nvmath without torch support) ends the column
                     print(f"cuBLASLt column left out: {type(e).__name__}: {e}")
                     lt = args.lt = None
