@@ -69,8 +69,10 @@ class FakeEngine:
             done = r.left == 0
             if done:
                 self.running.remove(r)
+            if kind == "prefill":  # the request's prefill totals: this step's whole time, as the engine counts it
+                r.prefill = (step.gpu_ms, step.wall_ms)
             stats = SimpleNamespace(prompt_tokens=r.prompt, generated_tokens=r.out, cached_tokens=0, ttft_ms=5.0,
-                                    preemptions=0)
+                                    preemptions=0, prefill_gpu_ms=r.prefill[0], prefill_ms=r.prefill[1])
             outs.append(SimpleNamespace(request_id=r.id, token=1, error=None, step=step, stats=stats,
                                         finish_reason="length" if done else None))
         return outs
@@ -327,6 +329,20 @@ def test_lengths_past_the_context_are_skipped(capsys):
                           "--depth", "5000", "--decode", "2", "-r", "1", "--warmup", "0", "--format", "json"])
     assert [r["test"] for r in data["results"]] == ["pp16"]
     assert len(data["notes"]) == 2 and all("context" in n for n in data["notes"])
+
+
+def test_a_prefill_over_the_step_budget_is_timed_over_its_chunks(capsys):
+    """pp96 with 32 tokens a step: three steps, their device time summed, and a note that says so; one step
+    (the default budget) gives no note."""
+    flags = ["bench", "--shape", "tiny", "--device", "cpu", "--prefill", "96", "--decode", "0", "-r", "1",
+             "--warmup", "0", "--format", "json"]
+    data = _json(capsys, flags + ["--max-num-batched-tokens", "32"])
+    (row,) = data["results"]
+    assert row["test"] == "pp96" and row["timed_steps"] == 3 and row["ms"] > 0 and row["tflops"] > 0
+    assert data["notes"] == ["pp96: a chunked prefill, 3 steps of up to 32 tokens (--max-num-batched-tokens); its "
+                             "time is theirs summed"]
+    data = _json(capsys, flags)
+    assert data["results"][0]["timed_steps"] == 1 and data["notes"] == []
 
 
 @pytest.mark.parametrize("flags,first", [

@@ -40,7 +40,23 @@ def test_timings_cover_each_step(engine):
     stats = outs[-1].stats
     assert stats.prompt_tokens == 20 and stats.generated_tokens == 5 and stats.decode_steps == 4
     assert stats.prefill_tps > 0 and stats.decode_tps > 0 and stats.ttft_ms > 0
+    assert stats.prefill_gpu_ms == outs[0].step.gpu_ms and stats.prefill_ms == outs[0].step.wall_ms
     assert outs[-1].finish_reason == "length" and all(o.finish_reason is None for o in outs[:-1])
+
+
+def test_a_chunked_prefill_sums_its_steps():
+    """A 20-token prompt at 8 tokens a step: three prefill steps, no token until the third; the request's
+    prefill_gpu_ms is their device times summed (what `bench` reports for a chunked ppL)."""
+    eng = build_engine(FIXTURES / "llama", device="cpu", max_context=48, max_num_batched_tokens=8, max_num_seqs=2)
+    eng.add_request(_ids(), SamplingParams(max_tokens=1, ignore_eos=True))
+    calls = []
+    real = eng.runner.collect
+    eng.runner.collect = lambda handle: calls.append(real(handle)) or calls[-1]
+    outs = []
+    while eng.has_unfinished():
+        outs += eng.step()
+    assert len(calls) == 3 and [o.token is not None for o in outs] == [True]
+    assert outs[0].stats.prefill_gpu_ms == pytest.approx(sum(r.gpu_ms for r in calls), rel=1e-12)
 
 
 def test_stats_are_snapshots(engine):

@@ -140,7 +140,8 @@ class FakeEngine:
             a[1] = n = n + 1
             finish = "length" if n >= params.max_tokens else ("stop" if n >= limit and n >= len(self.reply)
                                                               else None)
-            stats = RequestStats(len(ids), a[4], n, 20.0, 20.0, 10.0 * (n - 1), n - 1)
+            stats = RequestStats(prompt_tokens=len(ids), cached_tokens=a[4], generated_tokens=n, ttft_ms=20.0,
+                                 prefill_ms=20.0, decode_ms_total=10.0 * (n - 1), decode_steps=n - 1)
             outs.append(RequestOutput(rid, 5, text, finish, timing, stats))
             if finish:
                 del self._active[rid]

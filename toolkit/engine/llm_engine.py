@@ -303,6 +303,7 @@ class LLMEngine:
                 st.decode_steps += 1
             else:
                 st.prefill_ms += wall
+                st.prefill_gpu_ms += res.gpu_ms
                 st.prefill_path = merge_paths(st.prefill_path, request_path(seq.num_computed, options, path))
             if i in due_rows:
                 st.add_sampler_step(res.sampler_path, row_bytes)

@@ -70,6 +70,7 @@ class RequestStats(NamedTuple):
     generated_tokens: int = 0
     ttft_ms: float = 0.0  # arrival -> first token
     prefill_ms: float = 0.0  # wall time of the steps that prefilled this request
+    prefill_gpu_ms: float = 0.0  # device time of those steps (each step's whole, as prefill_ms)
     decode_ms_total: float = 0.0  # wall time of the decode steps that produced its tokens
     decode_steps: int = 0
     preemptions: int = 0
@@ -93,7 +94,8 @@ class RequestStats(NamedTuple):
     def as_dict(self) -> dict:
         return {"prompt_tokens": self.prompt_tokens, "cached_tokens": self.cached_tokens,
                 "generated_tokens": self.generated_tokens, "ttft_ms": round(self.ttft_ms, 3),
-                "prefill_ms": round(self.prefill_ms, 3), "prefill_tok_per_s": round(self.prefill_tps, 2),
+                "prefill_ms": round(self.prefill_ms, 3), "prefill_gpu_ms": round(self.prefill_gpu_ms, 3),
+                "prefill_tok_per_s": round(self.prefill_tps, 2),
                 "decode_ms_per_step": round(self.ms_per_step, 3), "decode_tok_per_s": round(self.decode_tps, 2),
                 "preemptions": self.preemptions, "prefill_path": self.prefill_path, "sampler_path": self.sampler_path,
                 "sampler_fp32_bytes": self.sampler_fp32_bytes}
