@@ -12,7 +12,8 @@
 #   profile        Nsight Compute: the sampling kernel and one decode step's kernels at batch 1 and 32
 #   prefill_profile  Nsight Compute: one 4,096-token prefill step's kernels, qwen2.5-0.5b and llama-3.2-1b
 #   prefill        the prefill's GPU tests (rope, prefill attention, the model), each shape's 4,096-token prefill
-#                  against the peer, the projections against cuBLASLt's autotuned algorithms, then prefill_profile
+#                  against the peer, the 0.5B's in chunks of 4,096 to 512 tokens, the projections against cuBLASLt's
+#                  autotuned algorithms, then prefill_profile
 #   rope           rope_qkv against its dev variant rope_qkv_runs (dev/rope.py): same outputs, µs and GB/s
 #   readme         the README's results: its bench suite row (qwen2.5-0.5b, batch 1, prefill) and throughput
 #   dev            a quick round while developing: kernel, sampler and engine GPU tests, then the peer
@@ -140,6 +141,11 @@ if run prefill; then
   for s in qwen2.5-0.5b llama-3.2-1b qwen3-0.6b qwen2.5-1.5b; do
     $B --shape $s --batch 1 --depth 0 --decode 32 --prefill 4096 --peer torch -r 5 2>&1 | grep "^| pp"
   done | tee "$OUT/bench_prefill.log"
+  # The same prefill chunked (issue 36: a chunked prefill should keep the one-step rate).
+  for c in 4096 2048 1024 512; do
+    $B --shape qwen2.5-0.5b --batch 1 --depth 0 --decode 32 --prefill 4096 --max-num-batched-tokens $c -r 5 2>&1 \
+      | grep "^| pp"
+  done | tee "$OUT/bench_prefill_chunked.log"
   python3 dev/prefill_gemms.py --tokens 4096 --lt 2>&1 | tee "$OUT/prefill_gemms.log"
 fi
 if run prefill_profile prefill; then  # where a 4,096-token prefill's device time goes, kernel by kernel
