@@ -201,13 +201,13 @@ def run_speed(engine, tests, grid, repeats, warmup, peak, peer=None) -> tuple[li
             eff = runs[-1][3]  # as the steps ran them (a switch the backend cannot honour reads as off)
             ours.append(make_row(t, "toolkit", eff.as_dict(), [r[0] for r in runs], [r[1] for r in runs],
                                  min(r[2] for r in runs), nbytes, peak, flops))
-            if t.kind == "prefill" and ours[-1]["timed_steps"] > 1 and ours[-1] is ours[0]:
-                notes.append(f"{t.name}: a chunked prefill, {ours[-1]['timed_steps']} steps of up to "
-                             f"{engine.max_num_batched_tokens} tokens (--max-num-batched-tokens); its time is theirs "
-                             "summed")
             if t.kind == "decode" and ours[-1]["timed_steps"] < t.steps:
                 notes.append(f"{t.name} ({switches_label(eff)}): only {ours[-1]['timed_steps']} of {t.steps} steps "
                              "were pure decode at the full batch (preemption?)")
+        if ours and t.kind == "prefill" and ours[0]["timed_steps"] > 1:
+            notes.append(f"{t.name}: a chunked prefill, {ours[0]['timed_steps']} steps of up to "
+                         f"{engine.max_num_batched_tokens} tokens (--max-num-batched-tokens); its time is theirs "
+                         "summed")
         rows += ours
         if peer is not None:
             try:
