@@ -9,6 +9,36 @@
 // so scaling it afterwards by exp2(m(j) - m(j+1)) is the same arithmetic as before).
 // K(j+1) must then be in smem while V(j) is read: a ring of 3 K/V stages, one __syncthreads a tile (wg has two).
 // Tile j+2 is gathered right after the barrier that opens iteration j, so it has one whole tile of math to land.
+// Where a block of either variant works: q head h, its kv head's K/V columns (kb, vb), query tile q0 of sequence
+// blockIdx.y (the heaviest tiles scheduled first), and the keys its queries see: kv_len, up to the block's last query,
+// in n_kt BN-key tiles (>= 1: zero keys, bad input, give 0, not NaN). The same arithmetic as prefill_attention_wg's
+// opening lines, which stay inline there (a helper changed that kernel's machine code, and it is the product's).
+template <typename T>
+struct WgBlock {
+    Seq sq;
+    int h, q0, kv_len, n_kt;
+    const int* table;  // the sequence's block-table row
+    const T* kb;       // K and V of its kv head (rows Hkv * D apart)
+    const T* vb;
+};
+
+template <typename T, int D, int BN>
+__device__ __forceinline__ WgBlock<T> wg_block(const T* k_cache, const T* v_cache, const int* block_tables,
+                                               const int* query_start_loc, const int* seq_lens, int block_size, int M,
+                                               int Hq, int Hkv) {
+    WgBlock<T> w;
+    w.h = blockIdx.x;
+    const int b = blockIdx.y, kvh = w.h / (Hq / Hkv);
+    w.q0 = (gridDim.z - 1 - blockIdx.z) * WG_BQ;
+    w.sq = sequence(query_start_loc, seq_lens, b, M * block_size);
+    w.kv_len = min(w.sq.start + min(w.q0 + WG_BQ, w.sq.n), w.sq.len);
+    w.n_kt = max(1, (w.kv_len + BN - 1) / BN);
+    w.table = block_tables + (size_t)b * M;
+    w.kb = k_cache + (size_t)kvh * D;
+    w.vb = v_cache + (size_t)kvh * D;
+    return w;
+}
+
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // A tile's scores to P (log2 units, causal mask where the tile reaches past the warpgroup's first row), the row
 // maxima and sums updated; a0, a1: O's factor.
@@ -94,18 +124,15 @@ prefill_attention_wgp(const T* __restrict__ q, const T* __restrict__ k_cache, co
     unsigned char* Vs = Ks + STAGES * KV_BYTES;  // [STAGES][KV_BYTES]
     __shared__ int s_slot[STAGES][BN];           // cache slots of the keys of tiles in flight (-1: none)
 
-    const int h = blockIdx.x, b = blockIdx.y, kvh = h / (Hq / Hkv), tid = threadIdx.x;
-    const int q0 = (gridDim.z - 1 - blockIdx.z) * WG_BQ;  // heaviest query tiles are scheduled first
-    const Seq sq = sequence(query_start_loc, seq_lens, b, M * block_size);
-    if (q0 >= sq.n) return;  // whole block: before any barrier
-    const int sp = sq.start, n_tokens = sq.n;
+    const WgBlock<T> w = wg_block<T, D, BN>(k_cache, v_cache, block_tables, query_start_loc, seq_lens, block_size, M,
+                                            Hq, Hkv);
+    if (w.q0 >= w.sq.n) return;  // whole block: before any barrier
+    const Seq sq = w.sq;
+    const int h = w.h, q0 = w.q0, kv_len = w.kv_len, n_kt = w.n_kt, sp = sq.start, n_tokens = sq.n, tid = threadIdx.x;
     const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3, wg = warp >> 2;
-    const int kv_len = min(sp + min(q0 + WG_BQ, n_tokens), sq.len);  // keys up to the block's last query
-    const int n_kt = max(1, (kv_len + BN - 1) / BN);  // >= 1: zero keys (bad input) give 0, not NaN
-    const int* table = block_tables + (size_t)b * M;
+    const int* table = w.table;
+    const T *kb = w.kb, *vb = w.vb;
     const size_t kv_stride = (size_t)Hkv * D;
-    const T* kb = k_cache + (size_t)kvh * D;
-    const T* vb = v_cache + (size_t)kvh * D;
 
     // Slots of tiles 0..2; Q (zeros past the sequence's rows) and tile 0 in one cp.async group, tile 1 in the next.
 #pragma unroll
@@ -243,18 +270,15 @@ prefill_attention_wgpp(const T* __restrict__ q, const T* __restrict__ k_cache, c
     unsigned char* Vs = Ks + STAGES * KV_BYTES;  // [STAGES][KV_BYTES]
     __shared__ __align__(8) unsigned long long full[STAGES], empty[STAGES];
 
-    const int h = blockIdx.x, b = blockIdx.y, kvh = h / (Hq / Hkv), tid = threadIdx.x;
-    const int q0 = (gridDim.z - 1 - blockIdx.z) * WG_BQ;  // heaviest query tiles are scheduled first
-    const Seq sq = sequence(query_start_loc, seq_lens, b, M * block_size);
-    if (q0 >= sq.n) return;  // whole block: before any barrier
-    const int sp = sq.start, n_tokens = sq.n;
+    const WgBlock<T> w = wg_block<T, D, BN>(k_cache, v_cache, block_tables, query_start_loc, seq_lens, block_size, M,
+                                            Hq, Hkv);
+    if (w.q0 >= w.sq.n) return;  // whole block: before any barrier
+    const Seq sq = w.sq;
+    const int h = w.h, q0 = w.q0, kv_len = w.kv_len, n_kt = w.n_kt, sp = sq.start, n_tokens = sq.n, tid = threadIdx.x;
     const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3, wg = warp >> 2;
-    const int kv_len = min(sp + min(q0 + WG_BQ, n_tokens), sq.len);  // keys up to the block's last query
-    const int n_kt = max(1, (kv_len + BN - 1) / BN);  // >= 1: zero keys (bad input) give 0, not NaN
-    const int* table = block_tables + (size_t)b * M;
+    const int* table = w.table;
+    const T *kb = w.kb, *vb = w.vb;
     const size_t kv_stride = (size_t)Hkv * D;
-    const T* kb = k_cache + (size_t)kvh * D;
-    const T* vb = v_cache + (size_t)kvh * D;
 
     if (tid == 0) {
 #pragma unroll
