@@ -15,6 +15,8 @@
 #                  against the peer, the 0.5B's in chunks of 4,096 to 512 tokens, the projections against cuBLASLt's
 #                  autotuned algorithms, then prefill_profile
 #   rope           rope_qkv against its dev variant rope_qkv_runs (dev/rope.py): same outputs, µs and GB/s
+#   mlp            a prefill's MLP block whole against in row chunks whose gate_up output fits in L2 (dev/mlp_chunks.py)
+#   chunked        the 0.5B's 4,096-token prefill in chunks of 4,096 to 512 tokens (also run by prefill)
 #   readme         the README's results: its bench suite row (qwen2.5-0.5b, batch 1, prefill) and throughput
 #   dev            a quick round while developing: kernel, sampler and engine GPU tests, then the peer
 #   wg             the Hopper prefill attention (prefill_attention_wg): wgmma probes, its GPU tests, then every
@@ -131,6 +133,9 @@ fi
 if run rope; then
   python3 dev/rope.py 2>&1 | tee "$OUT/rope_runs.log"
 fi
+if run mlp; then
+  python3 dev/mlp_chunks.py 2>&1 | tee "$OUT/mlp_chunks.log"
+fi
 if run readme; then  # the README's results: its bench suite row and throughput
   python3 -m toolkit bench suite --device cuda --shapes qwen2.5-0.5b --batch 1 --depth 0 --prefill 4096 --peer torch \
     -r 3 --out "$OUT/suite" 2>&1 | tee "$OUT/bench_suite_readme.log" | tail -8
@@ -141,11 +146,14 @@ if run prefill; then
   for s in qwen2.5-0.5b llama-3.2-1b qwen3-0.6b qwen2.5-1.5b; do
     $B --shape $s --batch 1 --depth 0 --decode 32 --prefill 4096 --peer torch -r 5 2>&1 | grep "^| pp"
   done | tee "$OUT/bench_prefill.log"
-  # The same prefill chunked (issue 36: a chunked prefill should keep the one-step rate).
+fi
+if run prefill chunked; then  # the same prefill chunked (issue 36: a chunked prefill should keep the one-step rate)
   for c in 4096 2048 1024 512; do
     $B --shape qwen2.5-0.5b --batch 1 --depth 0 --decode 32 --prefill 4096 --max-num-batched-tokens $c -r 5 2>&1 \
       | grep "^| pp"
   done | tee "$OUT/bench_prefill_chunked.log"
+fi
+if run prefill; then
   python3 dev/prefill_gemms.py --tokens 4096 --lt 2>&1 | tee "$OUT/prefill_gemms.log"
 fi
 if run prefill_profile prefill; then  # where a 4,096-token prefill's device time goes, kernel by kernel
