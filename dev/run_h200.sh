@@ -14,7 +14,7 @@
 #   prefill        the prefill's GPU tests (rope, prefill attention, the model), each shape's 4,096-token prefill
 #                  against the peer, the 0.5B's in chunks of 4,096 to 512 tokens, the projections against cuBLASLt's
 #                  autotuned algorithms, then prefill_profile
-#   rope           rope_qkv against its dev variant rope_qkv_runs (dev/rope.py): same outputs, µs and GB/s
+#   rope           rope_qkv against the kernel it replaced, rope_qkv_warp (dev/rope.py --widths): outputs, µs, GB/s
 #   mlp            a prefill's MLP block whole against in row chunks whose gate_up output fits in L2 (dev/mlp_chunks.py)
 #   chunked        the 0.5B's 4,096-token prefill in chunks of 4,096 to 512 tokens (also run by prefill)
 #   readme         the README's results: its bench suite row (qwen2.5-0.5b, batch 1, prefill) and throughput
@@ -131,7 +131,7 @@ if run prefill; then
     -k "rope or prefill_attention or model" 2>&1 | tee "$OUT/gpu_tests_prefill.log" | tail -3
 fi
 if run rope; then
-  python3 dev/rope.py 2>&1 | tee "$OUT/rope_runs.log"
+  python3 dev/rope.py --widths 2>&1 | tee "$OUT/rope.log"
 fi
 if run mlp; then
   python3 dev/mlp_chunks.py 2>&1 | tee "$OUT/mlp_chunks.log"

@@ -198,12 +198,15 @@ def test_silu_mul(dtype, T, inter):
 
 # -- rope + paged KV write ----------------------------------------------------------------------------------------
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("T, hd, variant, kind", [(4096, 64, "bias", "prompt"), (7, 64, "bias", "prompt"),
-                                                  (33, 128, "qk_norm", "prompt"), (1, 64, "plain", "decode"),
-                                                  (256, 64, "bias", "decode")])
-def test_rope_qkv(dtype, T, hd, variant, kind):
+@pytest.mark.parametrize("T, hd, variant, kind, offset", [
+    (4096, 64, "bias", "prompt", 0), (7, 64, "bias", "prompt", 0), (33, 128, "qk_norm", "prompt", 0),
+    (4096, 128, "qk_norm", "prompt", 0), (1, 64, "plain", "decode", 0), (256, 64, "bias", "decode", 0),
+    (4096, 64, "bias", "prompt", 1), (2048, 128, "qk_norm", "prompt", 4)])
+def test_rope_qkv(dtype, T, hd, variant, kind, offset):
     """'prompt': consecutive positions from a cached prefix into shuffled slots; 'decode': one token per sequence at
-    scattered positions up to 32K, rows 1, 6, 11, ... padding rows (slot -1: q written, no K/V)."""
+    scattered positions up to 32K, rows 1, 6, 11, ... padding rows (slot -1: q written, no K/V). The kernel's run
+    width follows the step's size (rope_layout: 16-byte runs at 4,096 tokens, one pair a lane at one token) and the
+    pointers' alignment: `offset` elements before qkv's first start it off a 16-byte boundary (narrower runs)."""
     rng = np.random.default_rng(T + hd)
     n_pos, NH, n_slots = 32768, HQ + 2 * HKV, T + 300
     qkv = rounded(rng.standard_normal((T, NH * hd)), dtype)
@@ -224,7 +227,8 @@ def test_rope_qkv(dtype, T, hd, variant, kind):
     q_out = dev(np.zeros((T, HQ, hd)), dtype)
     kc, vc = dev(kc_ref * 0, dtype), dev(vc_ref * 0, dtype)
     opt = [None if a is None else dev(a, dtype) for a in (bias, qn, kn)]
-    K(dtype).rope_qkv(dev(qkv, dtype), *opt, 1e-6, cp.asarray(cos), cp.asarray(sin), ints(positions), ints(slots),
+    d_qkv = dev(np.concatenate([np.zeros(offset), qkv.reshape(-1)]), dtype)[offset:].reshape(qkv.shape)
+    K(dtype).rope_qkv(d_qkv, *opt, 1e-6, cp.asarray(cos), cp.asarray(sin), ints(positions), ints(slots),
                       HQ, HKV, q_out, kc, vc)
     check("rope_qkv.q", host(q_out, dtype), q_ref, dtype)
     check("rope_qkv.k_cache", host(kc, dtype), kc_ref, dtype)  # unwritten slots: 0 on both sides

@@ -47,6 +47,7 @@ TC_ONE_SPLIT_TILES = 4              # decode_attention_tc: a sequence of up to t
 STREAM_STAGES = {64: 4, 128: 3}     # decode_attention_tc_stream: K/V buffers of its ring (dt_stream_stages)
 STREAM_BLOCKS_PER_SM, STREAM_MIN_TILES, STREAM_MAX_SPLITS = 2, 2, 32  # stream_splits (see there)
 DECODE_ONE_SPLIT_TILES = 2          # decode_attention (CUDA cores): the same
+ROPE_MIN_WARPS_PER_SM = 4           # rope_layout: narrower runs below this many warps an SM (latency, not bytes)
 GEMV_MAX_ROWS = 4                   # gemv<T, TO, M> instantiations: M = 1..4
 PARTS_MAX = 8                       # add_rmsnorm_partials: most slices (PART_MAX in rmsnorm.cu)
 GEMV_MAX_WPR = 8                    # most warps per GEMV output row (gemv.cu; 1, 2, 4 or 8)
@@ -90,7 +91,37 @@ def kernel_names(op: str, ctype: str) -> list:
         return [f"add_rmsnorm<{ctype}>", f"add_rmsnorm_partials<{ctype}>"]
     if op == "activation":  # silu_mul, and the form that applies a deferred RMSNorm scale (gemm_skinny_norm's)
         return [f"silu_mul<{ctype}>", f"silu_mul_scaled<{ctype}>"]
-    return [{"embedding": "embedding", "rope": "rope_qkv"}[op] + f"<{ctype}>"]
+    if op == "rope":
+        return rope_names(ctype)
+    return [f"embedding<{ctype}>"]
+
+
+def rope_names(ctype: str) -> list:
+    """Every rope_qkv<T, V, KR> instantiation rope_layout can ask for (kernels/rope.cu)."""
+    return [f"rope_qkv<{ctype}, {v}, {kr}>" for v in (1, 2, 4) + ((8,) if ctype != "float" else ())
+            for kr in ((1, 2, 4) if v == 1 else (1, 2))]
+
+
+def rope_layout(D: int, itemsize: int, ptrs, table_ptrs=(), items: int = 0, min_warps: int = 0) -> tuple:
+    """(V, lanes an item, KR) for rope_qkv at head dim D (kernels/rope.cu): V the pairs a lane loads as one run of
+    each half, the widest of 8, 4, 2, 1 that fits 16 bytes and divides D/2 and every pointer's alignment (a view may
+    start anywhere; at V = 4 or 8 the fp32 cos/sin tables are read as float4, so they must be 16-byte aligned too),
+    then narrowed while `items` (token, head) items would fill fewer than `min_warps` warps: a small step is latency,
+    not bytes, and more lanes an item put more loads in flight (a one-token decode step: 1.6 us a call as one warp
+    an item, 2.0 at V = 8 with 8 items a warp, H100). lanes: the largest power of two up to D/2 / V runs, at most
+    32; KR the runs a lane (1 or 2; 3 -> 4 at V = 1), a template argument so that the common case holds one run's
+    registers (48 at V = 8, KR = 1; 72 at KR = 2)."""
+    half, v = D // 2, 16 // itemsize
+    while v > 1 and (half % v or any(p % (v * itemsize) for p in ptrs)
+                     or (v % 4 == 0 and any(p % 16 for p in table_ptrs))):
+        v //= 2
+
+    def lanes(v):
+        return 1 << (min(32, half // v).bit_length() - 1)
+    while v > 1 and items * lanes(v) < 32 * min_warps:
+        v //= 2
+    kr = -(-(half // v) // lanes(v))
+    return v, lanes(v), 4 if kr == 3 else kr
 
 
 def sm90a_kernel_names(op: str, ctype: str) -> list:
@@ -363,11 +394,14 @@ class CudaKernels(SkinnyGemms):
                              f"v_cache {v_cache.shape}, Hq={n_heads}, Hkv={n_kv_heads}")
         NH, cshape = n_heads + 2 * n_kv_heads, cos.shape
         if T:
+            ptrs = [a.data.ptr for a in (qkv, bias, q_norm, k_norm, q_out, k_cache, v_cache) if a is not None]
+            v, lanes, kr = rope_layout(D, self.itemsize, ptrs, (cos.data.ptr, sin.data.ptr), T * NH,
+                                       ROPE_MIN_WARPS_PER_SM * self.num_sms)
             self._go(
-                self._fn("rope", f"rope_qkv<{self.ctype}>"), (-(-T * NH // 4),), (128,),
+                self._fn("rope", f"rope_qkv<{self.ctype}, {v}, {kr}>"), (-(-T * NH // (4 * (32 // lanes))),), (128,),
                 (qkv, bias, q_norm, k_norm, _f32(eps), cos, sin, positions, slot_mapping, _i32(T),
-                 _i32(n_heads), _i32(n_kv_heads), _i32(D), _i32(cshape[0]), _i32(num_slots), q_out, k_cache,
-                 v_cache))
+                 _i32(n_heads), _i32(n_kv_heads), _i32(D), _i32(cshape[0]), _i32(num_slots), _i32(lanes), q_out,
+                 k_cache, v_cache))
 
     def silu_mul(self, gate_up, out):
         """out[T, I] = silu(gate_up[:, :I]) * gate_up[:, I:]."""
