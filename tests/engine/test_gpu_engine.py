@@ -11,6 +11,7 @@ from toolkit.engine.build import build_engine
 from toolkit.cli.common import default_model
 from toolkit.engine import SamplingParams
 from toolkit.engine.options import EngineOptions
+from toolkit.engine.runner import PREFILL_GRAPH_TOKENS
 
 pytestmark = pytest.mark.gpu
 
@@ -33,6 +34,12 @@ def run_batch(engine, batch, n_tokens, toggle=None):
             steps.append(outs[0].step)
         k += 1
     return [got[r] for r in rids], steps
+
+
+def replayed(s) -> bool:
+    """Whether the runner replays step `s` from a graph (graphs on): a pure decode step, or a prefill step of up to
+    PREFILL_GRAPH_TOKENS[-1] tokens (a mixed step runs eagerly)."""
+    return s.kind == "decode" or (s.kind == "prefill" and s.n_tokens <= PREFILL_GRAPH_TOKENS[-1])
 
 
 def plan_changes_no_token(eng, reqs, edit, kernel, monkeypatch, exact: bool = True):
@@ -77,7 +84,7 @@ def test_graph_equals_eager_every_bucket(tiny_bf16, batch):
     reqs = prompts(np.random.default_rng(batch), eng.cfg.vocab_size, batch)
     eng.set_options(EngineOptions(cuda_graphs=True))
     with_graphs, steps = run_batch(eng, reqs, 6)
-    assert any(s.graph for s in steps) and all(s.graph == (s.kind == "decode") for s in steps)
+    assert any(s.graph for s in steps) and all(s.graph == replayed(s) for s in steps)
     eng.set_options(EngineOptions(cuda_graphs=False))
     eager, steps = run_batch(eng, reqs, 6)
     assert not any(s.graph for s in steps) and all(s.sections_ms for s in steps)
@@ -100,7 +107,7 @@ def test_pdl_changes_no_token(tiny_bf16, batch):
             eng.runner.graphs.clear()  # earlier tests in this module captured these buckets already
             eng.set_options(EngineOptions(pdl=pdl, cuda_graphs=graphs))
             runs[pdl, graphs], steps = run_batch(eng, reqs, 8)
-            assert all(s.options.pdl == (pdl and s.graph) for s in steps)  # PDL only from graphs
+            assert all(s.options.pdl == (pdl and s.graph and s.kind == "decode") for s in steps)  # decode graphs
             assert all(s.plan.pdl == s.options.pdl for s in steps)
             assert (len(launches) > before) == (pdl and graphs)  # a new graph captured with PDL launches
     kernels._pdl = real
@@ -186,12 +193,33 @@ def test_context_bucket_graphs_change_no_token():
     # No prefix cache: the second run's prefill then recomputes what the first did, row for row.
     eng.set_options(EngineOptions(cuda_graphs=True, prefix_caching=False))
     with_graphs, steps = run_batch(eng, reqs, 24)  # the longest reaches 497 + 23 = 520 tokens of context
-    assert all(s.graph == (s.kind == "decode") for s in steps)
+    assert all(s.graph == replayed(s) for s in steps) and steps[0].kind == "prefill" and steps[0].graph
     assert {k[:2] for k in run.graphs} >= {(4, 512), (4, 1024)}  # batch bucket 4, both context buckets
+    assert ((4, 1024), 256) in {k[:2] for k in run.graphs}  # the prefill: 1,007 tokens padded to 1,024
     eng.set_options(EngineOptions(cuda_graphs=False, prefix_caching=False))
     eager, steps = run_batch(eng, reqs, 24)
     assert not any(s.graph for s in steps)
     assert with_graphs == eager and all(len(t) == 24 for t in eager)
+
+
+def test_a_chunked_prefill_replays_a_graph_a_chunk_size():
+    """A 300-token prompt under a 96-token step budget: chunks of 96, 96, 96 and 12 tokens, each a prefill step
+    replayed from a graph (the three full chunks from one, the last padded to the 16-token bucket), with the tokens
+    of eager steps; the graph of a full chunk is replayed, not captured again."""
+    eng = build_engine(shape="tiny", device="cuda", dtype="bfloat16", max_context=512, max_num_seqs=4,
+                       max_num_batched_tokens=96, kv_cache_tokens=512 * 4)
+    run, replays = eng.runner, []
+    real = run.be.replay
+    run.be.replay = lambda g: (replays.append(g), real(g))[1]
+    prompt = np.random.default_rng(3).integers(1, eng.cfg.vocab_size, 300).tolist()
+    eng.set_options(EngineOptions(cuda_graphs=True, prefix_caching=False))
+    with_graphs, _ = run_batch(eng, [prompt], 8)
+    prefill = {k[0]: g for k, g in run.graphs.items() if isinstance(k[0], tuple)}
+    assert set(prefill) == {(1, 96), (1, 16)}
+    assert sum(g is prefill[1, 96] for g in replays) == 3 and sum(g is prefill[1, 16] for g in replays) == 1
+    eng.set_options(EngineOptions(cuda_graphs=False, prefix_caching=False))
+    eager, _ = run_batch(eng, [prompt], 8)
+    assert with_graphs == eager and len(eager[0]) == 8
 
 
 @pytest.mark.parametrize("name", ["llama", "qwen3"])

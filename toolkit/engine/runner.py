@@ -11,7 +11,9 @@
 CUDA graphs: a pure decode step (every request feeds one token) is replayed from a graph captured
 once per batch-size bucket (1, 2, 4, ..., 256) and context bucket (512, 1024, ..., max_context),
 with the batch padded up to its bucket by rows that read and write nothing (KV slot -1, length 0).
-On the GPU eager decode steps are padded the same way, and every step (eager or not) sizes decode
+A prefill step (prompt chunks, no decodes) of up to 2,048 tokens is replayed too, its tokens padded
+to a token bucket by rows of no request and its requests to a batch bucket by empty ones.
+On the GPU eager steps are padded the same way, and every step (eager or not) sizes decode
 attention for its context bucket, so turning graphs off and on runs the very same kernels on the
 very same shapes: the tokens cannot change, only the launch overhead does.
 """
@@ -29,6 +31,12 @@ from toolkit.engine.timings import NullTimer, in_order
 from .block_manager import slot_mapping, table_array
 
 GRAPH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+# A prefill step's token buckets. Eagerly, a step's ~220 launches (0.5B shape) take longer on the host than a few
+# hundred tokens' kernels on the GPU: a 4,096-token prompt prefilled in chunks of 512 tokens took 43.0 ms of step
+# time against 10.2 in one step, in chunks of 1,024 19.5 (H100, bench_prefill_chunked_session17_h100.log). So a
+# prefill step of up to 2,048 tokens is replayed from a graph; past that its kernels outlast its launches. Steps
+# between buckets compute the padding rows too: at most 2x the tokens up to 256, at most 255 rows above.
+PREFILL_GRAPH_TOKENS = (16, 32, 64, 128, 256, 512, 768, 1024, 1280, 1536, 1792, 2048)
 # Decode attention's split plan (grid, workspace) is sized for a max_seq_len and stays valid at every length up
 # to it (decode_splits in cuda_kernels.py). Sized for max_context, a short-context step launches a long context's
 # mostly empty splits: batch 32 took 1.240 ms a step at 4,225 tokens of context vs 1.179 at 640
@@ -150,6 +158,14 @@ class ModelRunner:
             return None
         return self.buckets[bisect.bisect_left(self.buckets, rows)]
 
+    def prefill_bucket(self, seqs: int, tokens: int):
+        """(requests, tokens) a prefill step of `seqs` requests feeding `tokens` tokens is padded to and replayed
+        at (None: it runs eagerly as it is): a batch bucket and the next token bucket, at most the staged rows."""
+        b = self.graph_bucket(seqs)
+        if b is None or tokens > PREFILL_GRAPH_TOKENS[-1]:
+            return None
+        return b, min(PREFILL_GRAPH_TOKENS[bisect.bisect_left(PREFILL_GRAPH_TOKENS, tokens)], self.stager.max_tokens)
+
     def padded_rows(self, rows: int) -> int:
         """How many rows a pure decode step of `rows` requests runs: its graph bucket, on the GPU."""
         return self.graph_bucket(rows) or rows
@@ -160,8 +176,16 @@ class ModelRunner:
         cb = self.context_buckets
         return cb[min(bisect.bisect_left(cb, longest), len(cb) - 1)]
 
-    def _bucket(self, batch: StepBatch):
-        return self.graph_bucket(batch.num_seqs) if batch.kind == "decode" else None
+    def _padding(self, batch: StepBatch, options):
+        """(requests, tokens) the step runs padded to, eagerly or from the graph of that size; tokens None for a
+        decode step (one padding row a padding request). None: it runs eagerly as it is (a step mixing decodes
+        and prompt chunks; a prefill whose sparse path sizes its kernels on the host from the real lengths)."""
+        if batch.kind == "decode":
+            b = self.graph_bucket(batch.num_seqs)
+            return None if b is None else (b, None)
+        if batch.kind == "prefill" and not options.sparse_prefill:
+            return self.prefill_bucket(batch.num_seqs, batch.num_tokens)
+        return None
 
     # -- one step -----------------------------------------------------------------------------------------
     def launch(self, batch: StepBatch, options, states: list, sample_rows: list, feed: bool = False) -> "InFlight":
@@ -172,20 +196,21 @@ class ModelRunner:
         be, sampler = self.be, self.sampler
         be.bind_thread()
         B = batch.num_seqs
-        bucket = self._bucket(batch)
-        use_graph = bucket is not None and options.cuda_graphs
-        if not use_graph:
-            # PDL only inside graphs: eagerly, each cuLaunchKernelEx through cuda-bindings costs more host time
-            # than it saves (batch-1 decode without graphs: 3.650 vs 2.633 ms, bench_pdl_eager.log).
+        pad = self._padding(batch, options)
+        use_graph = pad is not None and options.cuda_graphs
+        if not use_graph or pad[1] is not None:
+            # PDL only inside decode graphs: eagerly, each cuLaunchKernelEx through cuda-bindings costs more host
+            # time than it saves (batch-1 decode without graphs: 3.650 vs 2.633 ms, bench_pdl_eager.log); in a
+            # prefill step the kernels, not their launch latency, are the time, and PDL was measured on decode.
             options = options.with_(pdl=False)
         due = np.zeros(B, bool)
         due[sample_rows] = True
         # The step before may still be queued: its copies read the pinned host buffers this step rewrites.
         self._staged.wait()
         t0 = time.perf_counter()
-        sb = sampler.prepare(states, batch.seq_lens, due, bucket or B, options.sampler_fast_path)
+        sb = sampler.prepare(states, batch.seq_lens, due, pad[0] if pad else B, options.sampler_fast_path)
         gate_ms = (time.perf_counter() - t0) * 1e3
-        step = self.stager.stage(batch, pad_to=bucket)
+        step = self.stager.stage(batch, *(pad or ()))
         sampler.stage(sb)
         self._staged = be.fence()
         if feed:  # before this step's sampling overwrites them
@@ -200,7 +225,7 @@ class ModelRunner:
         clock = self._clocks[k % 2]
         plan = self.model.plan(step, options)
         if use_graph:
-            graph = self._graph(bucket, step, sb, plan)
+            graph = self._graph(pad, step, sb, plan)
             clock.start()
             be.replay(graph)
         else:
@@ -250,16 +275,19 @@ class ModelRunner:
                            all_rows=True)
 
     # -- graphs ------------------------------------------------------------------------------------------
-    def _graph(self, bucket: int, step, sb, plan):
+    def _graph(self, pad: tuple, step, sb, plan):
         # A graph bakes in its kernels: one per batch bucket, per context bucket (decode attention's grid and
         # workspace), per step plan (which kernels, launched with PDL or not) and per sampler path (the fast
         # path, or the slow one with every processing stage). Bounded: at most 9 batch buckets x (1 +
         # ceil(log2(max_context / 256))) context buckets x 2 sampler paths per option set (90 at 4,096 tokens of
-        # context), and only those that steps reach are made. Every graph reads the same static step, scratch and
-        # logits buffers; what a context bucket adds is its graphs' nodes, per batch bucket its own
-        # decode-attention workspace (B x Hq x splits x (D + 2) fp32 words, under 4 MB at batch 256 for
-        # Qwen2.5-0.5B on the H200), and, the first time a step reaches it, one eager step plus the capture.
-        key = (bucket, step.context_bucket, plan, sb.fast)
+        # context), and only those that steps reach are made; a prefill step's graphs add at most 9 batch x 12
+        # token buckets x 2 sampler paths (at the smallest context bucket: a prefill step has no decode rows).
+        # Every graph reads the same static step, scratch and logits buffers; what a context bucket adds is its
+        # graphs' nodes, per batch bucket its own decode-attention workspace (B x Hq x splits x (D + 2) fp32
+        # words, under 4 MB at batch 256 for Qwen2.5-0.5B on the H200), and, the first time a step reaches it,
+        # one eager step plus the capture. Key: a decode graph's batch bucket, or a prefill graph's (requests,
+        # tokens).
+        key = (pad[0] if pad[1] is None else pad, step.context_bucket, plan, sb.fast)
         g = self.graphs.get(key)
         if g is None:
             body = self.graph_body(step, sb, plan)
@@ -291,5 +319,5 @@ class ModelRunner:
                 sb = self.sampler.prepare([None] * b, z, np.ones(b, bool), b, fast)
                 step = self.stager.stage(batch)
                 self.sampler.stage(sb)
-                self._graph(b, step, sb, self.model.plan(step, options))
+                self._graph((b, None), step, sb, self.model.plan(step, options))
         self.be.synchronize()

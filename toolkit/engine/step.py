@@ -102,12 +102,18 @@ class StepStager:
             off += n
         self._upload = backend.upload
 
-    def stage(self, batch: StepBatch, pad_to: int | None = None) -> DeviceStep:
-        """Write `batch` into the buffers; `pad_to` pads a decode batch to a graph bucket
-        with padding rows (slot -1, length 0) that read and write nothing."""
+    def stage(self, batch: StepBatch, pad_to: int | None = None, pad_tokens_to: int | None = None) -> DeviceStep:
+        """Write `batch` into the buffers; `pad_to` pads a decode batch to a graph bucket with padding rows (one-token
+        decodes: slot -1, length 0) that read and write nothing. With `pad_tokens_to`, a prefill step: its tokens
+        are padded to that many with rows of no request (slot -1: computed, never attended to, never written to the
+        cache) and its requests to `pad_to` with empty ones (no tokens, length 0), and max_query_len becomes the
+        padded token count, so that one graph serves every step of the same padded size."""
         B, N = batch.num_seqs, batch.num_tokens
         Bp = pad_to or B
-        Np = N + (Bp - B)  # padding rows are one-token decodes
+        prefill_pad = pad_tokens_to is not None
+        Np = pad_tokens_to if prefill_pad else N + (Bp - B)  # a decode's padding rows are one-token decodes
+        if prefill_pad and (batch.num_decodes or Np < N):
+            raise ValueError(f"a prefill step of {N} tokens cannot be padded to {Np} (decodes: {batch.num_decodes})")
         if Bp > self.max_seqs or Np > self.max_tokens:
             raise ValueError(f"step of {Np} tokens / {Bp} requests exceeds the staged maximum "
                              f"{self.max_tokens} / {self.max_seqs}")
@@ -118,7 +124,7 @@ class StepStager:
         h = self.h
         qsl = h["qsl"]
         qsl[:B + 1] = batch.query_start_loc
-        qsl[B + 1:Bp + 1] = np.arange(N + 1, Np + 1, dtype=np.int32)
+        qsl[B + 1:Bp + 1] = N if prefill_pad else np.arange(N + 1, Np + 1, dtype=np.int32)
         seq_lens = h["seq_lens"]
         seq_lens[:B] = batch.seq_lens
         seq_lens[B:Bp] = 0
@@ -140,5 +146,6 @@ class StepStager:
             query_start_loc=d["qsl"][:Bp + 1], seq_lens=d["seq_lens"][:Bp],
             block_tables=d["block_tables"][:Bp * self.max_blocks].reshape(Bp, self.max_blocks),
             logits_rows=d["logits_rows"][:Bp], num_tokens=Np, num_seqs=Bp,
-            num_decodes=batch.num_decodes + (Bp - B), max_query_len=max(batch.max_query_len, 1),
+            num_decodes=batch.num_decodes + (0 if prefill_pad else Bp - B),
+            max_query_len=Np if prefill_pad else max(batch.max_query_len, 1),
             context_bucket=batch.context_bucket, prefill_lens=batch.prefill_lens)
