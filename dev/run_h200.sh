@@ -17,6 +17,7 @@
 #   rope           rope_qkv against the kernel it replaced, rope_qkv_warp (dev/rope.py --widths): outputs, µs, GB/s
 #   mlp            a prefill's MLP block whole against in row chunks whose gate_up output fits in L2 (dev/mlp_chunks.py)
 #   chunked        the 0.5B's 4,096-token prefill in chunks of 4,096 to 512 tokens (also run by prefill)
+#   graphs         the GPU tests of what a prefill graph touches: rope, the engine (graphs, PDL, chunks), the model
 #   readme         the README's results: its bench suite row (qwen2.5-0.5b, batch 1, prefill) and throughput
 #   dev            a quick round while developing: kernel, sampler and engine GPU tests, then the peer
 #   wg             the Hopper prefill attention (prefill_attention_wg): wgmma probes, its GPU tests, then every
@@ -125,6 +126,11 @@ if run profile; then  # one eager decode step's kernels, serialised (Nsight Comp
       python3 dev/profile_decode.py --batch $b > "$OUT/ncu_decode_b$b.csv" 2>&1
     python3 dev/profile_decode.py --summarise "$OUT/ncu_decode_b$b.csv" | tee "$OUT/decode_kernels_b$b.txt" | head -30
   done
+fi
+if run graphs; then
+  python3 -m pytest -q -m gpu tests/kernels/test_gpu_kernels.py tests/engine/test_gpu_engine.py \
+    tests/model/test_gpu_model.py tests/sampler/test_gpu_sampler_engine.py -k "rope or engine or model or sampler" \
+    2>&1 | tee "$OUT/gpu_tests_graphs.log" | tail -4
 fi
 if run prefill; then
   python3 -m pytest -q -m gpu tests/kernels/test_gpu_kernels.py tests/model/test_gpu_model.py \
