@@ -70,7 +70,8 @@ rope_qkv(const T* __restrict__ qkv, const T* __restrict__ bias, const T* __restr
          T* __restrict__ v_cache) {
     pdl_enter();  // (pdl.cuh) a no-op unless launched with PDL
     const int NH = Hq + 2 * Hkv, half = D / 2, lane = threadIdx.x & 31;
-    const int ipw = 32 / lpi, sub = lane / lpi, gl = lane % lpi;  // item of the warp, lane of the item
+    const int lsh = __ffs(lpi) - 1;  // lpi is a power of two: shifts, not divisions (a decode step is latency)
+    const int ipw = 32 >> lsh, sub = lane >> lsh, gl = lane & (lpi - 1);  // item of the warp, lane of the item
     const int item = (blockIdx.x * 4 + (threadIdx.x >> 5)) * ipw + sub;
     if (sub >= ipw || item >= n_tokens * NH) return;  // an item's lanes leave together: shuffles stay within them
     const unsigned group = lpi == 32 ? 0xffffffffu : ((1u << lpi) - 1) << (sub * lpi);

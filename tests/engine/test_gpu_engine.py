@@ -38,8 +38,9 @@ def run_batch(engine, batch, n_tokens, toggle=None):
 
 def replayed(s) -> bool:
     """Whether the runner replays step `s` from a graph (graphs on): a pure decode step, or a prefill step of up to
-    PREFILL_GRAPH_TOKENS[-1] tokens (a mixed step runs eagerly)."""
-    return s.kind == "decode" or (s.kind == "prefill" and s.n_tokens <= PREFILL_GRAPH_TOKENS[-1])
+    PREFILL_GRAPH_TOKENS[-1] tokens whose attention is the dense kernel (a mixed step runs eagerly)."""
+    return s.kind == "decode" or (s.kind == "prefill" and s.n_tokens <= PREFILL_GRAPH_TOKENS[-1]
+                                  and s.prefill_path != "sparse-approx")
 
 
 def plan_changes_no_token(eng, reqs, edit, kernel, monkeypatch, exact: bool = True):

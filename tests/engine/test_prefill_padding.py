@@ -59,3 +59,24 @@ def test_a_padded_prefill_step_gives_the_unpadded_logits_and_writes_no_other_kv(
     for a, b in zip(kv, want_kv):  # (otherwise) the same rows: the same K/V, and nothing past them
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
         assert not a[b == 0].any(), "a padding row wrote K/V"
+
+
+def test_with_sparse_prefill_only_steps_that_run_the_dense_kernel_are_padded(tiny, monkeypatch):
+    """The sparse path sizes its kernels on the host from the real lengths, so a step that runs them stays eager and
+    unpadded; one where every row sees every block, or the selection keeps too many keys, runs the dense kernel
+    (toolkit/model/sparse.py) and is padded like any prefill."""
+    from toolkit.engine.step import StepBatch
+
+    run = tiny.runner
+    monkeypatch.setattr(run, "buckets", [b for b in GRAPH_BUCKETS if b <= tiny.max_num_seqs])
+    options = EngineOptions()
+    assert options.sparse_prefill
+
+    def chunk(n, seq_len):  # a prompt chunk of n tokens ending at seq_len
+        z = np.zeros(n, np.int32)
+        return StepBatch(z, np.arange(seq_len - n, seq_len, dtype=np.int32), z, np.array([0, n], np.int32),
+                         np.array([seq_len], np.int32), np.zeros((1, 1), np.int32), 0, 256)
+    assert run._padding(chunk(100, 1000), options) == (1, 128)  # every row sees every block (1,000 // 4 <= 512)
+    assert run._padding(chunk(100, 2400), options) == (1, 128)  # keeps 2,176 of ~2,350 keys a row: dense
+    assert run._padding(chunk(100, 8000), options) is None  # keeps ~27% of the keys: the sparse kernels run
+    assert run._padding(chunk(100, 8000), options.with_(sparse_prefill=False)) == (1, 128)

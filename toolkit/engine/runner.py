@@ -25,6 +25,7 @@ from types import MappingProxyType
 import numpy as np
 
 from toolkit.model.decoder import KVCache, Model
+from toolkit.model.sparse import runs_dense
 from ..sampler.sampler import ALL_STAGES, Sampler
 from toolkit.engine.step import StepBatch, StepStager
 from toolkit.engine.timings import NullTimer, in_order
@@ -179,11 +180,11 @@ class ModelRunner:
     def _padding(self, batch: StepBatch, options):
         """(requests, tokens) the step runs padded to, eagerly or from the graph of that size; tokens None for a
         decode step (one padding row a padding request). None: it runs eagerly as it is (a step mixing decodes
-        and prompt chunks; a prefill whose sparse path sizes its kernels on the host from the real lengths)."""
+        and prompt chunks; a prefill whose sparse kernels run, sized on the host from the real lengths)."""
         if batch.kind == "decode":
             b = self.graph_bucket(batch.num_seqs)
             return None if b is None else (b, None)
-        if batch.kind == "prefill" and not options.sparse_prefill:
+        if batch.kind == "prefill" and (not options.sparse_prefill or runs_dense(batch.prefill_lens, options)):
             return self.prefill_bucket(batch.num_seqs, batch.num_tokens)
         return None
 

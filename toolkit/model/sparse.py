@@ -96,6 +96,15 @@ def step_path(lens, options) -> str:
     return "sparse-approx" if approximates(lens, options) else "sparse-skipped"
 
 
+def runs_dense(lens, options) -> bool:
+    """Whether a step whose prefill requests have these (q_len, seq_len) runs the dense prefill kernel, and nothing
+    else, for its attention: every row sees every block (DENSE_WHEN_EXACT), or the selection keeps too many keys.
+    Such a step's kernels do not depend on its lengths, so the runner may replay it from a graph."""
+    if max(L // options.sparse_block for _, L in lens) <= options.sparse_topk:
+        return DENSE_WHEN_EXACT
+    return not approximates(lens, options)
+
+
 def request_path(seq_len: int, options, path: str) -> str:
     """The prefill path of one request in a step whose path is `path`: exact when its last query sees every
     complete block, else the step's."""
@@ -144,8 +153,7 @@ class SparsePrefill:
             return p
         N = max(L // R for _, L in lens)
         qsl, seq_lens, tables = step.query_start_loc[nd:], step.seq_lens[nd:], step.block_tables[nd:]
-        # Dense where every row sees every block (same result) or where the selection keeps too many keys.
-        dense = DENSE_WHEN_EXACT if N <= K else not approximates(lens, options)
+        dense = runs_dense(lens, options)
         # The plan holds the step object, so its id cannot be reused while the plan is cached.
         p = self._plan = SimpleNamespace(step=step, key=key, N=N, qsl=qsl, seq_lens=seq_lens, tables=tables,
                                          dense=dense, gathered=False, chunks=(), ublk=None)
