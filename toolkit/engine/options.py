@@ -30,8 +30,8 @@ class EngineOptions:
     sparse_prefill: bool = _toggle("prompt attention over a sliding window plus the indexer's top-k key blocks "
                                    "(exact when the selection covers every block)")
     prefix_caching: bool = _toggle("reuse the KV cache of an earlier request's identical prompt prefix")
-    cuda_graphs: bool = _toggle("replay each decode step from a CUDA graph instead of launching its kernels one "
-                                "by one")
+    cuda_graphs: bool = _toggle("replay each decode step, and each prefill step of up to 2,048 tokens, from a "
+                                "CUDA graph instead of launching its kernels one by one")
     fused_kernels: bool = _toggle("our decode kernels: a GEMV at batch 1, a tensor-core GEMM with RoPE, RMSNorm "
                                   "and SwiGLU in its epilogues at 2-32 rows, the down projection in slices; off: "
                                   "cuBLAS for every projection and separate norm, RoPE and SwiGLU kernels")
