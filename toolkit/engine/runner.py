@@ -299,7 +299,7 @@ class ModelRunner:
         return g
 
     def graph_body(self, step, sb, plan):
-        """What a decode graph holds: the forward, then the sampling with every stage (eagerly the sampler runs
+        """What a graph holds (decode or prefill): the forward, then the sampling with every stage (eagerly the sampler runs
         only the stages the batch needs; a graph is replayed for later batches too)."""
         def body():
             self.model.forward(step, self.kv, self.logits, plan, NullTimer())
