@@ -299,8 +299,8 @@ class ModelRunner:
         return g
 
     def graph_body(self, step, sb, plan):
-        """What a graph holds (decode or prefill): the forward, then the sampling with every stage (eagerly the sampler runs
-        only the stages the batch needs; a graph is replayed for later batches too)."""
+        """What a graph (decode or prefill) holds: the forward, then the sampling with every stage (eagerly the
+        sampler runs only the stages the batch needs; a graph is replayed for later batches too)."""
         def body():
             self.model.forward(step, self.kv, self.logits, plan, NullTimer())
             self.sampler.sample(self.logits, sb, NullTimer(), stages=ALL_STAGES)
