@@ -5,7 +5,8 @@ engine's paged cache (16-token blocks, a shuffled block table), bf16. Times, µs
 repeats):
   - tc: prefill_attention_tc (mma.sync, FlashAttention-2), 64 queries a block;
   - wg: prefill_attention_wg (Hopper wgmma, kernels/wgmma.cuh), 128 queries a block, at the plan's K/V tile (WG_KEYS)
-    and at each other tile size of --keys (the same source, other template arguments);
+    and at each other tile size of --keys (the same source, other template arguments); "wg s=N": the plan's tile with
+    each query tile's keys in N splits (--splits) and prefill_attention_merge, "(plan)" marking prefill_splits' N;
   - wgp: dev/prefill_attention_wgp.cu, wg with FlashAttention-3's intra-warpgroup overlap (--variants);
   - wgpp: the same file, wgp plus FA3's ping-pong of the two warpgroups (mbarriers, named barriers);
   - sdpa: torch's scaled_dot_product_attention(is_causal=True, enable_gqa=True) on contiguous [1, H, T, D] tensors,
@@ -20,7 +21,9 @@ against NumPy. A wrong descriptor or fragment layout shows there first; a failin
 the result are wrong.
 
     PYTHONPATH=. python3 dev/prefill_attention.py [--probe] [--shapes llama-3.2-1b,...] [--tokens 4096]
-        [--prefix 0] [--keys 64,128] [--variants wgp,wgpp]
+        [--prefix 0] [--keys 64,128] [--variants wgp,wgpp] [--splits 1,2,4,8]
+
+A chunk of a long prompt, its keys split: --tokens 512 --prefix 3584 --keys 0 --variants '' --splits 1,2,3,4,6,8
 """
 import argparse
 import os
@@ -212,7 +215,8 @@ def wg_launcher(ctype, d, bn, variant="wg"):
     def call(q, kc, vc, table, qsl, seq_lens, block_size, scale, out, max_q):
         hq, hkv = q.shape[1], kc.shape[1]
         args = (q, kc, vc, table, qsl, seq_lens, np.int32(block_size), np.int32(table.shape[1]),
-                np.int32(kc.shape[0] // block_size), np.float32(scale), np.int32(hq), np.int32(hkv), out)
+                np.int32(kc.shape[0] // block_size), np.float32(scale), np.int32(hq), np.int32(hkv))
+        args += ((np.int32(1), None, None) if variant == "wg" else ()) + (out,)  # wg: one split
         f((hq, seq_lens.shape[0], -(-max_q // ck.WG_QUERIES)), (256,), args, shared_mem=smem)
     return call
 
@@ -242,6 +246,7 @@ def main(argv=None):
     ap.add_argument("--prefix", type=int, default=0)
     ap.add_argument("--keys", default="64,128", help="K/V tile sizes of prefill_attention_wg to time")
     ap.add_argument("--variants", default="wgp,wgpp", help="dev variants of the wg kernel to time as well (VARIANTS)")
+    ap.add_argument("--splits", default="", help="split counts to time the plan's wg kernel at (e.g. 1,2,4,8)")
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args(argv)
     dev = cp.cuda.Device()
@@ -250,7 +255,7 @@ def main(argv=None):
         print("(the attention timings below use the same pieces)")
     kern, ref_kern = CudaKernels("bfloat16"), CudaKernels("float32")
     rng = np.random.default_rng(1)
-    print(f"{'shape':14s} {'kernel':10s} {'µs':>9s} {'TFLOPS':>7s} {'vs sdpa':>8s} {'max|err|':>9s}")
+    print(f"{'shape':14s} {'kernel':16s} {'µs':>9s} {'TFLOPS':>7s} {'vs sdpa':>8s} {'max|err|':>9s}")
     for shape in args.shapes.split(","):
         hq, hkv, d = SHAPES[shape]
         table, (qb, kb, vb), (qf, kf, vf) = paged_case(hq, hkv, d, args.prefix, args.tokens, rng)
@@ -267,12 +272,16 @@ def main(argv=None):
         kernels = [("tc", kern.prefill_attention_tc)]
         if kern.sm90:
             kernels.append((f"wg {ck.WG_KEYS[d]}", kern.prefill_attention_wg))
+            plan = ck.prefill_splits(1, args.tokens, args.tokens, hq, d, kern.num_sms)
+            for n in (int(x) for x in args.splits.split(",") if x):
+                kernels.append((f"wg s={n}" + (" (plan)" if n == plan else ""),
+                                lambda *a, n=n: kern.prefill_attention_wg(*a, n_splits=n)))
             kernels += [(f"wg {bn}", wg_launcher("__nv_bfloat16", d, bn))
-                        for bn in map(int, args.keys.split(",")) if bn != ck.WG_KEYS[d]]
+                        for bn in map(int, args.keys.split(",")) if bn and bn != ck.WG_KEYS[d]]
             kernels += [(f"{v} {bn}", wg_launcher("__nv_bfloat16", d, bn, v)) for v in args.variants.split(",") if v
                         for bn in map(int, args.keys.split(","))]
         if base is not None:
-            print(f"{shape:14s} {'sdpa':10s} {base:9.1f} {causal_tflops(base, hq, d, 0, args.tokens):7.1f}")
+            print(f"{shape:14s} {'sdpa':16s} {base:9.1f} {causal_tflops(base, hq, d, 0, args.tokens):7.1f}")
         for label, fn in kernels:
             call = lambda i, fn=fn: fn(q, kc, vc, tbl, qsl, seq_lens, BS, scale, out, args.tokens)  # noqa: E731
             out.fill(0)
@@ -282,8 +291,11 @@ def main(argv=None):
             err = float(np.abs(np.nan_to_num(got, nan=1e9) - ref).max())
             us = graph_us(cp, call, n=20, reps=args.repeats)
             vs = f"{base / us:7.2f}x" if base else ""
-            print(f"{shape:14s} {label:10s} {us:9.1f} {causal_tflops(us, hq, d, args.prefix, args.tokens):7.1f} "
+            print(f"{shape:14s} {label:16s} {us:9.1f} {causal_tflops(us, hq, d, args.prefix, args.tokens):7.1f} "
                   f"{vs:>8s} {err:9.2e}" + (f"  NON-FINITE {bad}" if bad else ""))
+    for name, f in kern._fns.items():  # resident blocks follow from these (WG_BLOCKS_PER_SM in cuda_kernels.py)
+        print(f"{name}: {getattr(f, 'num_regs', '?')} registers a thread, "
+              f"{kern._smem_optin.get(name, 0)} B dynamic shared memory")
 
 
 if __name__ == "__main__":

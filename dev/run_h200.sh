@@ -18,6 +18,12 @@
 #   mlp            a prefill's MLP block whole against in row chunks whose gate_up output fits in L2 (dev/mlp_chunks.py)
 #   chunked        the 0.5B's 4,096-token prefill in chunks of 4,096 to 512 tokens (also run by prefill)
 #   graphs         the GPU tests of what a prefill graph touches: rope, the engine (graphs, PDL, chunks), the model
+#   splits         prefill attention with each query tile's keys split over blocks (a chunk of a long prompt): its
+#                  GPU tests, the split counts' sweep (dev/prefill_attention.py --splits), then chunked prefills of
+#                  each shape; with a copy of an older tree in _base/ (toolkit/ and kernels/), the same chunked
+#                  prefills on it, in the same call
+#   splits_close   the whole GPU suite, then the chunked prefills of splits (this tree only) and its sweep at 4,096
+#                  tokens and at a 512-token chunk after 3,584, then the README's results (readme)
 #   readme         the README's results: its bench suite row (qwen2.5-0.5b, batch 1, prefill) and throughput
 #   dev            a quick round while developing: kernel, sampler and engine GPU tests, then the peer
 #   wg             the Hopper prefill attention (prefill_attention_wg): wgmma probes, its GPU tests, then every
@@ -50,7 +56,7 @@ PEER="$B --shape qwen2.5-0.5b --batch 1,32 --depth 0 --prefill 4096 --peer torch
 # run MODE...: is one of this call's modes among these? (the blocks run in this file's order, whatever $1's)
 run() { local m; for m in $what; do [[ " $* " == *" $m "* ]] && return 0; done; return 1; }
 
-if run tests all close; then
+if run tests all close splits_close; then
   $GPU_SUITE 2>&1 | tee "$OUT/gpu_tests.log" | tail -20
 fi
 if run dev; then
@@ -142,7 +148,18 @@ fi
 if run mlp; then
   python3 dev/mlp_chunks.py 2>&1 | tee "$OUT/mlp_chunks.log"
 fi
-if run readme; then  # the README's results: its bench suite row and throughput
+if run splits_close; then
+  for sc in qwen2.5-0.5b:4096 qwen2.5-0.5b:2048 qwen2.5-0.5b:1024 qwen2.5-0.5b:512 llama-3.2-1b:512 qwen3-0.6b:512 \
+            qwen2.5-1.5b:512; do
+    $B --shape ${sc%%:*} --batch 1 --depth 0 --decode 8 --prefill 4096 --max-num-batched-tokens ${sc##*:} -r 3 2>&1 \
+      | grep "^| pp" | sed "s/^/${sc%%:*} chunks ${sc##*:} /"
+  done 2>&1 | tee "$OUT/bench_prefill_chunked_splits.log"
+  for t in 4096:0 512:3584; do
+    timeout 100 python3 dev/prefill_attention.py --tokens ${t%%:*} --prefix ${t##*:} --keys 0 --variants '' \
+      --splits 1,2,4,8 --repeats 3
+  done 2>&1 | tee "$OUT/prefill_splits.log"
+fi
+if run readme splits_close; then  # the README's results: its bench suite row and throughput
   python3 -m toolkit bench suite --device cuda --shapes qwen2.5-0.5b --batch 1 --depth 0 --prefill 4096 --peer torch \
     -r 3 --out "$OUT/suite" 2>&1 | tee "$OUT/bench_suite_readme.log" | tail -8
   python3 -m toolkit bench throughput --device cuda --shape qwen2.5-0.5b --repeats 3 2>&1 | tee "$OUT/throughput.log" \
@@ -152,6 +169,23 @@ if run prefill; then
   for s in qwen2.5-0.5b llama-3.2-1b qwen3-0.6b qwen2.5-1.5b; do
     $B --shape $s --batch 1 --depth 0 --decode 32 --prefill 4096 --peer torch -r 5 2>&1 | grep "^| pp"
   done | tee "$OUT/bench_prefill.log"
+fi
+if run splits; then
+  python3 -m pytest -q -m gpu tests/kernels/test_gpu_kernels.py -k "prefill_attention" 2>&1 \
+    | tee "$OUT/gpu_tests_splits.log" | tail -3
+  for t in 4096:0 512:3584 1024:3072 2048:2048 256:7936; do
+    timeout 150 python3 dev/prefill_attention.py --tokens ${t%%:*} --prefix ${t##*:} --keys 0 --variants '' \
+      --splits 1,2,3,4,6,8 --repeats 3
+  done 2>&1 | tee "$OUT/prefill_splits.log"
+  for tree in . _base; do
+    [ -d "$tree/toolkit" ] || continue
+    echo "== tree $tree"
+    for sc in qwen2.5-0.5b:2048 qwen2.5-0.5b:1024 qwen2.5-0.5b:512 llama-3.2-1b:512 qwen3-0.6b:512 qwen2.5-1.5b:512; do
+      # python -m puts the working directory first on the path: run from inside the tree
+      (cd "$tree" && $B --shape ${sc%%:*} --batch 1 --depth 0 --decode 8 --prefill 4096 \
+        --max-num-batched-tokens ${sc##*:} -r 3 2>&1) | grep "^| pp" | sed "s/^/${sc%%:*} chunks ${sc##*:} /"
+    done
+  done 2>&1 | tee "$OUT/bench_prefill_chunked_splits.log"
 fi
 if run prefill chunked; then  # the same prefill chunked (issue 36: a chunked prefill should keep the one-step rate)
   for c in 4096 2048 1024 512; do

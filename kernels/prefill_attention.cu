@@ -36,9 +36,19 @@
 //    read from smem; O += P V is BN/16 steps with P from the S registers and V from smem. The softmax between them
 //    is mma.cuh's, per warp on its 16 rows, unchanged. A warpgroup skips the math of a tile that lies wholly above
 //    its diagonal (the last tile of a 128-query block at BN=64).
+//    Split keys: a chunk of a long prompt has few query tiles (512 tokens: 4 a head, 56 blocks for 14 heads on 132
+//    SMs), each walking the whole prefix. With n_splits > 1 the grid is (Hq, B, query tiles x n_splits) and block
+//    (tile, s) takes keys [s * chunk, (s + 1) * chunk) of its tile's kv_len keys (chunk = split_keys(kv_len, ...):
+//    whole tiles, computed on the device, so one grid serves every prefix length); it writes its rows' unnormalised
+//    output, running max and sum to the workspace, and prefill_attention_merge (4.) combines a row's splits.
+//
+// 4. prefill_attention_merge<T>: out[row, h] = sum_s 2^(m_s - M) o_s / sum_s 2^(m_s - M) l_s over the splits that
+//    hold a key of the row (s * chunk <= its position), M their max: a block a row, a thread 4 dims of a head.
+//    The row's tile, kv_len and chunk are recomputed from the same device values as the attention kernel's.
 #include "dtype.cuh"
 #include "mma.cuh"
 #include "wgmma.cuh"
+#include "paged.cuh"
 
 constexpr float LOG2E = 1.4426950408889634f;
 
@@ -51,6 +61,13 @@ __device__ __forceinline__ Seq sequence(const int* query_start_loc, const int* s
     s.len = min(max(seq_lens[b], 0), max_len);
     s.start = max(s.len - s.n, 0);
     return s;
+}
+
+// Keys a split of a query tile takes when the tile's keys 0..kv_len-1 are spread over n_splits blocks: whole tiles of
+// bn keys, at least min_keys (a multiple of bn), so splits 0..ceil(kv_len / chunk) - 1 are the non-empty ones.
+__device__ __forceinline__ int split_keys(int kv_len, int n_splits, int bn, int min_keys) {
+    const int c = (kv_len + n_splits - 1) / n_splits;
+    return max(min_keys, (c + bn - 1) / bn * bn);
 }
 
 // Cache slot of key `key` (< len) through a block-table row, or -1 past len; the block id is clamped to the cache.
@@ -275,6 +292,7 @@ prefill_attention_tc(const T* __restrict__ q, const T* __restrict__ k_cache, con
 //    128-byte swizzled and 1,024-byte aligned.
 // ---------------------------------------------------------------------------------------------------------
 constexpr int WG_BQ = 128;  // queries a block: 64 a warpgroup
+constexpr int WG_MIN_SPLIT_KEYS = 256;  // split_keys' floor (PREFILL_MIN_SPLIT_KEYS in cuda_kernels.py)
 
 // A tile of ROWS rows gathered through `slots` (-1: a zero row) into a swizzled tile; 256 threads, consecutive
 // threads on consecutive 16-byte units of a row, so each row's read is one contiguous run.
@@ -322,12 +340,44 @@ __device__ __forceinline__ void wg_pv(float (&od)[D / 2], const unsigned (&p)[BN
 }
 #endif
 
+// A split's rows as partials: ws_o[row, h, split, :] = o (unnormalised), ws_ml[row, h, split] = (m, l), l summed
+// over the quad here; rows t >= n_rows are not stored. Rows whose position precedes the split's first key hold
+// garbage (no key: NaN) that prefill_attention_merge never reads.
+template <int D>
+__device__ __forceinline__ void store_split_rows(float* ws_o, float* ws_ml, size_t row0, size_t row1, int t0, int t1,
+                                                 int n_rows, const float (&o)[D / 8][4], float m0, float m1,
+                                                 float l0, float l1, int lane) {
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    const int c = lane & 3;
+    if (t0 < n_rows) {
+        float2* p0 = reinterpret_cast<float2*>(ws_o + row0 * D + 2 * c);
+#pragma unroll
+        for (int n = 0; n < D / 8; n++) p0[n * 4] = make_float2(o[n][0], o[n][1]);
+        if (c == 0) reinterpret_cast<float2*>(ws_ml)[row0] = make_float2(m0, l0);
+    }
+    if (t1 < n_rows) {
+        float2* p1 = reinterpret_cast<float2*>(ws_o + row1 * D + 2 * c);
+#pragma unroll
+        for (int n = 0; n < D / 8; n++) p1[n * 4] = make_float2(o[n][2], o[n][3]);
+        if (c == 0) reinterpret_cast<float2*>(ws_ml)[row1] = make_float2(m1, l1);
+    }
+}
+
+// n_splits == 1: the normalised output to out (ws_o, ws_ml unused). n_splits > 1: see "Split keys" above; the
+// partials of (flat row r, head h, split s) at index (r * Hq + h) * n_splits + s of ws_o (D floats) and ws_ml (2).
+// At D = 64 two blocks share an SM (50 KB of shared memory each) only within 128 registers a thread: the split's
+// bookkeeping took ptxas to 134 and one block an SM, and the whole 4,096-token prompt from 114 to 164 us (Qwen2.5-
+// 0.5B's heads, an H100). So the bound asks for 2 blocks there (WG_BLOCKS_PER_SM in cuda_kernels.py).
 template <typename T, int D, int BN>
-__global__ void __launch_bounds__(256, 1)
+__global__ void __launch_bounds__(256, D == 64 ? 2 : 1)
 prefill_attention_wg(const T* __restrict__ q, const T* __restrict__ k_cache, const T* __restrict__ v_cache,
                      const int* __restrict__ block_tables, const int* __restrict__ query_start_loc,
                      const int* __restrict__ seq_lens, int block_size, int M, int num_blocks, float scale, int Hq,
-                     int Hkv, T* __restrict__ out) {
+                     int Hkv, int n_splits, float* __restrict__ ws_o, float* __restrict__ ws_ml,
+                     T* __restrict__ out) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     static_assert(D % 64 == 0 && BN % 64 == 0 && BN <= 256, "64-element chunks; a slot a thread");
     constexpr int Q_BYTES = WG_BQ * D * 2, KV_BYTES = BN * D * 2;
@@ -338,21 +388,30 @@ prefill_attention_wg(const T* __restrict__ q, const T* __restrict__ k_cache, con
     __shared__ int s_slot[2][BN];           // cache slots of the keys of the next tiles (-1: none)
 
     const int h = blockIdx.x, b = blockIdx.y, kvh = h / (Hq / Hkv), tid = threadIdx.x;
-    const int q0 = (gridDim.z - 1 - blockIdx.z) * WG_BQ;  // heaviest query tiles are scheduled first
+    const int split = blockIdx.z % n_splits;
+    const int q0 = (gridDim.z / n_splits - 1 - blockIdx.z / n_splits) * WG_BQ;  // heaviest query tiles first
     const Seq sq = sequence(query_start_loc, seq_lens, b, M * block_size);
     if (q0 >= sq.n) return;  // whole block: before any barrier
     const int sp = sq.start, n_tokens = sq.n;
     const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3, wg = warp >> 2;
     const int kv_len = min(sp + min(q0 + WG_BQ, n_tokens), sq.len);  // keys up to the block's last query
-    const int n_kt = max(1, (kv_len + BN - 1) / BN);  // >= 1: zero keys (bad input) give 0, not NaN
+    // This block's keys [k_lo, k_hi): all of them, or its split's (a split past kv_len has none: it exits).
+    int k_lo = 0, k_hi = kv_len;
+    if (n_splits > 1) {
+        const int chunk = split_keys(kv_len, n_splits, BN, WG_MIN_SPLIT_KEYS);
+        k_lo = split * chunk;
+        if (k_lo >= kv_len) return;
+        k_hi = min(kv_len, k_lo + chunk);
+    }
+    const int n_kt = max(1, (k_hi - k_lo + BN - 1) / BN);  // >= 1: zero keys (bad input) give 0, not NaN
     const int* table = block_tables + (size_t)b * M;
     const size_t kv_stride = (size_t)Hkv * D;
     const T* kb = k_cache + (size_t)kvh * D;
     const T* vb = v_cache + (size_t)kvh * D;
 
     // Slots of tiles 0 and 1, Q (zeros past the sequence's rows) and tile 0 in one cp.async group.
-    const int s0 = tid < BN ? key_slot(table, tid, kv_len, block_size, num_blocks) : -1;
-    const int s1 = tid < BN ? key_slot(table, BN + tid, kv_len, block_size, num_blocks) : -1;
+    const int s0 = tid < BN ? key_slot(table, k_lo + tid, k_hi, block_size, num_blocks) : -1;
+    const int s1 = tid < BN ? key_slot(table, k_lo + BN + tid, k_hi, block_size, num_blocks) : -1;
     load_sw128_q<T, D>(Qs, q + ((size_t)sq.qs * Hq + h) * D, q0, (size_t)Hq * D, n_tokens);
     if (tid < BN) { s_slot[0][tid] = s0; s_slot[1][tid] = s1; }
     __syncthreads();
@@ -374,7 +433,7 @@ prefill_attention_wg(const T* __restrict__ q, const T* __restrict__ k_cache, con
     const unsigned char* q_wg = Qs + wg * 64 * 128;
 
     for (int j = 0; j < n_kt; j++) {
-        const int buf = j & 1, k0 = j * BN;
+        const int buf = j & 1, k0 = k_lo + j * BN;
         if (j + 1 < n_kt) {  // prefetch the next tile into the other buffer while this one is used
             load_sw128_slots<T, D, BN>(Ks + (buf ^ 1) * KV_BYTES, kb, s_slot[buf ^ 1], kv_stride);
             load_sw128_slots<T, D, BN>(Vs + (buf ^ 1) * KV_BYTES, vb, s_slot[buf ^ 1], kv_stride);
@@ -383,7 +442,7 @@ prefill_attention_wg(const T* __restrict__ q, const T* __restrict__ k_cache, con
         } else {
             cp_async_wait<0>();
         }
-        const int next_slot = tid < BN ? key_slot(table, k0 + 2 * BN + tid, kv_len, block_size, num_blocks) : -1;
+        const int next_slot = tid < BN ? key_slot(table, k0 + 2 * BN + tid, k_hi, block_size, num_blocks) : -1;
         fence_async_smem();  // this thread's copies (generic proxy) before the wgmma reads (async proxy)
         __syncthreads();
         if (k0 <= wg_last) {  // warpgroup-uniform
@@ -399,7 +458,8 @@ prefill_attention_wg(const T* __restrict__ q, const T* __restrict__ k_cache, con
 
             float mx0 = NEG_INF, mx1 = NEG_INF;
             causal_scale_tile<BN>(s, sl2, k0 + BN - 1 > wg_first, k0, c, pos0, pos1, mx0, mx1);
-            // Tile 0 holds key 0, visible to every row, so the running max is finite from the first tile on.
+            // The first tile holds key k_lo, visible to every row the result is read for (unsplit: key 0, every
+            // row), so the running max is finite from the first tile on.
             softmax_tile<D, BN, false>(s, mx0, mx1, m0, m1, l0, l1, o);
             unsigned p[BN / 16][4];  // P as the A operand of k-step kk: keys 16kk..16kk+15
 #pragma unroll
@@ -419,6 +479,12 @@ prefill_attention_wg(const T* __restrict__ q, const T* __restrict__ k_cache, con
     }
 
     const int t0 = q0 + warp * 16 + g, t1 = t0 + 8;
+    if (n_splits > 1) {
+        const size_t r0 = ((size_t)(sq.qs + t0) * Hq + h) * n_splits + split;
+        const size_t r1 = ((size_t)(sq.qs + t1) * Hq + h) * n_splits + split;
+        store_split_rows<D>(ws_o, ws_ml, r0, r1, t0, t1, n_tokens, o, m0, m1, l0, l1, lane);
+        return;
+    }
     T* ob = out + ((size_t)sq.qs * Hq + h) * D;
     store_tile_rows<T, D>(ob + (size_t)t0 * Hq * D, ob + (size_t)t1 * Hq * D, t0, t1, n_tokens, o, l0, l1, lane);
 #else
@@ -426,11 +492,55 @@ prefill_attention_wg(const T* __restrict__ q, const T* __restrict__ k_cache, con
 #endif
 }
 
+// ---------------------------------------------------------------------------------------------------------
+// 4. The merge of prefill_attention_wg's splits. Block `row` (flat row of q), 128 threads over its Hq * D / 4
+//    columns of 4 dims; rows outside [query_start_loc[0], query_start_loc[B]) are not touched. bq, bn: the
+//    attention kernel's queries a block and keys a tile. The splits of a row with no key (bad input) give zeros.
+// ---------------------------------------------------------------------------------------------------------
+template <typename T>
+__global__ void __launch_bounds__(128)
+prefill_attention_merge(const float* __restrict__ ws_o, const float* __restrict__ ws_ml,
+                        const int* __restrict__ query_start_loc, const int* __restrict__ seq_lens, int B, int max_len,
+                        int n_splits, int bq, int bn, int Hq, int D, T* __restrict__ out) {
+    const int row = blockIdx.x, first = query_start_loc[0];
+    if (B < 1 || row < first || row >= query_start_loc[B]) return;
+    const int b = find_request(query_start_loc, B, row - first);
+    const Seq sq = sequence(query_start_loc, seq_lens, b, max_len);
+    const int t = row - sq.qs, q0 = t / bq * bq;
+    const int kv_len = min(sq.start + min(q0 + bq, sq.n), sq.len);
+    const int chunk = split_keys(kv_len, n_splits, bn, WG_MIN_SPLIT_KEYS);
+    const int seen = min(sq.start + t + 1, kv_len);  // keys 0..seen-1 are the row's
+    const int nv = seen > 0 ? min(n_splits, (seen + chunk - 1) / chunk) : 0;
+    const int C4 = D / 4;
+    for (int col = threadIdx.x; col < Hq * C4; col += blockDim.x) {
+        const int h = col / C4, d4 = col % C4;
+        const size_t r = ((size_t)row * Hq + h) * n_splits;
+        float mx = NEG_INF;
+        for (int s = 0; s < nv; s++) mx = fmaxf(mx, ws_ml[2 * (r + s)]);
+        float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        float L = 0.0f;
+        for (int s = 0; s < nv; s++) {
+            const float f = exp2f(ws_ml[2 * (r + s)] - mx);
+            const float4 v = reinterpret_cast<const float4*>(ws_o + (r + s) * D)[d4];
+            L += f * ws_ml[2 * (r + s) + 1];
+            acc.x += f * v.x; acc.y += f * v.y; acc.z += f * v.z; acc.w += f * v.w;
+        }
+        const float inv = L > 0.0f ? 1.0f / L : 0.0f;
+        T* dst = out + ((size_t)row * Hq + h) * D + 4 * d4;
+        dst[0] = from_f32<T>(acc.x * inv); dst[1] = from_f32<T>(acc.y * inv);
+        dst[2] = from_f32<T>(acc.z * inv); dst[3] = from_f32<T>(acc.w * inv);
+    }
+}
+
 #define GENERIC_INSTANCE(T)                                                                                   \
     template __global__ void prefill_attention<T>(const T*, const T*, const T*, const int*, const int*,       \
                                                   const int*, int, int, int, float, int, int, int, T*);
+#define MERGE_INSTANCE(T)                                                                                     \
+    template __global__ void prefill_attention_merge<T>(const float*, const float*, const int*, const int*, int, \
+                                                        int, int, int, int, int, int, T*);
 #define TC_INSTANCE(T, D)                                                                                     \
     template __global__ void prefill_attention_tc<T, D>(const T*, const T*, const T*, const int*, const int*, \
                                                         const int*, int, int, int, float, int, int, T*);
 GENERIC_INSTANCE(float) GENERIC_INSTANCE(__half) GENERIC_INSTANCE(__nv_bfloat16)
+MERGE_INSTANCE(float) MERGE_INSTANCE(__half) MERGE_INSTANCE(__nv_bfloat16)
 TC_INSTANCE(__half, 64) TC_INSTANCE(__half, 128) TC_INSTANCE(__nv_bfloat16, 64) TC_INSTANCE(__nv_bfloat16, 128)

@@ -268,3 +268,76 @@ def prefill_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, b
     if bad >= 0:
         raise bad_sequence(op, bad, block_tables, seq_lens, block_size, k_cache.shape[0],
                            f", q_len {query_start_loc[bad + 1] - query_start_loc[bad]}")
+
+
+# -- key splits (prefill_attention_wg's split mode and prefill_attention_merge, prefill_attention.cu) -------------
+MIN_SPLIT_KEYS = 256  # WG_MIN_SPLIT_KEYS in prefill_attention.cu
+
+
+def split_keys(kv_len: int, n_splits: int, bn: int, min_keys: int = MIN_SPLIT_KEYS) -> int:
+    """Keys a split takes of a query tile whose keys are 0..kv_len-1: kv_len spread over n_splits in whole tiles of
+    bn keys, at least min_keys; splits 0..ceil(kv_len / chunk) - 1 are the non-empty ones (split_keys in the .cu)."""
+    c = -(-kv_len // n_splits)
+    return max(min_keys, -(-c // bn) * bn)
+
+
+def _tile_rows(query_start_loc, seq_lens, b, max_len, bq):
+    """Sequence b's rows: (first flat row, n, start position, len) and, per row t, its tile's kv_len."""
+    qs, n = int(query_start_loc[b]), int(query_start_loc[b + 1] - query_start_loc[b])
+    L = min(max(int(seq_lens[b]), 0), max_len)
+    start = max(L - n, 0)
+    t = np.arange(n)
+    kv_len = np.minimum(start + np.minimum(t // bq * bq + bq, n), L)
+    return qs, n, start, kv_len
+
+
+def prefill_attention_splits(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, block_size, scale,
+                             n_splits, bq, bn, min_keys=MIN_SPLIT_KEYS):
+    """What prefill_attention_wg's blocks write with n_splits > 1, in float64 for the rows the merge reads: ws_o
+    [N, Hq, n_splits, D] (unnormalised outputs), ws_ml [N, Hq, n_splits, 2] (running max in log2 units, sum); NaN
+    where a split holds no key of the row. A reference for tests: the split of query t of sequence b is keys
+    [s * chunk, min((s + 1) * chunk, its tile's kv_len)) up to its position, chunk = split_keys(kv_len, ...).
+    bq, bn, min_keys: the kernel's queries a block, keys a tile and fewest keys a split (smaller ones in tests)."""
+    N, Hq, D = q.shape
+    Hkv, max_len = k_cache.shape[1], block_tables.shape[1] * block_size
+    ws_o = np.full((N, Hq, n_splits, D), np.nan)
+    ws_ml = np.full((N, Hq, n_splits, 2), np.nan)
+    l2 = scale / np.log(2.0)  # scores in log2 units, as the kernel keeps them
+    for b in range(seq_lens.shape[0]):
+        qs, n, start, kv_len = _tile_rows(query_start_loc, seq_lens, b, max_len, bq)
+        for t in range(n):
+            chunk = split_keys(int(kv_len[t]), n_splits, bn, min_keys)
+            last = min(start + t, int(kv_len[t]) - 1)  # the row's last key
+            for s in range(n_splits):
+                lo, hi = s * chunk, min((s + 1) * chunk - 1, last)
+                if lo > hi:
+                    continue
+                keys = np.arange(lo, hi + 1)
+                slots = block_tables[b, keys // block_size] * block_size + keys % block_size
+                for h in range(Hq):
+                    kvh = h // (Hq // Hkv)
+                    sc = k_cache[slots, kvh].astype(np.float64) @ q[qs + t, h].astype(np.float64) * l2
+                    m = sc.max()
+                    p = np.exp2(sc - m)
+                    ws_o[qs + t, h, s] = p @ v_cache[slots, kvh].astype(np.float64)
+                    ws_ml[qs + t, h, s] = m, p.sum()
+    return ws_o, ws_ml
+
+
+def prefill_attention_merge(ws_o, ws_ml, query_start_loc, seq_lens, max_len, bq, bn, out, min_keys=MIN_SPLIT_KEYS):
+    """CPU twin of prefill_attention_merge: out[row, h] = sum_s 2^(m_s - M) o_s / sum_s 2^(m_s - M) l_s over the
+    splits that hold a key of the row (s * chunk < min(position + 1, kv_len)), M their max; zeros for a row with
+    no key. Rows outside query_start_loc[0]..query_start_loc[B]-1 are not written."""
+    n_splits = ws_o.shape[2]
+    for b in range(seq_lens.shape[0]):
+        qs, n, start, kv_len = _tile_rows(query_start_loc, seq_lens, b, max_len, bq)
+        for t in range(n):
+            seen = min(start + t + 1, int(kv_len[t]))
+            nv = min(n_splits, -(-seen // split_keys(int(kv_len[t]), n_splits, bn, min_keys))) if seen > 0 else 0
+            if nv == 0:
+                out[qs + t] = 0
+                continue
+            m = ws_ml[qs + t, :, :nv, 0]
+            f = np.exp2(m - m.max(axis=1, keepdims=True))  # [Hq, nv]
+            L = (f * ws_ml[qs + t, :, :nv, 1]).sum(axis=1)
+            out[qs + t] = (f[:, :, None] * ws_o[qs + t, :, :nv]).sum(axis=1) / L[:, None]

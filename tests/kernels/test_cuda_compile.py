@@ -10,8 +10,8 @@ import re
 
 import pytest
 
-from toolkit.backends.cuda_kernels import (CTYPES, KERNEL_DIR, OPTIONS, kernel_names, kernel_source,
-                                           sm90a_kernel_names)
+from toolkit.backends.cuda_kernels import (CTYPES, KERNEL_DIR, OPTIONS, WG_BLOCKS_PER_SM, kernel_names,
+                                           kernel_source, sm90a_kernel_names)
 
 nvrtc = pytest.importorskip("cupy_backends.cuda.libs.nvrtc")
 try:
@@ -92,3 +92,9 @@ def test_sm90a_kernels_compile_with_wgmma(op):
         assert "serialized" not in line, f"ptxas could not pipeline the wgmma instructions: {line}"
     for name, low in lowered.items():
         assert regs.get(low, 0) > 64, f"{name}: {regs.get(low)} registers, so not the wgmma build"
+        # The host sizes prefill_attention_wg's key splits from its resident blocks an SM (WG_BLOCKS_PER_SM): at
+        # head dim 64 two, which 256 threads a block get only within 128 registers a thread.
+        m = re.match(r"prefill_attention_wg<\w+, (\d+),", name)
+        if m:
+            most = 65536 // (256 * WG_BLOCKS_PER_SM[int(m.group(1))])
+            assert regs[low] <= most, f"{name}: {regs[low]} registers, more than {most}: fewer blocks an SM"

@@ -411,6 +411,9 @@ PREFILL_CASES = {  # name: (Hq, Hkv, D, q_lens, cached prefixes, block_size, fir
     "d256": (8, 2, 256, [40, 9], [3, 0], 16, 2, 0),           # CUDA cores only (> 48 KB smem)
     "llama_2k": (32, 8, 64, [2048, 300], [0, 1500], 16, 0, 0),   # Llama-3.2-1B's heads: a prompt, a chunk
     "qwen15b_2k": (12, 2, 128, [2048, 129], [0, 640], 16, 0, 0),  # Qwen2.5-1.5B's heads
+    # The last 512-token chunk of a 4,096-token prompt: wg splits its keys (prefill_splits: 4 at D 64, 2 at 128).
+    "chunk512_d64": (HQ, HKV, 64, [512], [3584], 16, 0, 0),
+    "chunk512_d128": (16, 8, 128, [512], [3584], 16, 2, 3),   # Qwen3-0.6B's heads
 }
 
 
@@ -459,6 +462,52 @@ def test_prefill_attention(dtype, kind, name):
     assert (got[outside] == SENTINEL).all(), "rows outside query_start_loc[0]..query_start_loc[B] were written"
     check(f"prefill_attention({kind}, {name}: B={len(seq_lens)}, D={hd}, max q_len {max_q}, "
           f"max len {seq_lens.max()})", got, ref, dtype)
+
+
+@pytest.mark.parametrize("n_splits", [None, 2, 3, 8])
+@pytest.mark.parametrize("name", [n for n, c in PREFILL_CASES.items() if c[2] in (64, 128)])
+def test_prefill_attention_splits(name, n_splits):
+    """prefill_attention_wg with each query tile's keys in n_splits blocks (None: prefill_splits' count for the
+    case) and prefill_attention_merge combining them, against the CPU twin; rows outside the batch untouched."""
+    kern = K("bfloat16")
+    if not kern.sm90:
+        pytest.skip("prefill_attention_wg needs an sm_90 GPU")
+    hd, bs = PREFILL_CASES[name][2], PREFILL_CASES[name][5]
+    q, kc, vc, table, qsl, seq_lens, ref, max_q = prefill_case(name)
+    out = dev(np.full_like(q, SENTINEL), "bfloat16")
+    kern.prefill_attention_wg(dev(q, "bfloat16"), dev(kc, "bfloat16"), dev(vc, "bfloat16"), ints(table), ints(qsl),
+                              ints(seq_lens), bs, 1 / np.sqrt(hd), out, max_q, n_splits=n_splits)
+    got = host(out, "bfloat16")
+    outside = np.ones(len(q), bool)
+    outside[qsl[0]:qsl[-1]] = False
+    assert (got[outside] == SENTINEL).all(), "rows outside query_start_loc[0]..query_start_loc[B] were written"
+    check(f"prefill_attention_wg({name}, {n_splits} splits, block size {bs})", got, ref, "bfloat16")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_prefill_attention_merge(dtype):
+    """The merge kernel alone against its twin, on the twin's partials of a 200-token chunk after 900 cached tokens
+    in 4 splits of the kernel's tiles (rows whose position precedes a split hold NaN there: never read)."""
+    from kernels.prefill_attention import prefill_attention_merge, prefill_attention_splits
+    from toolkit.backends.cuda_kernels import WG_QUERIES
+
+    rng = np.random.default_rng(3)
+    lead, trail, bs, hq, hkv, hd = 2, 3, 16, HQ, HKV, 64
+    seq_lens = np.array([1100, 40], np.int32)
+    kc, vc, table = paged(rng, seq_lens.tolist(), hkv, hd, bs)
+    qsl = (lead + np.array([0, 200, 240])).astype(np.int32)
+    q = rounded(rng.standard_normal((qsl[-1] + trail, hq, hd)), "bfloat16")
+    ws_o, ws_ml = prefill_attention_splits(q, kc, vc, table, qsl, seq_lens, bs, 0.125, 4, WG_QUERIES, 64)
+    ref = np.full(q.shape, SENTINEL, np.float32)
+    prefill_attention_merge(ws_o, ws_ml, qsl, seq_lens, table.shape[1] * bs, WG_QUERIES, 64, ref)
+    kern, out = K(dtype), dev(np.full(q.shape, SENTINEL), dtype)
+    merge = kern._fn("prefill_attention", f"prefill_attention_merge<{kern.ctype}>")
+    merge((len(q),), (128,), (cp.asarray(ws_o, cp.float32), cp.asarray(ws_ml, cp.float32), ints(qsl),
+                              ints(seq_lens), np.int32(2), np.int32(table.shape[1] * bs), np.int32(4),
+                              np.int32(WG_QUERIES), np.int32(64), np.int32(hq), np.int32(hd), out))
+    got = host(out, dtype)
+    assert (got[:lead] == SENTINEL).all() and (got[qsl[-1]:] == SENTINEL).all()
+    check("prefill_attention_merge (4 splits)", got, ref, dtype)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])

@@ -41,6 +41,8 @@ DECODE_HEAD_DIMS = (8, 16, 32, 64, 128, 256)   # decode_attention<T, D> instanti
 TC_HEAD_DIMS = (64, 128)            # prefill_attention_tc / decode_attention_tc<T, D> (16-bit T only)
 WG_KEYS = {64: 64, 128: 128}        # prefill_attention_wg<T, D, BN>: keys a K/V tile at head dim D (sm_90 only)
 WG_QUERIES = 128                    # prefill_attention_wg: queries a block (64 a warpgroup)
+WG_BLOCKS_PER_SM = {64: 2, 128: 1}  # prefill_attention_wg: resident blocks an SM at head dim D (its shared memory)
+PREFILL_MAX_SPLITS = 8              # prefill_splits: most key splits of a query tile
 TC_DECODE_GROUP = 16                # decode_attention_tc: q heads a block (the mma's 16 A rows)
 TC_DECODE_KT = 64                   # decode_attention_tc: keys a tile
 TC_ONE_SPLIT_TILES = 4              # decode_attention_tc: a sequence of up to this many tiles is one split
@@ -68,7 +70,7 @@ def kernel_names(op: str, ctype: str) -> list:
                                             for d in TC_HEAD_DIMS]
     if op == "prefill_attention":
         tc = [] if ctype == "float" else [f"prefill_attention_tc<{ctype}, {d}>" for d in TC_HEAD_DIMS]
-        return [f"prefill_attention<{ctype}>"] + tc
+        return [f"prefill_attention<{ctype}>", f"prefill_attention_merge<{ctype}>"] + tc
     if op == "combine":
         return []  # extern "C", int32 only (combine_flat_warp, combine_persistent, prefill_gather_lens)
     if op == "sparse_prefill":  # (sparse_scores and sparse_topk are extern "C": fp32 in)
@@ -239,6 +241,18 @@ def stream_splits(batch: int, n_kv_heads: int, n_sm: int, max_seq_len: int) -> i
     return max(1, min(STREAM_MAX_SPLITS, wave, tiles // STREAM_MIN_TILES))
 
 
+def prefill_splits(batch: int, max_query_len: int, tokens: int, n_heads: int, D: int, n_sm: int) -> int:
+    """Key splits a query tile of prefill_attention_wg takes: as many as keep its blocks within one wave
+    (WG_BLOCKS_PER_SM an SM), at most PREFILL_MAX_SPLITS. Its blocks: a head's query tiles of 128 rows, at most
+    ceil(max_query_len / 128) a request and about ceil(tokens / 128) + batch in all. From host sizes only (the
+    step's padded shape), so a graph's grid holds for every prefix: each block sizes its split from the device-side
+    length (split_keys in prefill_attention.cu). A whole prompt of 4,096 tokens fills the GPU alone (1 split); a
+    512-token chunk has 4 tiles a head, 56 blocks for Qwen2.5-0.5B's 14 heads on 132 SMs (4 splits)."""
+    tiles = min(batch * -(-max_query_len // WG_QUERIES), -(-tokens // WG_QUERIES) + batch)
+    wave = WG_BLOCKS_PER_SM.get(D, 1) * n_sm
+    return max(1, min(PREFILL_MAX_SPLITS, wave // max(1, n_heads * tiles)))
+
+
 I32, F32 = np.dtype(np.int32), np.dtype(np.float32)
 # Launch arguments as NumPy scalars, cached: a cache hit costs a fraction of making np.int32(v) again.
 _i32, _f32 = functools.lru_cache(4096)(np.int32), functools.lru_cache(4096)(np.float32)
@@ -273,6 +287,7 @@ class CudaKernels(SkinnyGemms):
         self.vec = 16 // self.itemsize  # elements per 16-byte chunk
         self._fns = {}          # name -> cupy Function
         self._decode_plans = {} # (B, Hq, Hkv, D, max_seq_len, tc) -> kernel, grid, splits, workspace
+        self._prefill_ws = {}   # (N, Hq, D, splits) -> prefill_attention_wg's split partials
         self._gemm_plans = {}   # (M, N, K, swiglu, out type, split) -> gemm_skinny's launch (cuda_gemm.py)
         self.num_sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
         self.sm90 = cupy.cuda.Device().compute_capability == "90"  # Hopper: the wgmma kernels (sm90a_kernel_names)
@@ -476,13 +491,14 @@ class CudaKernels(SkinnyGemms):
         return Hq, D, Hkv, block_tables.shape[1], num_slots // block_size
 
     def _prefill(self, kind, q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, block_size, scale, out,
-                 max_query_len):
+                 max_query_len, n_splits=None):
         """Varlen causal attention over the paged caches: sequence b's queries are the rows query_start_loc[b]..
         query_start_loc[b+1]-1 of q [N, Hq, D], at positions ending at seq_lens[b]-1. max_query_len bounds every
         sequence's query count (it sizes the grid); rows outside [query_start_loc[0], query_start_loc[B]) are not
         touched. kind: "cuda_cores" (fp32 math, any dtype and D <= 256), "tc" (the mma.sync FlashAttention-2 kernel)
         or "wg" (the same loop on Hopper's wgmma, sm_90 GPUs only); tc and wg take 16-bit dtypes and D 64 or 128
-        (ValueError otherwise)."""
+        (ValueError otherwise). wg splits each query tile's keys over prefill_splits blocks (n_splits overrides
+        it: dev/ sweeps, tests) and merges them in prefill_attention_merge; the workspace is made once per shape."""
         op = {"cuda_cores": "prefill_attention", "tc": "prefill_attention_tc", "wg": "prefill_attention_wg"}[kind]
         Hq, D, Hkv, M, n_blocks = self._paged(op, q, k_cache, v_cache, block_tables, seq_lens, block_size, out)
         self._check(op, I32, query_start_loc)
@@ -498,10 +514,17 @@ class CudaKernels(SkinnyGemms):
         args = (q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, _i32(block_size), _i32(M),
                 _i32(n_blocks), _f32(scale), _i32(Hq), _i32(Hkv))
         if kind == "wg":  # Q, two K and two V tiles (128-byte swizzled), and 1 KB to align them to 1,024 bytes
-            bn = WG_KEYS[D]
+            bn, N, tiles = WG_KEYS[D], q.shape[0], -(-int(max_query_len) // WG_QUERIES)
+            n = n_splits or prefill_splits(B, int(max_query_len), N, Hq, D, self.num_sms)
+            n = max(1, min(PREFILL_MAX_SPLITS, int(n)))
+            ws_o, ws_ml = self._prefill_workspace(N, Hq, D, n)
             smem = (WG_QUERIES + 4 * bn) * D * self.itemsize + 1024
             f = self._fn("prefill_attention", f"prefill_attention_wg<{self.ctype}, {D}, {bn}>", smem, sm90a=True)
-            f((Hq, B, -(-int(max_query_len) // WG_QUERIES)), (256,), args + (out,), shared_mem=smem)
+            f((Hq, B, tiles * n), (256,), args + (_i32(n), ws_o, ws_ml, out), shared_mem=smem)
+            if n > 1:
+                merge = self._fn("prefill_attention", f"prefill_attention_merge<{self.ctype}>")
+                merge((N,), (128,), (ws_o, ws_ml, query_start_loc, seq_lens, _i32(B), _i32(M * block_size), _i32(n),
+                                     _i32(WG_QUERIES), _i32(bn), _i32(Hq), _i32(D), out))
         elif kind == "tc":
             smem = 5 * 64 * (D + 8) * self.itemsize  # Q + double-buffered K and V, rows padded by 8
             f = self._fn("prefill_attention", f"prefill_attention_tc<{self.ctype}, {D}>", smem)
@@ -510,6 +533,18 @@ class CudaKernels(SkinnyGemms):
             smem = (16 * D + 32 * (D + 1) + 32 * D) * 4
             f = self._fn("prefill_attention", f"prefill_attention<{self.ctype}>", smem)
             f((Hq, B, -(-int(max_query_len) // 16)), (128,), args + (_i32(D), out), shared_mem=smem)
+
+    def _prefill_workspace(self, N, Hq, D, n):
+        """The split partials of prefill_attention_wg for N rows: fp32 [N, Hq, n, D] and [N, Hq, n, 2], made once
+        per shape and kept (a captured graph holds their addresses); (None, None) for one split."""
+        if n == 1:
+            return None, None
+        key = (N, Hq, D, n)
+        ws = self._prefill_ws.get(key)
+        if ws is None:
+            ws = self._prefill_ws[key] = (self.cp.empty((N, Hq, n, D), self.cp.float32),
+                                          self.cp.empty((N, Hq, n, 2), self.cp.float32))
+        return ws
 
     prefill_attention = functools.partialmethod(_prefill, "cuda_cores")
     prefill_attention_tc = functools.partialmethod(_prefill, "tc")
