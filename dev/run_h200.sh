@@ -24,6 +24,10 @@
 #                  prefills on it, in the same call
 #   splits_close   the whole GPU suite, then the chunked prefills of splits (this tree only) and its sweep at 4,096
 #                  tokens and at a 512-token chunk after 3,584, then the README's results (readme)
+#   splits_short   what splits_close runs that differs at head dim 64, when device time is short: the chunked
+#                  prefills of qwen2.5-0.5b and llama-3.2-1b, then the whole GPU suite
+#   splits_min     less again: prefill attention's GPU tests and the engine's chunked-prefill graph test, then the
+#                  chunked prefills of qwen2.5-0.5b (one step, chunks of 512) and llama-3.2-1b (chunks of 512)
 #   readme         the README's results: its bench suite row (qwen2.5-0.5b, batch 1, prefill) and throughput
 #   dev            a quick round while developing: kernel, sampler and engine GPU tests, then the peer
 #   wg             the Hopper prefill attention (prefill_attention_wg): wgmma probes, its GPU tests, then every
@@ -56,7 +60,21 @@ PEER="$B --shape qwen2.5-0.5b --batch 1,32 --depth 0 --prefill 4096 --peer torch
 # run MODE...: is one of this call's modes among these? (the blocks run in this file's order, whatever $1's)
 run() { local m; for m in $what; do [[ " $* " == *" $m "* ]] && return 0; done; return 1; }
 
-if run tests all close splits_close; then
+if run splits_min; then
+  python3 -m pytest -q -m gpu tests/kernels/test_gpu_kernels.py tests/engine/test_gpu_engine.py \
+    -k "prefill_attention or chunked_prefill" 2>&1 | tee "$OUT/gpu_tests_splits.log" | tail -3
+  for sc in qwen2.5-0.5b:4096 qwen2.5-0.5b:512 llama-3.2-1b:512; do
+    $B --shape ${sc%%:*} --batch 1 --depth 0 --decode 8 --prefill 4096 --max-num-batched-tokens ${sc##*:} -r 3 2>&1 \
+      | grep "^| pp" | sed "s/^/${sc%%:*} chunks ${sc##*:} /"
+  done 2>&1 | tee "$OUT/bench_prefill_chunked_splits.log"
+fi
+if run splits_short; then
+  for sc in qwen2.5-0.5b:4096 qwen2.5-0.5b:2048 qwen2.5-0.5b:1024 qwen2.5-0.5b:512 llama-3.2-1b:512; do
+    $B --shape ${sc%%:*} --batch 1 --depth 0 --decode 8 --prefill 4096 --max-num-batched-tokens ${sc##*:} -r 3 2>&1 \
+      | grep "^| pp" | sed "s/^/${sc%%:*} chunks ${sc##*:} /"
+  done 2>&1 | tee "$OUT/bench_prefill_chunked_splits.log"
+fi
+if run tests all close splits_close splits_short; then
   $GPU_SUITE 2>&1 | tee "$OUT/gpu_tests.log" | tail -20
 fi
 if run dev; then
