@@ -292,7 +292,7 @@ prefill_attention_tc(const T* __restrict__ q, const T* __restrict__ k_cache, con
 //    128-byte swizzled and 1,024-byte aligned.
 // ---------------------------------------------------------------------------------------------------------
 constexpr int WG_BQ = 128;  // queries a block: 64 a warpgroup
-constexpr int WG_MIN_SPLIT_KEYS = 256;  // split_keys' floor (PREFILL_MIN_SPLIT_KEYS in cuda_kernels.py)
+constexpr int WG_MIN_SPLIT_KEYS = 256;  // split_keys' floor (MIN_SPLIT_KEYS in prefill_attention.py, the twin)
 
 // A tile of ROWS rows gathered through `slots` (-1: a zero row) into a swizzled tile; 256 threads, consecutive
 // threads on consecutive 16-byte units of a row, so each row's read is one contiguous run.

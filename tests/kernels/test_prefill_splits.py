@@ -13,7 +13,7 @@ from kernels.prefill_attention import (MIN_SPLIT_KEYS, prefill_attention_merge, 
                                        split_keys)
 from tests.kernels.test_cpu_kernels import attention_atol, make_batch, ref_attention
 from toolkit.backends.cuda_kernels import (PREFILL_MAX_SPLITS, WG_BLOCKS_PER_SM, WG_KEYS, WG_QUERIES,
-                                           prefill_splits)
+                                           prefill_splits, prefill_workspace_rows)
 
 CU = (Path(__file__).parents[2] / "kernels" / "prefill_attention.cu").read_text()
 
@@ -91,3 +91,12 @@ def test_the_split_count_counts_the_query_tiles_of_a_batch():
     assert prefill_splits(64, 100, 64 * 30, 14, 64, 132) == 1  # 64 requests' 64 x 14 blocks already fill the GPU
     assert prefill_splits(2, 2048, 2100, 14, 64, 132) == 1
     assert prefill_splits(2, 300, 310, 14, 64, 132) == 3  # 2 requests: 5 tiles of 14 heads, not 6
+
+
+def test_eager_steps_of_any_row_count_share_a_few_workspaces():
+    """The split workspace is kept for good (a graph holds its address), so eager steps of every row count up to the
+    step budget must map to a handful of sizes, each holding its steps' rows."""
+    rows = [prefill_workspace_rows(n) for n in range(1, 8193)]
+    assert all(r >= n for n, r in zip(range(1, 8193), rows))
+    assert all(r < 2 * n for n, r in zip(range(1, 8193), rows) if n > 128)
+    assert len(set(rows)) == 7  # 128, 256, ..., 8192

@@ -253,6 +253,11 @@ def prefill_splits(batch: int, max_query_len: int, tokens: int, n_heads: int, D:
     return max(1, min(PREFILL_MAX_SPLITS, wave // max(1, n_heads * tiles)))
 
 
+def prefill_workspace_rows(N: int) -> int:
+    """Rows of the split workspace that serves a step of N rows: the power of two >= N, at least 128."""
+    return max(128, 1 << (N - 1).bit_length())
+
+
 I32, F32 = np.dtype(np.int32), np.dtype(np.float32)
 # Launch arguments as NumPy scalars, cached: a cache hit costs a fraction of making np.int32(v) again.
 _i32, _f32 = functools.lru_cache(4096)(np.int32), functools.lru_cache(4096)(np.float32)
@@ -287,7 +292,7 @@ class CudaKernels(SkinnyGemms):
         self.vec = 16 // self.itemsize  # elements per 16-byte chunk
         self._fns = {}          # name -> cupy Function
         self._decode_plans = {} # (B, Hq, Hkv, D, max_seq_len, tc) -> kernel, grid, splits, workspace
-        self._prefill_ws = {}   # (N, Hq, D, splits) -> prefill_attention_wg's split partials
+        self._prefill_ws = {}   # (rows, Hq, D, splits) -> prefill_attention_wg's split partials
         self._gemm_plans = {}   # (M, N, K, swiglu, out type, split) -> gemm_skinny's launch (cuda_gemm.py)
         self.num_sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
         self.sm90 = cupy.cuda.Device().compute_capability == "90"  # Hopper: the wgmma kernels (sm90a_kernel_names)
@@ -535,15 +540,16 @@ class CudaKernels(SkinnyGemms):
             f((Hq, B, -(-int(max_query_len) // 16)), (128,), args + (_i32(D), out), shared_mem=smem)
 
     def _prefill_workspace(self, N, Hq, D, n):
-        """The split partials of prefill_attention_wg for N rows: fp32 [N, Hq, n, D] and [N, Hq, n, 2], made once
-        per shape and kept (a captured graph holds their addresses); (None, None) for one split."""
+        """The split partials of prefill_attention_wg for N rows: fp32 [rows, Hq, n, D] and [rows, Hq, n, 2] with
+        rows = prefill_workspace_rows(N), made once and kept, since a captured graph holds their addresses; so eager
+        steps of every other row count share a few buffers instead of adding one each. (None, None) for one split."""
         if n == 1:
             return None, None
-        key = (N, Hq, D, n)
+        key = (prefill_workspace_rows(N), Hq, D, n)
         ws = self._prefill_ws.get(key)
         if ws is None:
-            ws = self._prefill_ws[key] = (self.cp.empty((N, Hq, n, D), self.cp.float32),
-                                          self.cp.empty((N, Hq, n, 2), self.cp.float32))
+            ws = self._prefill_ws[key] = (self.cp.empty((key[0], Hq, n, D), self.cp.float32),
+                                          self.cp.empty((key[0], Hq, n, 2), self.cp.float32))
         return ws
 
     prefill_attention = functools.partialmethod(_prefill, "cuda_cores")
