@@ -503,7 +503,7 @@ class CudaKernels(SkinnyGemms):
         touched. kind: "cuda_cores" (fp32 math, any dtype and D <= 256), "tc" (the mma.sync FlashAttention-2 kernel)
         or "wg" (the same loop on Hopper's wgmma, sm_90 GPUs only); tc and wg take 16-bit dtypes and D 64 or 128
         (ValueError otherwise). wg splits each query tile's keys over prefill_splits blocks (n_splits overrides
-        it: dev/ sweeps, tests) and merges them in prefill_attention_merge; the workspace is made once per shape."""
+        it: dev/ sweeps, tests) and merges them in prefill_attention_merge (workspace: _prefill_workspace)."""
         op = {"cuda_cores": "prefill_attention", "tc": "prefill_attention_tc", "wg": "prefill_attention_wg"}[kind]
         Hq, D, Hkv, M, n_blocks = self._paged(op, q, k_cache, v_cache, block_tables, seq_lens, block_size, out)
         self._check(op, I32, query_start_loc)
