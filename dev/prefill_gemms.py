@@ -4,14 +4,15 @@ dense bf16 peak (issue 36 asks for >= 70% at 4,096 tokens).
 For each shape (toolkit/model/shapes.py) and token count M, the four projections of a layer, each y[M, N] =
 x[M, K] @ W[N, K]^T in bf16 with fp32 accumulation: qkv (N = (q heads + 2 kv heads) x head dim, K = hidden), o
 (N = hidden, K = q heads x head dim), gate_up (N = 2 x intermediate, K = hidden), down (N = hidden, K =
-intermediate). Ours: --calls calls replayed from a CUDA graph on the backend's stream (dev/timing.py); torch: the
-same count between CUDA events (toolkit/bench/sampler.py's torch_us; a call at these sizes is 20-700 µs, so launch
-cost does not count); medians of --repeats. The last row of a shape is its layers' projections summed: the ms a
-prefill of M tokens spends in them at these rates. `--lt` adds a column: cuBLASLt through nvmath-python's
-`Matmul` with the best of its heuristic's algorithms by `autotune` (is there a faster algorithm than the one
-gemmEx picks?), timed like torch.
+intermediate). Ours: `linear` (gemmEx) and `linear_tuned` (the plan's "tuned" projections: the cuBLAS algorithm
+measured fastest for the shape's row bucket, toolkit/backends/cuda_tuned.py; measured by its first call, outside
+the graph), each --calls calls replayed from a CUDA graph on the backend's stream (dev/timing.py); torch: the same
+count between CUDA events (toolkit/bench/sampler.py's torch_us; a call at these sizes is 20-700 µs, so launch cost
+does not count); medians of --repeats. `choice` is what the tuned call runs, and `cands` the measurement it came
+from (µs: gemmEx first, then cuBLASLt's heuristic candidates in its order). The last row of a shape is its layers'
+projections summed: the ms a prefill of M tokens spends in them at these rates.
 
-    PYTHONPATH=. python3 dev/prefill_gemms.py [--shapes llama-3.2-1b,...] [--tokens 512,4096] [--peak 989] [--lt]
+    PYTHONPATH=. python3 dev/prefill_gemms.py [--shapes llama-3.2-1b,...] [--tokens 512,4096] [--peak 989]
 """
 import argparse
 import os
@@ -34,28 +35,17 @@ def projections(cfg):
             ("gate_up", 2 * cfg.intermediate_size, H), ("down", H, cfg.intermediate_size)]
 
 
-def torch_us(M, N, K, calls, repeats, lt=False):
-    """µs a call of y = x @ w.T on bf16 torch tensors, timed between events: torch.matmul, or with `lt` cuBLASLt's
-    autotuned algorithm (nvmath-python's Matmul); None without torch."""
+def torch_us(M, N, K, calls, repeats):
+    """µs a call of y = x @ w.T on bf16 torch tensors (torch.matmul) timed between events; None without torch."""
     try:
         import torch
     except ImportError:
         return None
     x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)
-    mm = None
-    if lt:
-        from nvmath.linalg.advanced import Matmul, MatmulPlanPreferences
-
-        mm = Matmul(x, w.T)
-        mm.plan(preferences=MatmulPlanPreferences(limit=16))
-        mm.autotune(iterations=10)
-    fn = mm.execute if mm else (lambda: x @ w.T)
+    fn = lambda: x @ w.T  # noqa: E731
     fn()
-    us = statistics.median(torch_calls_us(torch, fn, calls) for _ in range(repeats))
-    if mm:
-        mm.free()
-    return us
+    return statistics.median(torch_calls_us(torch, fn, calls) for _ in range(repeats))
 
 
 def main(argv=None):
@@ -65,37 +55,37 @@ def main(argv=None):
     ap.add_argument("--peak", type=float, default=989.0, help="dense bf16 TFLOPS of the GPU (H100/H200 SXM: 989)")
     ap.add_argument("--calls", type=int, default=20)
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--lt", action="store_true", help="add cuBLASLt with autotuned algorithms")
     args = ap.parse_args(argv)
     be = CudaBackend("bfloat16")
     dev = cp.cuda.Device()
     print(f"GPU: {cp.cuda.runtime.getDeviceProperties(dev.id)['name'].decode()}; {be.gemm_note}")
     print(f"{'shape':14s} {'M':>5s} {'proj':8s} {'N':>6s} {'K':>6s} {'ours µs':>9s} {'TFLOPS':>7s} {'% peak':>7s} "
-          f"{'torch µs':>9s} {'torch/ours':>10s}" + (f" {'Lt µs':>9s} {'Lt/ours':>8s}" if args.lt else ""))
+          f"{'torch µs':>9s} {'torch/ours':>10s} {'tuned µs':>9s} {'tuned/ours':>10s}  choice; cands")
     for shape in args.shapes.split(","):
         cfg = shape_config(shape)
         for M in map(int, args.tokens.split(",")):
-            total_us = 0.0
+            total_us = total_tuned = 0.0
             for name, N, K in projections(cfg):
                 x = (cp.random.standard_normal((M, K), cp.float32).view(cp.uint32) >> 16).astype(cp.uint16)
                 w = (cp.random.standard_normal((N, K), cp.float32).view(cp.uint32) >> 16).astype(cp.uint16)
                 y = cp.empty((M, N), cp.uint16)
+                cp.cuda.Device().synchronize()
                 us = graph_us(cp, lambda i: be.linear(x, w, y), args.calls, args.repeats, stream=be.stream)
+                tuned = graph_us(cp, lambda i: be.linear_tuned(x, w, y), args.calls, args.repeats, stream=be.stream)
+                choice = be._tuned.choice(N, M, K, be._in_type, be._in_type) if be._tuned else None
                 tf = 2 * M * N * K / (us * 1e-6) / 1e12
                 t = torch_us(M, N, K, args.calls, args.repeats)
-                try:
-                    lt = torch_us(M, N, K, args.calls, args.repeats, lt=True) if args.lt else None
-                except Exception as e:  # (a missing cuBLASLt, an nvmath without torch support) ends the column
-                    print(f"cuBLASLt column left out: {type(e).__name__}: {e}")
-                    lt = args.lt = None
-                total_us += us
+                total_us, total_tuned = total_us + us, total_tuned + tuned
+                cands = " ".join(f"{c:.1f}" for c in choice.times_us) if choice else ""
                 print(f"{shape:14s} {M:5d} {name:8s} {N:6d} {K:6d} {us:9.1f} {tf:7.1f} {100 * tf / args.peak:6.1f}% "
-                      + (f"{t:9.1f} {t / us:10.2f}" if t else "") + (f" {lt:9.1f} {lt / us:8.2f}" if lt else ""),
+                      + (f"{t:9.1f} {t / us:10.2f}" if t else f"{'':9s} {'':10s}")
+                      + f" {tuned:9.1f} {tuned / us:10.2f}  {choice.describe() if choice else '-'}; {cands}",
                       flush=True)
             flops = 2 * M * sum(N * K for _, N, K in projections(cfg))
             tf = flops / (total_us * 1e-6) / 1e12
             print(f"{shape:14s} {M:5d} {'layer':8s} {'':6s} {'':6s} {total_us:9.1f} {tf:7.1f} "
-                  f"{100 * tf / args.peak:6.1f}%   x {cfg.num_layers} layers = {total_us * cfg.num_layers / 1e3:.2f} ms")
+                  f"{100 * tf / args.peak:6.1f}%   x {cfg.num_layers} layers = {total_us * cfg.num_layers / 1e3:.2f} ms;"
+                  f" tuned {total_tuned * cfg.num_layers / 1e3:.2f} ms ({total_tuned / total_us:.3f}x)")
     return 0
 
 

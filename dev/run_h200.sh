@@ -28,6 +28,11 @@
 #                  prefills of qwen2.5-0.5b and llama-3.2-1b, then the whole GPU suite
 #   splits_min     less again: prefill attention's GPU tests and the engine's chunked-prefill graph test, then the
 #                  chunked prefills of qwen2.5-0.5b (one step, chunks of 512) and llama-3.2-1b (chunks of 512)
+#   tuned          the "tuned" projections (the cuBLAS algorithm measured per row bucket): their GPU tests and the
+#                  model's, the projections at 512-8,192 rows (dev/prefill_gemms.py), then each shape's 4,096-token
+#                  prefill against the peer, and with a copy of an older tree in _base/, that tree's in the same call
+#   tuned_close    tuned's closing run: each shape's 4,096- and 8,192-token prefill on this tree and on _base/'s,
+#                  the projections at 4,096 and 8,192 rows, then the whole GPU suite
 #   readme         the README's results: its bench suite row (qwen2.5-0.5b, batch 1, prefill) and throughput
 #   dev            a quick round while developing: kernel, sampler and engine GPU tests, then the peer
 #   wg             the Hopper prefill attention (prefill_attention_wg): wgmma probes, its GPU tests, then every
@@ -188,6 +193,33 @@ if run prefill; then
     $B --shape $s --batch 1 --depth 0 --decode 32 --prefill 4096 --peer torch -r 5 2>&1 | grep "^| pp"
   done | tee "$OUT/bench_prefill.log"
 fi
+if run tuned; then
+  python3 -m pytest -q -m gpu tests/backends/test_gpu_tuned.py tests/model/test_gpu_model.py 2>&1 \
+    | tee "$OUT/gpu_tests_tuned.log" | tail -3
+  timeout 200 python3 dev/prefill_gemms.py --tokens 512,2048,4096,8192 --repeats 3 2>&1 | tee "$OUT/prefill_gemms.log"
+  for tree in . _base; do
+    [ -d "$tree/toolkit" ] || continue
+    peer=""; [ "$tree" = . ] && peer="--peer torch"
+    echo "== tree $tree"
+    for s in qwen2.5-0.5b llama-3.2-1b qwen3-0.6b qwen2.5-1.5b; do
+      (cd "$tree" && timeout 120 $B --shape $s --batch 1 --depth 0 --decode 32 --prefill 4096 $peer -r 5 2>&1) \
+        | grep "^| pp" | sed "s/^/$s /"
+    done
+  done 2>&1 | tee "$OUT/bench_prefill_tuned.log"
+fi
+if run tuned_close; then
+  for tree in . _base; do
+    [ -d "$tree/toolkit" ] || continue
+    echo "== tree $tree"
+    for s in qwen2.5-0.5b llama-3.2-1b qwen3-0.6b qwen2.5-1.5b; do
+      (cd "$tree" && timeout 60 $B --shape $s --batch 1 --depth 0 --decode 8 --prefill 4096,8192 -r 5 2>&1) \
+        | grep "^| pp" | sed "s/^/$s /"
+    done
+  done 2>&1 | tee "$OUT/bench_prefill_tuned_ab.log"
+  timeout 120 python3 dev/prefill_gemms.py --tokens 4096,8192 --repeats 3 2>&1 | tee "$OUT/prefill_gemms_close.log" \
+    | grep layer
+  $GPU_SUITE 2>&1 | tee "$OUT/gpu_tests.log" | tail -5
+fi
 if run splits; then
   python3 -m pytest -q -m gpu tests/kernels/test_gpu_kernels.py -k "prefill_attention" 2>&1 \
     | tee "$OUT/gpu_tests_splits.log" | tail -3
@@ -212,7 +244,7 @@ if run prefill chunked; then  # the same prefill chunked (issue 36: a chunked pr
   done | tee "$OUT/bench_prefill_chunked.log"
 fi
 if run prefill; then
-  python3 dev/prefill_gemms.py --tokens 4096 --lt 2>&1 | tee "$OUT/prefill_gemms.log"
+  python3 dev/prefill_gemms.py --tokens 4096 2>&1 | tee "$OUT/prefill_gemms.log"
 fi
 if run prefill_profile prefill; then  # where a 4,096-token prefill's device time goes, kernel by kernel
   for s in qwen2.5-0.5b llama-3.2-1b; do

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 
 from toolkit.engine.options import EngineOptions
-from toolkit.model.plan import StepPlan, make_plan
+from toolkit.model.plan import TUNED_MIN_ROWS, StepPlan, make_plan
 from toolkit.model.shapes import shape_config
 
 GPU = SimpleNamespace(name="cuda", dtype="bfloat16", num_sms=132, sm90=True, graphs_supported=True, pdl_supported=True)
@@ -51,6 +51,19 @@ def test_prompt_steps_stay_on_cublas():
     assert p.prefill_attention == "wg" and p.sparse is not None  # Hopper: wgmma
     ampere = SimpleNamespace(**{**vars(GPU), "sm90": False})
     assert plan(8, decodes=4, backend=ampere).prefill_attention == "tc"  # elsewhere mma.sync
+
+
+@pytest.mark.parametrize("rows", [512, 4096])
+def test_prompt_sized_steps_run_measured_cublas_algorithms(rows):
+    """From TUNED_MIN_ROWS rows on the GPU's projections are "tuned" (the cuBLAS algorithm measured fastest for the
+    shape), whatever the toggles; below them, on the CPU and in fp32 they stay plain cuBLAS / BLAS."""
+    for p in (plan(rows, decodes=0), plan(rows, decodes=3), plan(rows, decodes=0, fused_kernels=False)):
+        assert (p.qkv, p.o, p.gate_up, p.down) == ("tuned",) * 4 and p.swiglu == "silu_mul"
+    assert plan(TUNED_MIN_ROWS - 1, decodes=0).gate_up == "blas"
+    assert plan(rows, decodes=0, backend=CPU).gate_up == "blas"
+    assert plan(rows, decodes=0, backend=SimpleNamespace(**{**vars(GPU), "dtype": "float32"})).gate_up == "blas"
+    with pytest.raises(ValueError):
+        StepPlan(gate_up="tuned", swiglu="epilogue")  # cuBLAS has no SwiGLU epilogue, tuned or not
 
 
 def test_fused_kernels_off_is_cublas_and_plain_kernels():

@@ -102,6 +102,11 @@ class _NvmathGemm:
         self._cublas.gemm_ex(self._handle, transa, transb, m, n, k, self._alpha, a, atype, lda, b, btype, ldb,
                              self._beta, c, ctype, ldc, _COMPUTE_32F, _GEMM_DEFAULT)
 
+    def tuned(self, cp, stream):
+        """The measured-algorithm GEMM over this one (cuda_tuned.py): gemmEx is its baseline, the workspace shared."""
+        from .cuda_tuned import TunedGemm
+        return TunedGemm(cp, stream, self, self._workspace)
+
     def strided(self, transa, transb, m, n, k, a, atype, lda, sa, b, btype, ldb, sb, c, ctype, ldc, sc, count):
         self._cublas.gemm_strided_batched_ex(self._handle, transa, transb, m, n, k, self._alpha, a, atype, lda, sa,
                                              b, btype, ldb, sb, self._beta, c, ctype, ldc, sc, count, _COMPUTE_32F,
@@ -279,6 +284,20 @@ class CudaBackend:
         out_type = 0 if out.dtype == np.float32 else self._in_type
         self._gemm(_OP_T, _OP_N, N, T, K, w.data.ptr, self._in_type, K, x.data.ptr, self._in_type, K,
                    out.data.ptr, out_type, N)
+
+    def linear_tuned(self, x, w, out):
+        """linear's product by the algorithm measured fastest for its (N, K, row bucket): gemmEx's or one of
+        cuBLASLt's (cuda_tuned.py; the first call of a bucket measures, so it must not be inside a capture to
+        count). Without nvmath-python: linear."""
+        if self._tuned is None:
+            return self.linear(x, w, out)
+        T, K = x.shape
+        out_type = 0 if out.dtype == np.float32 else self._in_type
+        self._tuned(w.shape[0], T, K, w.data.ptr, x.data.ptr, out.data.ptr, self._in_type, out_type)
+
+    @functools.cached_property
+    def _tuned(self):
+        return self._gemm.tuned(self.cp, self.stream) if isinstance(self._gemm, _NvmathGemm) else None
 
     def linear_partials(self, x, w, parts):
         """parts[s] = x[:, sK:(s+1)K] @ w[:, sK:(s+1)K].T in fp32 for S = parts.shape[0] slices of K columns each:

@@ -35,6 +35,7 @@ class Backend(Protocol):
     # -- ops (kernels/<op>.cu and their CPU twins kernels/<op>.py); the step plan (toolkit/model/plan.py) names
     # which of them run. Projections: out[T, N] = x[T, K] @ w[N, K].T, fp32 accumulation.
     def linear(self, x, w, out) -> None: ...  # cuBLAS on the GPU, NumPy's BLAS on the CPU
+    def linear_tuned(self, x, w, out) -> None: ...  # the same by the algorithm measured fastest for its shape (GPU)
     def gemv(self, x, w, out) -> None: ...  # our GEMV, 1-4 rows (kernels/gemv.cu)
     def gemm_skinny(self, x, w, out) -> None: ...  # our tensor-core GEMM, 2-32 rows (kernels/gemm_skinny.cu)
     # act[T, I] = silu(x @ w[:I].T) * (x @ w[I:].T), w = gate_up [2I, K]: SwiGLU in the projection's epilogue,

@@ -5,15 +5,15 @@ by the model; `Model.forward` walks the layers through it and makes no choice of
 CUDA graph is keyed on it (a graph bakes in its kernels). A developer's A/B run builds a plan by
 hand: `dataclasses.replace(model.plan(step, options), o="skinny")`.
 
-    qkv      blas | gemv | skinny | skinny_rope   (skinny_rope: RoPE and the K/V write in the epilogue)
-    o        blas | gemv | skinny | skinny_norm   (skinny_norm: the post-attention add + RMSNorm weight in
-                                                   the epilogue; the norm's per-row scale after gate_up)
-    gate_up  blas | gemv | skinny
+    qkv      blas | tuned | gemv | skinny | skinny_rope   (skinny_rope: RoPE and the K/V write in the epilogue)
+    o        blas | tuned | gemv | skinny | skinny_norm   (skinny_norm: the post-attention add + RMSNorm weight
+                                                           in the epilogue; the norm's per-row scale after gate_up)
+    gate_up  blas | tuned | gemv | skinny
     swiglu   silu_mul | epilogue | scaled         (epilogue: inside gate_up's GEMV or skinny GEMM;
                                                    scaled: silu_mul_scaled, after an o of skinny_norm)
-    down     blas | gemv | skinny | slices        (slices: down_slices fp32 partial products over K,
-                                                   summed by the next add_rmsnorm: no split-K reduce)
-    lm_head  blas | gemv | skinny
+    down     blas | tuned | gemv | skinny | slices        (slices: down_slices fp32 partial products over K,
+                                                           summed by the next add_rmsnorm: no split-K reduce)
+    lm_head  blas | tuned | gemv | skinny
     decode_attention   cuda_cores | tc | stream   (tc: a GQA group's heads as the rows of one mma tile; stream: the
                                                    same on a long context bucket, a ring of K/V tiles in flight)
     prefill_attention  cuda_cores | tc | wg       (tc: FlashAttention-2 on mma.sync; wg: the same loop on Hopper's
@@ -21,7 +21,9 @@ hand: `dataclasses.replace(model.plan(step, options), o="skinny")`.
     sparse   None | the options with the sparse prefill's parameters (sparse.py; prompt rows only)
     pdl      whether decode kernels launch with programmatic dependent launch (graph-replayed steps)
 
-"blas" is cuBLAS on the GPU and NumPy's BLAS on the CPU. Our kernels (gemv, skinny, their epilogues,
+"blas" is cuBLAS on the GPU and NumPy's BLAS on the CPU; "tuned" the same product by the cuBLAS algorithm
+measured fastest for its (N, K, row bucket), gemmEx's or one of cuBLASLt's (backends/cuda_tuned.py), for a step of
+TUNED_MIN_ROWS rows or more on the GPU in 16-bit (a prompt's projections). Our kernels (gemv, skinny, their epilogues,
 the slices) run only with the `fused_kernels` toggle, on the GPU, in 16-bit. The thresholds below
 were measured on the H200 at the Qwen2.5-0.5B shape (experiments/NOTEBOOK.md has the runs).
 """
@@ -48,7 +50,10 @@ TC_PAYS_MIN_LEN = 512  # decode_tc_pays decides a shorter plan as one of this ma
 # plan's K/V passes STREAM_TC_TILES 64-key tiles a layer (decode_stream_pays).
 STREAM_MIN_LEN, STREAM_TC_TILES = 2048, 32768
 
-PROJECTIONS = ("blas", "gemv", "skinny")
+# A step of this many rows or more runs its projections "tuned" (a prompt's, or a big chunk of one).
+TUNED_MIN_ROWS = 512
+
+PROJECTIONS = ("blas", "tuned", "gemv", "skinny")
 # The backend op of each prefill attention kind of the plan.
 PREFILL_OPS = {"cuda_cores": "prefill_attention", "tc": "prefill_attention_tc", "wg": "prefill_attention_wg"}
 
@@ -73,7 +78,7 @@ class StepPlan:
               and self.lm_head in PROJECTIONS and (self.down == "slices") == (self.down_slices > 1)
               and self.swiglu in ("silu_mul", "epilogue", "scaled")
               and (self.swiglu == "scaled") == (self.o == "skinny_norm")
-              and (self.swiglu != "epilogue" or self.gate_up != "blas")
+              and (self.swiglu != "epilogue" or self.gate_up in ("gemv", "skinny"))
               and self.decode_attention in ("cuda_cores", "tc", "stream")
               and self.prefill_attention in PREFILL_OPS)
         if not ok:
@@ -140,7 +145,8 @@ def make_plan(backend, cfg, rows: int, decodes: int, context_bucket: int, option
         return ours and pure_decode and lo <= rows <= hi and n * k <= most and k % 32 == 0
 
     def project(n, k):
-        return "gemv" if gemv(n, k) else "skinny" if skinny(n, k) else "blas"
+        tuned = on_gpu and wide and rows >= TUNED_MIN_ROWS
+        return "gemv" if gemv(n, k) else "skinny" if skinny(n, k) else "tuned" if tuned else "blas"
 
     qkv = project(cfg.qkv_size, H)
     if qkv == "skinny" and not cfg.qk_norm and D % 16 == 0:  # q/k norms need the whole head; a tile holds 8 pairs
@@ -149,7 +155,7 @@ def make_plan(backend, cfg, rows: int, decodes: int, context_bucket: int, option
     if o == "skinny" and H % 16 == 0 and I % vec == 0:
         o = "skinny_norm"  # RMSNorm(h) * w = inv * (h * w): inv, one number a row, commutes with gate_up's GEMM
     gate_up = project(2 * I, H)
-    swiglu = "scaled" if o == "skinny_norm" else "epilogue" if gate_up != "blas" else "silu_mul"
+    swiglu = "scaled" if o == "skinny_norm" else "epilogue" if gate_up in ("gemv", "skinny") else "silu_mul"
     slices = next((s for top, s in DOWN_SLICES if 2 <= rows <= top), 0) if ours and pure_decode else 0
     slices = next((s for s in range(slices, 1, -1) if I % (8 * s) == 0), 0)  # each slice 16-byte aligned
     down = "slices" if slices else project(H, I)
