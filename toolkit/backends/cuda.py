@@ -9,7 +9,9 @@ GEMMs go through nvmath-python's cuBLAS binding with our stream and a
 preallocated workspace set on the handle: that call can be captured in a CUDA
 graph, while CuPy's own cuBLAS wrapper refuses to run during stream capture.
 Without nvmath-python the backend falls back to CuPy's wrapper and reports
-`graphs_supported = False`, so the engine runs every step eagerly.
+`graphs_supported = False`, so the engine runs every step eagerly. A prompt's
+projections (the plan's "tuned") run whichever of gemmEx and cuBLASLt's
+algorithms measured fastest for their shape (cuda_tuned.py).
 """
 import contextlib
 import copy

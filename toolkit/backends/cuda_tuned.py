@@ -2,8 +2,9 @@
 more).
 
 cublasGemmEx runs the first algorithm of cuBLAS's heuristic. At prefill sizes another of cuBLASLt's candidates is
-often faster: on an H100 (dev/prefill_gemms.py, experiments/NOTEBOOK.md, session 19) the gate_up projection at
-8,192 rows took 0.83-0.85x gemmEx's time on Qwen3-0.6B and Llama-3.2-1B, the 0.5B's at 4,096 0.88x. So the first
+often faster: on an H100 (dev/prefill_gemms.py, experiments/NOTEBOOK.md, session 19) Qwen3-0.6B's gate_up
+projection at 4,096 and 8,192 rows took 0.82-0.83x gemmEx's time in two runs, the 0.5B's at 4,096 0.87-0.88x
+(elsewhere mostly within the 5-10% a GEMM's time moves between runs on that GPU). So the first
 call of each (N, K, types, row bucket) times gemmEx and up to CANDIDATES of cuBLASLt's heuristic algorithms on the
 call's own operands (each as a CUDA graph of CALLS calls, the graphs replayed in turn for REPEATS rounds), and
 keeps a cuBLASLt algorithm only where it is at least 1 - MARGIN faster than gemmEx (noise never swaps
@@ -49,7 +50,7 @@ def alignment(*ptrs) -> int:
 class _Choice:
     """What a (shape, row bucket) runs: `algo` None for gemmEx, else a cuBLASLt algorithm (a pointer into `results`,
     kept alive here) measured at `rows` with pointers aligned to `align` bytes. `times_us`: gemmEx's median first,
-    then each candidate's (None where cuBLASLt refused to run it); `config`: the chosen algorithm's (id, tile,
+    then each candidate's that cuBLASLt ran (those it refused are dropped); `config`: the chosen algorithm's (id, tile,
     split-K slices, stages), for reports."""
 
     def __init__(self, rows, align, algo=None, results=None, times_us=(), config=None):
