@@ -33,6 +33,10 @@
 #                  prefill against the peer, and with a copy of an older tree in _base/, that tree's in the same call
 #   tuned_close    tuned's closing run: each shape's 4,096- and 8,192-token prefill on this tree and on _base/'s,
 #                  the projections at 4,096 and 8,192 rows, then the whole GPU suite
+#   table          issue 36's whole table (bench suite: 4 shapes x batch 1, 32, 128 x depth 0, 2,048, 8,192 and the
+#                  prefill, against the peer) as far as 540 s take it; it prints the commands for the rest. Run
+#                  them in later calls with --out naming a carried copy of this call's $OUT/table: a call keeps the
+#                  cells of the suite.json there that it does not run
 #   readme         the README's results: its bench suite row (qwen2.5-0.5b, batch 1, prefill) and throughput
 #   dev            a quick round while developing: kernel, sampler and engine GPU tests, then the peer
 #   wg             the Hopper prefill attention (prefill_attention_wg): wgmma probes, its GPU tests, then every
@@ -192,6 +196,10 @@ if run prefill; then
   for s in qwen2.5-0.5b llama-3.2-1b qwen3-0.6b qwen2.5-1.5b; do
     $B --shape $s --batch 1 --depth 0 --decode 32 --prefill 4096 --peer torch -r 5 2>&1 | grep "^| pp"
   done | tee "$OUT/bench_prefill.log"
+fi
+if run table; then
+  python3 -m toolkit bench suite --device cuda --peer torch --budget 540 --out "$OUT/table" 2>&1 \
+    | tee "$OUT/bench_suite_table.log" | tail -30
 fi
 if run tuned; then
   python3 -m pytest -q -m gpu tests/backends/test_gpu_tuned.py tests/model/test_gpu_model.py 2>&1 \
