@@ -81,13 +81,16 @@ class TunedGemm:
         self._layouts, self._fits = {}, {}
         self._check_result = lt.MatmulHeuristicResult(1)
 
+    def _key(self, N, T, K, in_type, out_type) -> tuple:
+        return self._device, N, K, in_type, out_type, row_bucket(T)
+
     def choice(self, N, T, K, in_type, out_type):
         """The measured choice for this shape's row bucket (None before its first eager call)."""
-        return _CHOICES.get((self._device, N, K, in_type, out_type, row_bucket(T)))
+        return _CHOICES.get(self._key(N, T, K, in_type, out_type))
 
     def __call__(self, N, T, K, w, x, out, in_type, out_type):
         """w, x, out: device pointers of w[N, K], x[T, K], out[T, N] (row-major), types as cudaDataType."""
-        key = (self._device, N, K, in_type, out_type, row_bucket(T))
+        key = self._key(N, T, K, in_type, out_type)
         c = _CHOICES.get(key)
         if c is None:
             if self.stream.is_capturing():
