@@ -203,6 +203,30 @@ def test_context_bucket_graphs_change_no_token():
     assert with_graphs == eager and all(len(t) == 24 for t in eager)
 
 
+def test_start_up_measures_the_tuned_projections_no_request_measures_again():
+    """The warm-up measures every tuned (shape, row bucket) a step can reach (plan.py's tuned_calls), so a prompt
+    of hundreds of tokens afterwards runs measured choices and adds none."""
+    from toolkit.backends import cuda_tuned
+    from toolkit.model.plan import tuned_calls
+
+    eng = build_engine(shape="tiny", device="cuda", dtype="bfloat16", max_context=1024, max_num_seqs=4,
+                       max_num_batched_tokens=1500, kv_cache_tokens=1024 * 4)
+    calls = tuned_calls(eng.backend, eng.cfg, 1500, 4, eng.effective_options())
+    assert {n for _, n in calls} == {512, 1024, 1500, 1, 2, 4}
+    tuned = eng.backend._tuned
+    if tuned is None:
+        pytest.skip("no nvmath-python: linear_tuned is plain cuBLAS")
+    for name, n in calls:
+        N, K = {"qkv": (eng.cfg.qkv_size, 256), "o": (256, 256), "gate_up": (2 * 688, 256), "down": (256, 688),
+                "lm_head": (4096, 256)}[name]
+        assert tuned.choice(N, n, K, eng.backend._in_type, eng.backend._in_type) is not None, (name, n)
+    before = dict(cuda_tuned._CHOICES)
+    prompt = np.random.default_rng(5).integers(1, eng.cfg.vocab_size, 900).tolist()
+    eng.set_options(EngineOptions(cuda_graphs=False))
+    out, _ = run_batch(eng, [prompt], 4)
+    assert len(out[0]) == 4 and cuda_tuned._CHOICES == before
+
+
 def test_a_chunked_prefill_replays_a_graph_a_chunk_size():
     """A 300-token prompt under a 96-token step budget: chunks of 96, 96, 96 and 12 tokens, each a prefill step
     replayed from a graph (the three full chunks from one, the last padded to the 16-token bucket), with the tokens

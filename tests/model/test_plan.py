@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 
 from toolkit.engine.options import EngineOptions
-from toolkit.model.plan import TUNED_MIN_ROWS, StepPlan, make_plan
+from toolkit.model.plan import TUNED_MIN_ROWS, StepPlan, make_plan, tuned_calls
 from toolkit.model.shapes import shape_config
 
 GPU = SimpleNamespace(name="cuda", dtype="bfloat16", num_sms=132, sm90=True, graphs_supported=True, pdl_supported=True)
@@ -64,6 +64,27 @@ def test_prompt_sized_steps_run_measured_cublas_algorithms(rows):
     assert plan(rows, decodes=0, backend=SimpleNamespace(**{**vars(GPU), "dtype": "float32"})).gate_up == "blas"
     with pytest.raises(ValueError):
         StepPlan(gate_up="tuned", swiglu="epilogue")  # cuBLAS has no SwiGLU epilogue, tuned or not
+
+
+def test_start_up_measures_every_tuned_bucket_a_step_can_reach():
+    """tuned_calls lists what the engine's warm-up runs so no request pays for a measurement: the four layer
+    projections at each power-of-two bucket from TUNED_MIN_ROWS to the engine's rows (the last bucket at those rows),
+    the lm_head at each bucket of 1 to max_seqs rows (a prompt step's last rows); nothing where no step is tuned."""
+    opts = EngineOptions().effective(GPU)
+    calls = tuned_calls(GPU, QWEN, 8192, 256, opts)
+    layer = [(name, n) for n in (512, 1024, 2048, 4096, 8192) for name in ("qkv", "o", "gate_up", "down")]
+    assert calls == layer + [("lm_head", n) for n in (1, 2, 4, 8, 16, 32, 64, 128, 256)]
+    # Rows between powers of two: the last bucket is measured at the engine's rows, which no step exceeds.
+    assert [n for name, n in tuned_calls(GPU, QWEN, 6000, 3, opts) if name == "down"] == [512, 1024, 2048, 4096, 6000]
+    assert [n for name, n in tuned_calls(GPU, QWEN, 6000, 3, opts) if name == "lm_head"] == [1, 2, 3]
+    assert [n for name, n in tuned_calls(GPU, QWEN, 700, 1, opts)] == [512] * 4 + [700] * 4 + [1]
+    # Every listed call is one a step of that many rows runs tuned; a bucket's rows never exceed the engine's.
+    for name, n in calls:
+        assert getattr(make_plan(GPU, QWEN, max(n, TUNED_MIN_ROWS), 0, 256, opts), name) == "tuned"
+    assert tuned_calls(GPU, QWEN, TUNED_MIN_ROWS - 1, 256, opts) == []
+    assert tuned_calls(CPU, QWEN, 8192, 256, EngineOptions().effective(CPU)) == []
+    fp32 = SimpleNamespace(**{**vars(GPU), "dtype": "float32"})
+    assert tuned_calls(fp32, QWEN, 8192, 256, EngineOptions().effective(fp32)) == []
 
 
 def test_fused_kernels_off_is_cublas_and_plain_kernels():

@@ -149,12 +149,14 @@ def build_engine(model=None, shape: str | None = None, device: str = "auto", dty
 
 
 def warm_up(engine: LLMEngine):
-    """A 2-token request and a decode step, then every CUDA-graph bucket, so one-off costs (Numba's
-    thread pool, module loading, cuBLAS handles, graph capture) never land in a request's timings."""
+    """A 2-token request and a decode step, the tuned projections' measurements, then every CUDA-graph bucket, so
+    one-off costs (Numba's thread pool, module loading, cuBLAS handles and algorithm choices, graph capture) never
+    land in a request's timings."""
     # Two prompt tokens when the context allows (a prefill of more than one row), else one: the
     # smallest context, 2, holds one prompt token and one generated token.
     list(engine.generate([0] * min(2, engine.max_context - 1), SamplingParams(max_tokens=2, ignore_eos=True)))
     options = engine.effective_options()
+    engine.runner.model.tune(options, engine.runner.logits)  # before the captures: a graph replays a measured choice
     if options.cuda_graphs:
         engine.runner.capture_all(options)
     engine.backend.synchronize()

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from toolkit.model.config import ModelConfig, rope_tables
-from toolkit.model.plan import DOWN_SLICES, PREFILL_OPS, SKINNY_ROWS, StepPlan, make_plan
+from toolkit.model.plan import DOWN_SLICES, PREFILL_OPS, SKINNY_ROWS, StepPlan, make_plan, tuned_calls
 from toolkit.model.sparse import SparsePrefill
 from toolkit.model.weights import Weights
 
@@ -101,6 +101,20 @@ class Model:
             p = self._plans[key] = make_plan(self.be, self.cfg, step.num_tokens, step.num_decodes,
                                              step.context_bucket, options)
         return p
+
+    def tune(self, options, logits) -> int:
+        """Measure the algorithm of every "tuned" projection a step can run (plan.py's tuned_calls) now, at start-up,
+        on layer 0's weights (every layer's have the same shapes) and the step's own buffers, so their alignment is
+        the one later calls have. Returns the number of calls."""
+        calls = tuned_calls(self.be, self.cfg, self.scratch.h.shape[0], self.x_last.shape[0], options)
+        L = self.w.layers[0]
+        for name, n in calls:
+            s = self.scratch.view(n)
+            x, w, y = {"qkv": (s.x, L.qkv, s.qkv), "o": (s.attn.reshape(n, -1), L.o_proj, s.attn_out),
+                       "gate_up": (s.x, L.gate_up, s.gate_up), "down": (s.act, L.down, s.mlp_out),
+                       "lm_head": (self.x_last[:n], self.w.lm_head, logits[:n])}[name]
+            self.be.linear_tuned(x, w, y)
+        return len(calls)
 
     def forward(self, step, kv: KVCache, logits, plan: StepPlan, timer, all_rows: bool = False):
         """Run the staged `step` with the kernels `plan` names; write the logits of each request's last row into

@@ -31,6 +31,7 @@ import math
 from dataclasses import dataclass
 
 from toolkit.backends.cuda_kernels import decode_head_blocks, plan_kv_bytes
+from toolkit.backends.cuda_tuned import row_bucket
 
 # Our GEMV takes a 1-row projection of up to GEMV_MAX_N outputs: 2.4-5.9 us against cuBLAS's 9-17 (the batch-1
 # step 1.049 -> 0.990 ms); at 2 and 4 rows and for the 151,936-row lm_head cuBLAS is faster.
@@ -169,3 +170,23 @@ def make_plan(backend, cfg, rows: int, decodes: int, context_bucket: int, option
                     decode_attention="stream" if stream else "tc" if decode_tc else "cuda_cores",
                     prefill_attention=tensor_core_prefill(backend) if tc else "cuda_cores",
                     sparse=options if options.sparse_prefill and decodes < rows else None, pdl=options.pdl and on_gpu)
+
+
+def tuned_calls(backend, cfg, rows: int, max_seqs: int, options) -> list:
+    """The (projection, rows) calls that measure, ahead of any request, every "tuned" choice a step of up to `rows`
+    tokens can need (cuda_tuned.py measures a (shape, row bucket) on its first call, dozens of GEMMs of that
+    shape, which the first prompts of a run would otherwise pay for): qkv, o, gate_up and down at each power-of-two
+    row bucket from TUNED_MIN_ROWS on, and the lm_head, which a prompt step runs on its requests' last rows, at each
+    bucket of 1 to max_seqs rows. Each bucket at its largest rows, at most the engine's; none where no step is
+    tuned (the CPU, fp32, or fewer than TUNED_MIN_ROWS rows a step)."""
+    if rows < TUNED_MIN_ROWS:
+        return []
+    calls = []
+    for lo, hi, names in ((TUNED_MIN_ROWS, rows, ("qkv", "o", "gate_up", "down")), (1, max_seqs, ("lm_head",))):
+        b = row_bucket(lo)
+        while b // 2 < hi:  # the buckets holding some of lo..hi rows
+            n = max(lo, min(b, hi))
+            plan = make_plan(backend, cfg, max(n, TUNED_MIN_ROWS), 0, 0, options)
+            calls += [(name, n) for name in names if getattr(plan, name) == "tuned"]
+            b *= 2
+    return calls
