@@ -9,6 +9,10 @@ repeats):
     each query tile's keys in N splits (--splits) and prefill_attention_merge, "(plan)" marking prefill_splits' N;
   - wgp: dev/prefill_attention_wgp.cu, wg with FlashAttention-3's intra-warpgroup overlap (--variants);
   - wgpp: the same file, wgp plus FA3's ping-pong of the two warpgroups (mbarriers, named barriers);
+  - wgt: dev/prefill_attention_wgt.cu, wg with its K/V tiles loaded by TMA (warp 0 issues a box a lane) into a ring
+    of stages on mbarriers, nothing block-wide in the loop; wgtp: the same with wgp's overlapped loop; wgtpp: and
+    wgpp's ping-pong of the warpgroups. With
+    --splits, each also at the plan's tile in N splits (the product's merge kernel);
   - sdpa: torch's scaled_dot_product_attention(is_causal=True, enable_gqa=True) on contiguous [1, H, T, D] tensors,
     as the torch.compile peer's prefill runs it (only without a prefix), when torch imports.
 TFLOPS counts the causal work, 4 * D * Hq * (the keys each query sees, summed). Every output is checked against our
@@ -180,6 +184,12 @@ def paged_case(hq, hkv, d, prefix, tokens, rng):
     kb, kf = bf16_bits(rng.standard_normal((n_blocks * BS, hkv, d)))
     vb, vf = bf16_bits(rng.standard_normal((n_blocks * BS, hkv, d)))
     qb, qf = bf16_bits(1.5 * rng.standard_normal((tokens, hq, d)))
+    # Slots no key of the sequence owns (its last block's tail, the spare blocks) hold NaN in the bf16 cache, as
+    # never-written cache memory may: a kernel that lets them into its output prints NON-FINITE.
+    owned = np.zeros(n_blocks * BS, bool)
+    keys = np.arange(n_keys)
+    owned[table[0, keys // BS] * BS + keys % BS] = True
+    kb[~owned] = vb[~owned] = 0x7FC0
     return table, (qb, kb, vb), (qf, kf, vf)
 
 
@@ -189,35 +199,77 @@ def causal_tflops(us, hq, d, prefix, tokens):
 
 
 WGP_SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "prefill_attention_wgp.cu")
-VARIANTS = {  # name: (template, extra source, K/V stages): wg is the product's kernel, wgp and wgpp dev variants
-    "wg": ("prefill_attention_wg", None, 2),
-    "wgp": ("prefill_attention_wgp", WGP_SRC, 3),
-    "wgpp": ("prefill_attention_wgpp", WGP_SRC, 3),
+WGT_SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "prefill_attention_wgt.cu")
+VARIANTS = {  # name: (template, extra template arguments, extra sources, K/V stages at (D, BN)): wg is the product's
+    "wg": ("prefill_attention_wg", "", (), lambda d, bn: 2),
+    "wgp": ("prefill_attention_wgp", "", (WGP_SRC,), lambda d, bn: 3),
+    "wgpp": ("prefill_attention_wgpp", "", (WGP_SRC,), lambda d, bn: 3),
+    # wgt: TMA loads into a ring of K/V stages on mbarriers (WgtStages in the .cu); wgtp: the same with wgp's loop;
+    # wgtpp: with wgpp's ping-pong too
+    "wgt": ("prefill_attention_wgt", ", 0", (WGP_SRC, WGT_SRC), lambda d, bn: 4 if d * bn <= 64 * 64 else 3),
+    "wgtp": ("prefill_attention_wgt", ", 1", (WGP_SRC, WGT_SRC), lambda d, bn: 4 if d * bn <= 64 * 64 else 3),
+    "wgtpp": ("prefill_attention_wgt", ", 2", (WGP_SRC, WGT_SRC), lambda d, bn: 4 if d * bn <= 64 * 64 else 3),
 }
+WGT_BOX_ROWS = 16  # keys a TMA box (WGT_BOX_ROWS in the .cu)
 
 
 def variant_source(variant):
     """The op's source, with the variant's appended (it uses the op's helpers)."""
-    extra = VARIANTS[variant][1]
-    return ck.kernel_source("prefill_attention") + ("" if extra is None else "\n" + open(extra).read())
+    return "\n".join([ck.kernel_source("prefill_attention")] + [open(f).read() for f in VARIANTS[variant][2]])
 
 
-def wg_launcher(ctype, d, bn, variant="wg"):
+_TMAPS = {}
+
+
+def tensor_map(cache):
+    """A TMA descriptor of a [num_slots, Hkv, D] 16-bit cache as the matrix [num_slots, Hkv * D]: boxes of 64
+    columns x WGT_BOX_ROWS rows, 128-byte swizzle, zeros past the tensor; 128 bytes in device memory (the kernel reads
+    it from there). Cached per array."""
+    key = cache.data.ptr
+    if key not in _TMAPS:
+        from cuda.bindings import driver as d
+        slots, cols = cache.shape[0], cache.shape[1] * cache.shape[2]
+        err, tmap = d.cuTensorMapEncodeTiled(
+            d.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, cache.data.ptr, [cols, slots],
+            [cols * cache.itemsize], [64, WGT_BOX_ROWS], [1, 1], d.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+            d.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
+            d.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            d.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
+        if err != d.CUresult.CUDA_SUCCESS:
+            raise RuntimeError(f"cuTensorMapEncodeTiled: {err.name}")
+        _TMAPS[key] = (cp.asarray(np.array(tmap.opaque, dtype=np.uint64)), cache)
+    return _TMAPS[key][0]
+
+
+def wg_launcher(ctype, d, bn, variant="wg", n_splits=1, kern=None):
     """A call of prefill_attention_wg<ctype, d, bn> (any tile size, not only the wrapper's WG_KEYS), or of a dev
-    variant's kernel, on the wrapper's arguments."""
-    template, _, stages = VARIANTS[variant]
-    name = f"{template}<{ctype}, {d}, {bn}>"
+    variant's kernel, on the wrapper's arguments. wg and wgt* take n_splits (merged by the product's merge kernel)."""
+    template, targs, _, stages = VARIANTS[variant]
+    name = f"{template}<{ctype}, {d}, {bn}{targs}>"
     mod = cp.RawModule(code=variant_source(variant), options=OPTIONS, name_expressions=[name])
     f = mod.get_function(name)
-    smem = (ck.WG_QUERIES + 2 * stages * bn) * d * 2 + 1024
+    smem = (ck.WG_QUERIES + 2 * stages(d, bn) * bn) * d * 2 + 1024
     f.max_dynamic_shared_size_bytes = smem
 
     def call(q, kc, vc, table, qsl, seq_lens, block_size, scale, out, max_q):
-        hq, hkv = q.shape[1], kc.shape[1]
+        hq, hkv, n_tok = q.shape[1], kc.shape[1], q.shape[0]
         args = (q, kc, vc, table, qsl, seq_lens, np.int32(block_size), np.int32(table.shape[1]),
                 np.int32(kc.shape[0] // block_size), np.float32(scale), np.int32(hq), np.int32(hkv))
-        args += ((np.int32(1), None, None) if variant == "wg" else ()) + (out,)  # wg: one split
-        f((hq, seq_lens.shape[0], -(-max_q // ck.WG_QUERIES)), (256,), args, shared_mem=smem)
+        ws_o = ws_ml = None
+        if variant == "wg" or variant.startswith("wgt"):
+            if n_splits > 1:
+                ws_o, ws_ml = kern._prefill_workspace(n_tok, hq, d, n_splits)
+            args += (np.int32(n_splits), ws_o, ws_ml)
+        args += (out,)
+        if variant.startswith("wgt"):
+            assert block_size % WGT_BOX_ROWS == 0
+            args += (tensor_map(kc), tensor_map(vc), np.int32(kc.shape[0]))
+        f((hq, seq_lens.shape[0], -(-max_q // ck.WG_QUERIES) * n_splits), (256,), args, shared_mem=smem)
+        if n_splits > 1:
+            merge = kern._fn("prefill_attention", f"prefill_attention_merge<{ctype}>")
+            merge((n_tok,), (128,), (ws_o, ws_ml, qsl, seq_lens, np.int32(seq_lens.shape[0]),
+                                     np.int32(table.shape[1] * block_size), np.int32(n_splits),
+                                     np.int32(ck.WG_QUERIES), np.int32(bn), np.int32(hq), np.int32(d), out))
     return call
 
 
@@ -279,7 +331,10 @@ def main(argv=None):
             kernels += [(f"wg {bn}", wg_launcher("__nv_bfloat16", d, bn))
                         for bn in map(int, args.keys.split(",")) if bn and bn != ck.WG_KEYS[d]]
             kernels += [(f"{v} {bn}", wg_launcher("__nv_bfloat16", d, bn, v)) for v in args.variants.split(",") if v
-                        for bn in map(int, args.keys.split(","))]
+                        for bn in map(int, args.keys.split(",")) if bn]
+            kernels += [(f"{v} {ck.WG_KEYS[d]} s={n}", wg_launcher("__nv_bfloat16", d, ck.WG_KEYS[d], v, n, kern))
+                        for v in args.variants.split(",") if v.startswith("wgt")
+                        for n in (int(x) for x in args.splits.split(",") if x) if n > 1]
         if base is not None:
             print(f"{shape:14s} {'sdpa':16s} {base:9.1f} {causal_tflops(base, hq, d, 0, args.tokens):7.1f}")
         for label, fn in kernels:

@@ -44,6 +44,11 @@
 #                  shapes (dev/prefill_attention.py),
 #                  the 4,096-token prefill of each shape against the peer, and the prefill projections' TFLOPS
 #                  (dev/prefill_gemms.py)
+#   wgt            the TMA variants of the Hopper prefill attention (dev/prefill_attention_wgt.cu): first a prompt
+#                  whose last page is partial after a prefix (NaN in the slots no key owns), with splits; then each
+#                  shape's 4,096 tokens against wg and SDPA; every run under a timeout (a barrier bug hangs)
+#   tune_startup   the start-up measurement of the tuned projections: its GPU tests, its seconds on the four shapes
+#                  (dev/tune_startup.py), then bench throughput (whose first repeat paid for it before)
 #   close          a session's closing run: every GPU test, the peer, throughput, the sampler, the attribution
 #   all            tests, speed, sampler, sparse and peer
 # Several modes in one call: `bash dev/run_h200.sh "prefill readme"` (each block runs once, in this file's order).
@@ -105,6 +110,19 @@ if run wg; then
     $B --shape $s --batch 1 --depth 0 --decode 32 --prefill 4096 --peer torch -r 5 2>&1 | grep "^| "
   done | tee "$OUT/bench_prefill.log"
   python3 dev/prefill_gemms.py --tokens 4096 2>&1 | tee "$OUT/prefill_gemms.log"
+fi
+if run wgt; then
+  { timeout 150 python3 dev/prefill_attention.py --keys 64,128 --variants wgt,wgtp,wgtpp --prefix 37 --tokens 1000 \
+      --splits 2,4 --repeats 2
+    timeout 240 python3 dev/prefill_attention.py --keys 64,128 --variants wgt,wgtp,wgtpp; } 2>&1 \
+    | tee "$OUT/prefill_attention_wgt.log"
+fi
+if run tune_startup; then
+  python3 -m pytest -q -m gpu tests/engine/test_gpu_engine.py tests/backends/test_gpu_tuned.py 2>&1 \
+    | tee "$OUT/gpu_tests_tune_startup.log" | tail -3
+  python3 dev/tune_startup.py 2>&1 | tee "$OUT/tune_startup.log"
+  python3 -m toolkit bench throughput --shape qwen2.5-0.5b --repeats 3 2>&1 | tee "$OUT/throughput_tune_startup.log" \
+    | tail -8
 fi
 if run speed all; then
   python3 dev/bench_kernels.py 2>&1 | tee "$OUT/bench_kernels.log" | tail -30

@@ -42,12 +42,13 @@ def test_probes_compile_for_sm90a():
     assert set(lowered) == set(mod.PROBE_NAMES)
 
 
-@pytest.mark.parametrize("variant", ["wg", "wgp", "wgpp"])
+@pytest.mark.parametrize("variant", ["wg", "wgp", "wgpp", "wgt", "wgtp", "wgtpp"])
 def test_every_tile_size_compiles_for_sm90a(variant):
     """The product's kernel and each dev variant (appended to the op's source), at every tile size the script
     times."""
     mod = load()
-    names = [f"{mod.VARIANTS[variant][0]}<__nv_bfloat16, {d}, {bn}>" for d in (64, 128) for bn in (64, 128)]
+    template, targs = mod.VARIANTS[variant][:2]
+    names = [f"{template}<__nv_bfloat16, {d}, {bn}{targs}>" for d in (64, 128) for bn in (64, 128)]
     assert len(nvrtc_compile(mod.variant_source(variant), names, mod.OPTIONS)) == 4
 
 
@@ -61,3 +62,18 @@ def test_bf16_rounding_and_flop_count():
     # 2 queries, no prefix: 1 + 2 keys; 4 flops a key a dim a head (QK^T and PV, a multiply-add each).
     assert mod.causal_tflops(1e6, hq=1, d=1, prefix=0, tokens=2) == pytest.approx(4 * 3 / 1e12)
     assert mod.causal_tflops(1e6, hq=2, d=64, prefix=10, tokens=2) == pytest.approx(4 * 64 * 2 * 23 / 1e12)
+
+
+def test_paged_case_poisons_the_slots_no_key_owns():
+    """The bf16 cache holds NaN wherever no key of the sequence lives (its last block's tail, the spare blocks), so
+    a kernel that reads them into its output shows it; every key's slot holds its finite value."""
+    mod = load()
+    table, (qb, kb, vb), (qf, kf, vf) = mod.paged_case(2, 1, 64, 5, 30, np.random.default_rng(0))
+    bs, n_keys = mod.BS, 35
+    keys = np.arange(n_keys)
+    owned = table[0, keys // bs] * bs + keys % bs
+    assert (kb[owned] != 0x7FC0).all() and (vb[owned] != 0x7FC0).all()
+    rest = np.setdiff1d(np.arange(kb.shape[0]), owned)
+    assert len(rest) == kb.shape[0] - n_keys and (kb[rest] == 0x7FC0).all() and (vb[rest] == 0x7FC0).all()
+    as_f32 = (vb[rest].astype(np.uint32) << 16).view(np.float32)
+    assert np.isnan(as_f32).all() and np.isfinite(vf).all() and qb.shape == (30, 2, 64)
