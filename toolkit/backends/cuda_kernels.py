@@ -31,6 +31,7 @@ import kernels as _kernels_pkg
 
 from .cuda_gemm import SkinnyGemms
 from .cuda_gemm import kernel_names as _skinny_names
+from .cuda_tuned import row_bucket
 
 KERNEL_DIR = Path(_kernels_pkg.__file__).parent
 CTYPES = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16"}
@@ -255,7 +256,7 @@ def prefill_splits(batch: int, max_query_len: int, tokens: int, n_heads: int, D:
 
 def prefill_workspace_rows(N: int) -> int:
     """Rows of the split workspace that serves a step of N rows: the power of two >= N, at least 128."""
-    return max(128, 1 << (N - 1).bit_length())
+    return max(128, row_bucket(N))
 
 
 I32, F32 = np.dtype(np.int32), np.dtype(np.float32)
