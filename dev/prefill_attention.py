@@ -230,8 +230,10 @@ def tensor_map(cache):
         from cuda.bindings import driver as d
         slots, cols = cache.shape[0], cache.shape[1] * cache.shape[2]
         err, tmap = d.cuTensorMapEncodeTiled(
-            d.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, cache.data.ptr, [cols, slots],
-            [cols * cache.itemsize], [64, WGT_BOX_ROWS], [1, 1], d.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+            d.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, cache.data.ptr,
+            [d.cuuint64_t(cols), d.cuuint64_t(slots)], [d.cuuint64_t(cols * cache.itemsize)],
+            [d.cuuint32_t(64), d.cuuint32_t(WGT_BOX_ROWS)], [d.cuuint32_t(1), d.cuuint32_t(1)],
+            d.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
             d.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
             d.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
             d.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
