@@ -44,9 +44,10 @@
 #                  shapes (dev/prefill_attention.py),
 #                  the 4,096-token prefill of each shape against the peer, and the prefill projections' TFLOPS
 #                  (dev/prefill_gemms.py)
-#   wgt            the TMA variants of the Hopper prefill attention (dev/prefill_attention_wgt.cu): first a prompt
-#                  whose last page is partial after a prefix (NaN in the slots no key owns), with splits; then each
-#                  shape's 4,096 tokens against wg and SDPA; every run under a timeout (a barrier bug hangs)
+#   wgt            the TMA variant of the Hopper prefill attention and its lean softmax (wgt, wgtf:
+#                  dev/prefill_attention_wgt.cu): first a prompt whose last page is partial after a prefix (NaN in
+#                  the slots no key owns), with splits; then each shape's 4,096 tokens against wg and SDPA; every
+#                  run under a timeout (a barrier bug hangs)
 #   tune_startup   the start-up measurement of the tuned projections: its GPU tests, its seconds on the four shapes
 #                  (dev/tune_startup.py), then bench throughput (whose first repeat paid for it before)
 #   close          a session's closing run: every GPU test, the peer, throughput, the sampler, the attribution
@@ -112,9 +113,9 @@ if run wg; then
   python3 dev/prefill_gemms.py --tokens 4096 2>&1 | tee "$OUT/prefill_gemms.log"
 fi
 if run wgt; then
-  { timeout 150 python3 dev/prefill_attention.py --keys 64,128 --variants wgt,wgtp,wgtpp --prefix 37 --tokens 1000 \
+  { timeout 150 python3 dev/prefill_attention.py --keys 64,128 --variants wgt,wgtf --prefix 37 --tokens 1000 \
       --splits 2,4 --repeats 2
-    timeout 240 python3 dev/prefill_attention.py --keys 64,128 --variants wgt,wgtp,wgtpp; } 2>&1 \
+    timeout 240 python3 dev/prefill_attention.py --keys 64,128 --variants wgt,wgtf; } 2>&1 \
     | tee "$OUT/prefill_attention_wgt.log"
 fi
 if run tune_startup; then
