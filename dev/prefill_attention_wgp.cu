@@ -51,20 +51,26 @@ __device__ __forceinline__ void wgp_softmax(float (&s)[BN / 8][4], float sl2, in
     softmax_rows<BN, false>(s, mx0, mx1, m0, m1, l0, l1, a0, a1);  // tile 0 holds key 0: every row sees a key
 }
 
-// Tile 0: S, its softmax and P, waited (O is still 0: nothing to overlap).
+// S = Q K^T of a tile, issued and waited.
 template <typename T, int D, int BN>
-__device__ __forceinline__ void wgp_first(unsigned (&p)[BN / 16][4], const unsigned char* q_wg,
-                                          const unsigned char* Kt, float sl2, int wg_first, int c, int pos0, int pos1,
-                                          float& m0, float& m1, float& l0, float& l1) {
-    float s[BN / 8][4];
+__device__ __forceinline__ void wg_scores(float (&s)[BN / 8][4], const unsigned char* q_wg, const unsigned char* Kt) {
     float (&sd)[BN / 2] = reinterpret_cast<float (&)[BN / 2]>(s);
     wgmma_fence();
     wg_qk<T, D, BN>(s, q_wg, Kt);
     wgmma_commit();
     wgmma_wait<0>();
     wgmma_keep(sd);
+}
+
+// Tile 0 (its first key k0): S, its softmax and P, waited (O is still 0: nothing to overlap).
+template <typename T, int D, int BN>
+__device__ __forceinline__ void wgp_first(unsigned (&p)[BN / 16][4], const unsigned char* q_wg,
+                                          const unsigned char* Kt, int k0, float sl2, int wg_first, int c, int pos0,
+                                          int pos1, float& m0, float& m1, float& l0, float& l1) {
+    float s[BN / 8][4];
+    wg_scores<T, D, BN>(s, q_wg, Kt);
     float a0, a1;
-    wgp_softmax<BN>(s, sl2, 0, wg_first, c, pos0, pos1, m0, m1, l0, l1, a0, a1);
+    wgp_softmax<BN>(s, sl2, k0, wg_first, c, pos0, pos1, m0, m1, l0, l1, a0, a1);
 #pragma unroll
     for (int kk = 0; kk < BN / 16; kk++) p_fragment<T, BN>(p[kk], s, kk);
 }
@@ -165,7 +171,7 @@ prefill_attention_wgp(const T* __restrict__ q, const T* __restrict__ k_cache, co
     fence_async_smem();
     __syncthreads();
     if (0 <= wg_last)  // warpgroup-uniform
-        wgp_first<T, D, BN>(p, q_wg, Ks, sl2, wg_first, c, pos0, pos1, m0, m1, l0, l1);
+        wgp_first<T, D, BN>(p, q_wg, Ks, 0, sl2, wg_first, c, pos0, pos1, m0, m1, l0, l1);
 
     for (int j = 0; j < n_kt; j++) {
         const int k1 = (j + 1) * BN;  // first key of tile j + 1
@@ -313,7 +319,7 @@ prefill_attention_wgpp(const T* __restrict__ q, const T* __restrict__ k_cache, c
     mbar_arrive(&full[0]);
     mbar_wait(&full[0], 0);
     if (0 <= wg_last)  // warpgroup-uniform
-        wgp_first<T, D, BN>(p, q_wg, Ks, sl2, wg_first, c, pos0, pos1, m0, m1, l0, l1);
+        wgp_first<T, D, BN>(p, q_wg, Ks, 0, sl2, wg_first, c, pos0, pos1, m0, m1, l0, l1);
     if (wg == 1) named_arrive<1>();  // warpgroup 0 issues first
 
     for (int j = 0; j < n_kt; j++) {

@@ -130,23 +130,6 @@ __device__ __forceinline__ void softmax_rows_raw(float (&s)[TK / 8][4], float sl
     l1 = l1 * a1 + sum1;
 }
 
-// Tile 0 of the wgp loop: S, its softmax and P, waited (wgp_first with the split's first key k0).
-template <typename T, int D, int BN>
-__device__ __forceinline__ void wgt_first(unsigned (&p)[BN / 16][4], const unsigned char* q_wg,
-                                          const unsigned char* Kt, int k0, float sl2, int wg_first, int c, int pos0,
-                                          int pos1, float& m0, float& m1, float& l0, float& l1) {
-    float s[BN / 8][4];
-    float (&sd)[BN / 2] = reinterpret_cast<float (&)[BN / 2]>(s);
-    wgmma_fence();
-    wg_qk<T, D, BN>(s, q_wg, Kt);
-    wgmma_commit();
-    wgmma_wait<0>();
-    wgmma_keep(sd);
-    float a0, a1;
-    wgp_softmax<BN>(s, sl2, k0, wg_first, c, pos0, pos1, m0, m1, l0, l1, a0, a1);
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; kk++) p_fragment<T, BN>(p[kk], s, kk);
-}
 #endif
 
 template <typename T, int D, int BN, int LOOP, bool FAST>
@@ -175,13 +158,8 @@ prefill_attention_wgt(const T* __restrict__ q, const T* __restrict__ k_cache, co
     const int sp = sq.start, n_tokens = sq.n;
     const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3, wg = warp >> 2;
     const int kv_len = min(sp + min(q0 + WG_BQ, n_tokens), sq.len);
-    int k_lo = 0, k_hi = kv_len;
-    if (n_splits > 1) {
-        const int chunk = split_keys(kv_len, n_splits, BN, WG_MIN_SPLIT_KEYS);
-        k_lo = split * chunk;
-        if (k_lo >= kv_len) return;
-        k_hi = min(kv_len, k_lo + chunk);
-    }
+    int k_lo, k_hi;
+    if (!wg_keys(kv_len, split, n_splits, BN, k_lo, k_hi)) return;
     const int n_kt = max(1, (k_hi - k_lo + BN - 1) / BN);
     const int* table = block_tables + (size_t)b * M;
 
@@ -234,12 +212,7 @@ prefill_attention_wgt(const T* __restrict__ q, const T* __restrict__ k_cache, co
                 const unsigned char* Kt = Ks + st * KV_BYTES;
                 const unsigned char* Vt = Vs + st * KV_BYTES;
                 float s[BN / 8][4];
-                float (&sd)[BN / 2] = reinterpret_cast<float (&)[BN / 2]>(s);
-                wgmma_fence();
-                wg_qk<T, D, BN>(s, q_wg, Kt);
-                wgmma_commit();
-                wgmma_wait<0>();
-                wgmma_keep(sd);
+                wg_scores<T, D, BN>(s, q_wg, Kt);
                 float mx0 = NEG_INF, mx1 = NEG_INF;
                 if constexpr (FAST) {
                     causal_mask_tile<BN>(s, k0 + BN - 1 > wg_first, k0, c, pos0, pos1, mx0, mx1);
@@ -270,7 +243,7 @@ prefill_attention_wgt(const T* __restrict__ q, const T* __restrict__ k_cache, co
         unsigned p[BN / 16][4];  // P of the tile whose P V is next
         arrived(0);
         if (k_lo <= wg_last)
-            wgt_first<T, D, BN>(p, q_wg, Ks, k_lo, sl2, wg_first, c, pos0, pos1, m0, m1, l0, l1);
+            wgp_first<T, D, BN>(p, q_wg, Ks, k_lo, sl2, wg_first, c, pos0, pos1, m0, m1, l0, l1);
         if (LOOP == 2 && wg == 1) named_arrive<1>();  // warpgroup 0 issues first
         for (int j = 0; j < n_kt; j++) {
             const int k1 = k_lo + (j + 1) * BN;
@@ -291,15 +264,7 @@ prefill_attention_wgt(const T* __restrict__ q, const T* __restrict__ k_cache, co
         }
     }
 
-    const int t0 = q0 + warp * 16 + g, t1 = t0 + 8;
-    if (n_splits > 1) {
-        const size_t r0 = ((size_t)(sq.qs + t0) * Hq + h) * n_splits + split;
-        const size_t r1 = ((size_t)(sq.qs + t1) * Hq + h) * n_splits + split;
-        store_split_rows<D>(ws_o, ws_ml, r0, r1, t0, t1, n_tokens, o, m0, m1, l0, l1, lane);
-        return;
-    }
-    T* ob = out + ((size_t)sq.qs * Hq + h) * D;
-    store_tile_rows<T, D>(ob + (size_t)t0 * Hq * D, ob + (size_t)t1 * Hq * D, t0, t1, n_tokens, o, l0, l1, lane);
+    wg_store<T, D>(out, ws_o, ws_ml, sq, h, Hq, q0 + warp * 16 + g, split, n_splits, o, m0, m1, l0, l1, lane);
 #else
     __trap();  // built for sm_90a only
 #endif

@@ -366,6 +366,37 @@ __device__ __forceinline__ void store_split_rows(float* ws_o, float* ws_ml, size
     }
 }
 
+// A block's keys [k_lo, k_hi) of its query tile's kv_len: all of them, or split `split`'s; false where that split
+// starts past kv_len (the block has nothing to do).
+__device__ __forceinline__ bool wg_keys(int kv_len, int split, int n_splits, int bn, int& k_lo, int& k_hi) {
+    k_lo = 0;
+    k_hi = kv_len;
+    if (n_splits > 1) {
+        const int chunk = split_keys(kv_len, n_splits, bn, WG_MIN_SPLIT_KEYS);
+        k_lo = split * chunk;
+        if (k_lo >= kv_len) return false;
+        k_hi = min(kv_len, k_lo + chunk);
+    }
+    return true;
+}
+
+// A thread's rows t0 = t and t1 = t + 8 of its sequence, at the end of the block: normalised to out (one split), or as
+// the split's partials (store_split_rows).
+template <typename T, int D>
+__device__ __forceinline__ void wg_store(T* out, float* ws_o, float* ws_ml, const Seq& sq, int h, int Hq, int t,
+                                         int split, int n_splits, const float (&o)[D / 8][4], float m0, float m1,
+                                         float l0, float l1, int lane) {
+    const int t0 = t, t1 = t + 8;
+    if (n_splits > 1) {
+        const size_t r0 = ((size_t)(sq.qs + t0) * Hq + h) * n_splits + split;
+        const size_t r1 = ((size_t)(sq.qs + t1) * Hq + h) * n_splits + split;
+        store_split_rows<D>(ws_o, ws_ml, r0, r1, t0, t1, sq.n, o, m0, m1, l0, l1, lane);
+        return;
+    }
+    T* ob = out + ((size_t)sq.qs * Hq + h) * D;
+    store_tile_rows<T, D>(ob + (size_t)t0 * Hq * D, ob + (size_t)t1 * Hq * D, t0, t1, sq.n, o, l0, l1, lane);
+}
+
 // n_splits == 1: the normalised output to out (ws_o, ws_ml unused). n_splits > 1: see "Split keys" above; the
 // partials of (flat row r, head h, split s) at index (r * Hq + h) * n_splits + s of ws_o (D floats) and ws_ml (2).
 // At D = 64 two blocks share an SM (50 KB of shared memory each) only within 128 registers a thread: the split's
@@ -395,14 +426,8 @@ prefill_attention_wg(const T* __restrict__ q, const T* __restrict__ k_cache, con
     const int sp = sq.start, n_tokens = sq.n;
     const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3, wg = warp >> 2;
     const int kv_len = min(sp + min(q0 + WG_BQ, n_tokens), sq.len);  // keys up to the block's last query
-    // This block's keys [k_lo, k_hi): all of them, or its split's (a split past kv_len has none: it exits).
-    int k_lo = 0, k_hi = kv_len;
-    if (n_splits > 1) {
-        const int chunk = split_keys(kv_len, n_splits, BN, WG_MIN_SPLIT_KEYS);
-        k_lo = split * chunk;
-        if (k_lo >= kv_len) return;
-        k_hi = min(kv_len, k_lo + chunk);
-    }
+    int k_lo, k_hi;  // this block's keys
+    if (!wg_keys(kv_len, split, n_splits, BN, k_lo, k_hi)) return;
     const int n_kt = max(1, (k_hi - k_lo + BN - 1) / BN);  // >= 1: zero keys (bad input) give 0, not NaN
     const int* table = block_tables + (size_t)b * M;
     const size_t kv_stride = (size_t)Hkv * D;
@@ -478,15 +503,7 @@ prefill_attention_wg(const T* __restrict__ q, const T* __restrict__ k_cache, con
         __syncthreads();  // both warpgroups are done with this buffer before the next iteration refills it
     }
 
-    const int t0 = q0 + warp * 16 + g, t1 = t0 + 8;
-    if (n_splits > 1) {
-        const size_t r0 = ((size_t)(sq.qs + t0) * Hq + h) * n_splits + split;
-        const size_t r1 = ((size_t)(sq.qs + t1) * Hq + h) * n_splits + split;
-        store_split_rows<D>(ws_o, ws_ml, r0, r1, t0, t1, n_tokens, o, m0, m1, l0, l1, lane);
-        return;
-    }
-    T* ob = out + ((size_t)sq.qs * Hq + h) * D;
-    store_tile_rows<T, D>(ob + (size_t)t0 * Hq * D, ob + (size_t)t1 * Hq * D, t0, t1, n_tokens, o, l0, l1, lane);
+    wg_store<T, D>(out, ws_o, ws_ml, sq, h, Hq, q0 + warp * 16 + g, split, n_splits, o, m0, m1, l0, l1, lane);
 #else
     __trap();  // built for sm_90a only; the wrapper never launches it elsewhere
 #endif
