@@ -8,7 +8,9 @@ projection at 4,096 and 8,192 rows took 0.82-0.83x gemmEx's time in two runs, th
 call of each (N, K, types, row bucket) times gemmEx and up to CANDIDATES of cuBLASLt's heuristic algorithms on the
 call's own operands (each as a CUDA graph of CALLS calls, the graphs replayed in turn for REPEATS rounds), and
 keeps a cuBLASLt algorithm only where it is at least 1 - MARGIN faster than gemmEx (noise never swaps
-algorithms); later calls of the bucket run that choice.
+algorithms); later calls of the bucket run that choice. The engine makes those first calls when it starts
+(Model.tune, the calls plan.py's tuned_calls lists: 0.4-0.95 s for the bench shapes on an H100), so no request pays
+for a measurement.
 
 - Row bucket: the power of two >= the rows. A call with other rows than the measured ones runs the bucket's
   algorithm where cublasLtMatmulAlgoCheck accepts it for its shape and its pointers are as aligned as the
