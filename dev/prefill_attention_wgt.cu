@@ -1,6 +1,6 @@
 // prefill_attention_wgt<T, D, BN, LOOP, FAST>: dev variants of prefill_attention_wg whose K/V tiles arrive by TMA,
 // appended by dev/prefill_attention.py after the op's source and dev/prefill_attention_wgp.cu (it uses their Seq,
-// split_keys, load_sw128_q, mbar_* and wgp_* helpers). Same arguments as prefill_attention_wg, then the two tensor
+// wg_keys, wg_store, load_sw128_q, mbar_* and wgp_* helpers). Same arguments as prefill_attention_wg, then the two tensor
 // maps (K and V of the layer: a [num_slots, Hkv * D] matrix each, boxes of 64 columns x 16 rows, 128-byte swizzle,
 // in global memory) and num_slots; same grid and output; smem (128 + 2 * STAGES * BN) * D * 2 bytes + 1 KB.
 //
@@ -25,6 +25,8 @@
 // MUFU alone: a result below 2^-126 becomes 0 instead of a denormal) and the scale is folded into its argument,
 // exp2(s * sl2 - m) as one FFMA, the maxima taken over the raw scores (sl2 > 0 keeps their order, and rounding keeps
 // it too, so the maxima are those of the scaled scores): about 4.5 slots a score.
+// Measured (an H100, session 20, experiments/NOTEBOOK.md): LOOP 0 within -3% to +2.4% of wg at 4,096 tokens, LOOP 1
+// and 2 10-25% slower; FAST not yet run.
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 __device__ __forceinline__ void mbar_expect_tx(unsigned long long* bar, unsigned bytes) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes)
