@@ -49,8 +49,8 @@
 #                  then each shape's 4,096 tokens against wg and SDPA; every run under a timeout (a barrier bug
 #                  hangs)
 #   lean           mma.cuh's lean softmax (exp2 on the MUFU alone, the scale in its FFMA) against the tree in _base/:
-#                  the attention kernels' GPU tests, then on both trees prefill attention alone at the four shapes
-#                  (dev/prefill_attention.py, tc and wg) and the 4,096-token prefill of three shapes
+#                  on both trees prefill attention alone at the four shapes (dev/prefill_attention.py, tc and wg),
+#                  the attention kernels' GPU tests, then on both trees the 4,096-token prefill of three shapes
 #   tune_startup   the start-up measurement of the tuned projections: its GPU tests, its seconds on the four shapes
 #                  (dev/tune_startup.py), then bench throughput (whose first repeat paid for it before)
 #   close          a session's closing run: every GPU test, the peer, throughput, the sampler, the attribution
@@ -121,13 +121,13 @@ if run wgt; then
     timeout 240 python3 dev/prefill_attention.py --keys 64,128 --variants wgt; } 2>&1 \
     | tee "$OUT/prefill_attention_wgt.log"
 fi
-if run lean; then
-  timeout 150 python3 -m pytest -q -m gpu tests/kernels -k "attention" 2>&1 | tee "$OUT/gpu_tests_lean.log" | tail -3
+if run lean; then  # in order of what decides: the kernels alone, their tests, then whole prefills
   for tree in . _base; do
     [ -d "$tree/toolkit" ] || continue
     echo "== tree $tree"
     (cd "$tree" && timeout 80 python3 dev/prefill_attention.py --keys 0 --variants '' --repeats 7 2>&1)
   done 2>&1 | tee "$OUT/lean_attention_ab.log"
+  timeout 150 python3 -m pytest -q -m gpu tests/kernels -k "attention" 2>&1 | tee "$OUT/gpu_tests_lean.log" | tail -3
   for s in qwen2.5-0.5b llama-3.2-1b qwen3-0.6b; do
     for tree in . _base; do
       (cd "$tree" && timeout 45 $B --shape $s --batch 1 --depth 0 --decode 8 --prefill 4096 -r 5 2>&1) \
