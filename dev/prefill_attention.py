@@ -11,8 +11,9 @@ repeats):
   - wgpp: the same file, wgp plus FA3's ping-pong of the two warpgroups (mbarriers, named barriers);
   - wgt: dev/prefill_attention_wgt.cu, wg with its K/V tiles loaded by TMA (warp 0 issues a box a lane) into a ring
     of stages on mbarriers, nothing block-wide in the loop; wgtp: the same with wgp's overlapped loop; wgtpp: and
-    wgpp's ping-pong of the warpgroups. With --splits, each also at the plan's tile in N splits (the product's merge
-    kernel);
+    wgpp's ping-pong of the warpgroups; wgtf: wgt with a lean softmax (exp2 as the MUFU alone, the scale folded into
+    its argument's FFMA). With
+    --splits, each also at the plan's tile in N splits (the product's merge kernel);
   - sdpa: torch's scaled_dot_product_attention(is_causal=True, enable_gqa=True) on contiguous [1, H, T, D] tensors,
     as the torch.compile peer's prefill runs it (only without a prefix), when torch imports.
 TFLOPS counts the causal work, 4 * D * Hq * (the keys each query sees, summed). Every output is checked against our
@@ -205,10 +206,11 @@ VARIANTS = {  # name: (template, extra template arguments, extra sources, K/V st
     "wgp": ("prefill_attention_wgp", "", (WGP_SRC,), lambda d, bn: 3),
     "wgpp": ("prefill_attention_wgpp", "", (WGP_SRC,), lambda d, bn: 3),
     # wgt: TMA loads into a ring of K/V stages on mbarriers (WgtStages in the .cu); wgtp: the same with wgp's loop;
-    # wgtpp: with wgpp's ping-pong too
-    "wgt": ("prefill_attention_wgt", ", 0", (WGP_SRC, WGT_SRC), lambda d, bn: 4 if d * bn <= 64 * 64 else 3),
-    "wgtp": ("prefill_attention_wgt", ", 1", (WGP_SRC, WGT_SRC), lambda d, bn: 4 if d * bn <= 64 * 64 else 3),
-    "wgtpp": ("prefill_attention_wgt", ", 2", (WGP_SRC, WGT_SRC), lambda d, bn: 4 if d * bn <= 64 * 64 else 3),
+    # wgtpp: with wgpp's ping-pong too; wgtf: wgt with the lean softmax (one MUFU an exp2, the scale in its FFMA)
+    "wgt": ("prefill_attention_wgt", ", 0, false", (WGP_SRC, WGT_SRC), lambda d, bn: 4 if d * bn <= 64 * 64 else 3),
+    "wgtp": ("prefill_attention_wgt", ", 1, false", (WGP_SRC, WGT_SRC), lambda d, bn: 4 if d * bn <= 64 * 64 else 3),
+    "wgtpp": ("prefill_attention_wgt", ", 2, false", (WGP_SRC, WGT_SRC), lambda d, bn: 4 if d * bn <= 64 * 64 else 3),
+    "wgtf": ("prefill_attention_wgt", ", 0, true", (WGP_SRC, WGT_SRC), lambda d, bn: 4 if d * bn <= 64 * 64 else 3),
 }
 WGT_BOX_ROWS = 16  # keys a TMA box (WGT_BOX_ROWS in the .cu)
 

@@ -47,8 +47,8 @@ __device__ __forceinline__ void wgp_softmax(float (&s)[BN / 8][4], float sl2, in
                                             int pos1, float& m0, float& m1, float& l0, float& l1, float& a0,
                                             float& a1) {
     float mx0 = NEG_INF, mx1 = NEG_INF;
-    causal_mask_tile<BN>(s, k0 + BN - 1 > wg_first, k0, c, pos0, pos1, mx0, mx1);
-    softmax_rows<BN, false>(s, mx0, mx1, m0, m1, l0, l1, a0, a1, sl2);  // tile 0 holds key 0: every row sees a key
+    causal_scale_tile<BN>(s, sl2, k0 + BN - 1 > wg_first, k0, c, pos0, pos1, mx0, mx1);
+    softmax_rows<BN, false>(s, mx0, mx1, m0, m1, l0, l1, a0, a1);  // tile 0 holds key 0: every row sees a key
 }
 
 // S = Q K^T of a tile, issued and waited.

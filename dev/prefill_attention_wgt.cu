@@ -1,4 +1,4 @@
-// prefill_attention_wgt<T, D, BN, LOOP>: dev variants of prefill_attention_wg whose K/V tiles arrive by TMA,
+// prefill_attention_wgt<T, D, BN, LOOP, FAST>: dev variants of prefill_attention_wg whose K/V tiles arrive by TMA,
 // appended by dev/prefill_attention.py after the op's source and dev/prefill_attention_wgp.cu (it uses their Seq,
 // wg_keys, wg_store, load_sw128_q, mbar_* and wgp_* helpers). Same arguments as prefill_attention_wg, then the two tensor
 // maps (K and V of the layer: a [num_slots, Hkv * D] matrix each, boxes of 64 columns x 16 rows, 128-byte swizzle,
@@ -19,8 +19,14 @@
 // LOOP 0: wg's loop (S, softmax, P V, each waited); 1: wgp's (S(j + 1) issued with P(j) V(j),
 // dev/prefill_attention_wgp.cu); 2: wgp's with wgpp's ping-pong (a warpgroup issues its GEMMs only after the other
 // issued its own, named barriers 1 and 2), so one's softmax runs during the other's GEMMs.
+// FAST (LOOP 0 only): a leaner softmax. In SASS, mma.cuh's exp2f is 4 instructions (a compare with -126, a
+// predicated halving, MUFU.EX2, a predicated squaring: the fix-up for results below 2^-126), and the scale is its own
+// FMUL before the FADD of the max; a score costs about 8.5 issue slots in all. Here exp2 is ex2.approx.ftz (the
+// MUFU alone: a result below 2^-126 becomes 0 instead of a denormal) and the scale is folded into its argument,
+// exp2(s * sl2 - m) as one FFMA, the maxima taken over the raw scores (sl2 > 0 keeps their order, and rounding keeps
+// it too, so the maxima are those of the scaled scores): about 4.5 slots a score.
 // Measured (an H100, session 20, experiments/NOTEBOOK.md): LOOP 0 within -3% to +2.4% of wg at 4,096 tokens, LOOP 1
-// and 2 10-25% slower. A fourth variant, a leaner softmax, became mma.cuh's for every kernel (session 21).
+// and 2 10-25% slower; FAST not yet run.
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 __device__ __forceinline__ void mbar_expect_tx(unsigned long long* bar, unsigned bytes) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes)
@@ -80,9 +86,55 @@ __device__ __forceinline__ void wgt_zero_rows(unsigned char* Vt, int r0, int wg)
     wg_bar(wg);
 }
 
+// FAST's pieces. ex2.approx.ftz: exp2 on the MUFU alone (-inf gives 0).
+__device__ __forceinline__ float ex2_ftz(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+// causal_scale_tile without the scale: raw scores, -inf above the rows' positions, this thread's raw maxima.
+template <int TK>
+__device__ __forceinline__ void causal_mask_tile(float (&s)[TK / 8][4], bool diag, int k0, int c, int pos0, int pos1,
+                                                 float& mx0, float& mx1) {
+#pragma unroll
+    for (int n = 0; n < TK / 8; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            float v = s[n][e];
+            if (diag && k0 + n * 8 + 2 * c + (e & 1) > (e < 2 ? pos0 : pos1)) v = NEG_INF;
+            s[n][e] = v;
+            if (e < 2) mx0 = fmaxf(mx0, v); else mx1 = fmaxf(mx1, v);
+        }
+}
+// softmax_rows on raw scores: m, l and alpha as there (m in log2 units), P = exp2(s * sl2 - m) by one FFMA and the
+// MUFU. Every row sees a key of the block's first tile (softmax_rows' EMPTY false).
+template <int TK>
+__device__ __forceinline__ void softmax_rows_raw(float (&s)[TK / 8][4], float sl2, float mx0, float mx1, float& m0,
+                                                 float& m1, float& l0, float& l1, float& a0, float& a1) {
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+    const float mn0 = fmaxf(m0, mx0 * sl2), mn1 = fmaxf(m1, mx1 * sl2);
+    a0 = ex2_ftz(m0 - mn0);
+    a1 = ex2_ftz(m1 - mn1);
+    m0 = mn0;
+    m1 = mn1;
+    float sum0 = 0.0f, sum1 = 0.0f;
+#pragma unroll
+    for (int n = 0; n < TK / 8; n++) {
+        s[n][0] = ex2_ftz(fmaf(s[n][0], sl2, -mn0)); s[n][1] = ex2_ftz(fmaf(s[n][1], sl2, -mn0));
+        s[n][2] = ex2_ftz(fmaf(s[n][2], sl2, -mn1)); s[n][3] = ex2_ftz(fmaf(s[n][3], sl2, -mn1));
+        sum0 += s[n][0] + s[n][1];
+        sum1 += s[n][2] + s[n][3];
+    }
+    l0 = l0 * a0 + sum0;
+    l1 = l1 * a1 + sum1;
+}
+
 #endif
 
-template <typename T, int D, int BN, int LOOP>
+template <typename T, int D, int BN, int LOOP, bool FAST>
 __global__ void __launch_bounds__(256, D * BN <= 64 * 64 ? 2 : 1)
 prefill_attention_wgt(const T* __restrict__ q, const T* __restrict__ k_cache, const T* __restrict__ v_cache,
                       const int* __restrict__ block_tables, const int* __restrict__ query_start_loc,
@@ -92,6 +144,7 @@ prefill_attention_wgt(const T* __restrict__ q, const T* __restrict__ k_cache, co
                       int num_slots) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     static_assert(D % 64 == 0 && BN % 64 == 0 && 2 * (BN / WGT_BOX_ROWS) * (D / 64) <= 32, "a box a lane");
+    static_assert(!FAST || LOOP == 0, "the lean softmax is in wg's loop only");
     constexpr int STAGES = WgtStages<D, BN>::value, Q_BYTES = WG_BQ * D * 2, KV_BYTES = BN * D * 2;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     unsigned char* Qs = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);  // 1,024-byte aligned
@@ -163,8 +216,15 @@ prefill_attention_wgt(const T* __restrict__ q, const T* __restrict__ k_cache, co
                 float s[BN / 8][4];
                 wg_scores<T, D, BN>(s, q_wg, Kt);
                 float mx0 = NEG_INF, mx1 = NEG_INF;
-                causal_mask_tile<BN>(s, k0 + BN - 1 > wg_first, k0, c, pos0, pos1, mx0, mx1);
-                softmax_tile<D, BN, false>(s, mx0, mx1, m0, m1, l0, l1, o, sl2);
+                if constexpr (FAST) {
+                    causal_mask_tile<BN>(s, k0 + BN - 1 > wg_first, k0, c, pos0, pos1, mx0, mx1);
+                    float a0, a1;
+                    softmax_rows_raw<BN>(s, sl2, mx0, mx1, m0, m1, l0, l1, a0, a1);
+                    rescale_rows<D>(o, a0, a1);
+                } else {
+                    causal_scale_tile<BN>(s, sl2, k0 + BN - 1 > wg_first, k0, c, pos0, pos1, mx0, mx1);
+                    softmax_tile<D, BN, false>(s, mx0, mx1, m0, m1, l0, l1, o);
+                }
                 unsigned p[BN / 16][4];
 #pragma unroll
                 for (int kk = 0; kk < BN / 16; kk++) p_fragment<T, BN>(p[kk], s, kk);

@@ -44,13 +44,10 @@
 #                  shapes (dev/prefill_attention.py),
 #                  the 4,096-token prefill of each shape against the peer, and the prefill projections' TFLOPS
 #                  (dev/prefill_gemms.py)
-#   wgt            the TMA variant of the Hopper prefill attention (wgt: dev/prefill_attention_wgt.cu): first a
-#                  prompt whose last page is partial after a prefix (NaN in the slots no key owns), with splits;
-#                  then each shape's 4,096 tokens against wg and SDPA; every run under a timeout (a barrier bug
-#                  hangs)
-#   lean           mma.cuh's lean softmax (exp2 on the MUFU alone, the scale in its FFMA) against the tree in _base/:
-#                  on both trees prefill attention alone at the four shapes (dev/prefill_attention.py, tc and wg),
-#                  the attention kernels' GPU tests, then on both trees the 4,096-token prefill of three shapes
+#   wgt            the TMA variant of the Hopper prefill attention and its lean softmax (wgt, wgtf:
+#                  dev/prefill_attention_wgt.cu): first a prompt whose last page is partial after a prefix (NaN in
+#                  the slots no key owns), with splits; then each shape's 4,096 tokens against wg and SDPA; every
+#                  run under a timeout (a barrier bug hangs)
 #   tune_startup   the start-up measurement of the tuned projections: its GPU tests, its seconds on the four shapes
 #                  (dev/tune_startup.py), then bench throughput (whose first repeat paid for it before)
 #   close          a session's closing run: every GPU test, the peer, throughput, the sampler, the attribution
@@ -116,24 +113,10 @@ if run wg; then
   python3 dev/prefill_gemms.py --tokens 4096 2>&1 | tee "$OUT/prefill_gemms.log"
 fi
 if run wgt; then
-  { timeout 150 python3 dev/prefill_attention.py --keys 64,128 --variants wgt --prefix 37 --tokens 1000 \
+  { timeout 150 python3 dev/prefill_attention.py --keys 64,128 --variants wgt,wgtf --prefix 37 --tokens 1000 \
       --splits 2,4 --repeats 2
-    timeout 240 python3 dev/prefill_attention.py --keys 64,128 --variants wgt; } 2>&1 \
+    timeout 240 python3 dev/prefill_attention.py --keys 64,128 --variants wgt,wgtf; } 2>&1 \
     | tee "$OUT/prefill_attention_wgt.log"
-fi
-if run lean; then  # in order of what decides: the kernels alone, their tests, then whole prefills
-  for tree in . _base; do
-    [ -d "$tree/toolkit" ] || continue
-    echo "== tree $tree"
-    (cd "$tree" && timeout 80 python3 dev/prefill_attention.py --keys 0 --variants '' --repeats 7 2>&1)
-  done 2>&1 | tee "$OUT/lean_attention_ab.log"
-  timeout 150 python3 -m pytest -q -m gpu tests/kernels -k "attention" 2>&1 | tee "$OUT/gpu_tests_lean.log" | tail -3
-  for s in qwen2.5-0.5b llama-3.2-1b qwen3-0.6b; do
-    for tree in . _base; do
-      (cd "$tree" && timeout 45 $B --shape $s --batch 1 --depth 0 --decode 8 --prefill 4096 -r 5 2>&1) \
-        | grep "^| pp" | sed "s/^/$s $tree /"
-    done
-  done 2>&1 | tee "$OUT/lean_prefill_ab.log"
 fi
 if run tune_startup; then
   python3 -m pytest -q -m gpu tests/engine/test_gpu_engine.py tests/backends/test_gpu_tuned.py 2>&1 \

@@ -106,41 +106,30 @@ __device__ __forceinline__ void qk_tile(float (&s)[TK / 8][4], const T* Qs, cons
     }
 }
 
-// exp2 on the MUFU alone. CUDA's exp2f is 4 instructions in SASS (a compare with -126, a predicated halving,
-// MUFU.EX2, a predicated squaring): the fix-up that keeps results below 2^-126 as denormals. A softmax weight that
-// small is nothing against the row's max (weight 1) in any sum of bf16 products, so here it becomes 0 (-inf gives 0).
-__device__ __forceinline__ float ex2_ftz(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-}
-
-// The online softmax of one tile. s: scores that sl2 times puts in log2 units (a kernel that scaled them already
-// passes 1), -inf where masked; mx0, mx1: this thread's maxima of its two rows, on the same scale as s. A row
-// lives in the 4 lanes of a quad, so the maxima are reduced over it; then s becomes P = exp2(s * sl2 - m_new), one
-// FFMA and the MUFU a score (sl2 > 0 keeps the scores' order, so the maxima times sl2 are the scaled scores'
-// maxima). m and l (this thread's partial row sums: alpha is the same across the quad, so they are reduced once at
-// the end) are rescaled; a0, a1 = alpha of the two rows, O's factor. EMPTY: a row may have seen no key yet and keep
-// m = -inf; 0 is then subtracted instead, so exp2(-inf) = 0 and never NaN (false where every row sees a key of
-// tile 0).
+// The online softmax of one tile. s: log2-scaled scores, -inf where masked; mx0, mx1: this thread's maxima of
+// its two rows. A row lives in the 4 lanes of a quad, so the maxima are reduced over it; then s becomes
+// P = exp2(s - m_new), and m and l (this thread's partial row sums: alpha is the same across the quad, so they
+// are reduced once at the end) are rescaled; a0, a1 = alpha of the two rows, O's factor. EMPTY: a row may have seen
+// no key yet and keep m = -inf; 0 is then subtracted instead, so exp2(-inf) = 0 and never NaN (false where every
+// row sees a key of tile 0).
 template <int TK, bool EMPTY>
 __device__ __forceinline__ void softmax_rows(float (&s)[TK / 8][4], float mx0, float mx1, float& m0, float& m1,
-                                             float& l0, float& l1, float& a0, float& a1, float sl2 = 1.0f) {
+                                             float& l0, float& l1, float& a0, float& a1) {
     mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
     mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
     mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
     mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-    const float mn0 = fmaxf(m0, mx0 * sl2), mn1 = fmaxf(m1, mx1 * sl2);
+    const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
     const float b0 = EMPTY && mn0 == NEG_INF ? 0.0f : mn0, b1 = EMPTY && mn1 == NEG_INF ? 0.0f : mn1;
-    a0 = ex2_ftz(m0 - b0);  // exp2(-inf) = 0 on a row's first keys
-    a1 = ex2_ftz(m1 - b1);
+    a0 = exp2f(m0 - b0);  // exp2(-inf) = 0 on a row's first keys
+    a1 = exp2f(m1 - b1);
     m0 = mn0;
     m1 = mn1;
     float sum0 = 0.0f, sum1 = 0.0f;
 #pragma unroll
     for (int n = 0; n < TK / 8; n++) {
-        s[n][0] = ex2_ftz(fmaf(s[n][0], sl2, -b0)); s[n][1] = ex2_ftz(fmaf(s[n][1], sl2, -b0));
-        s[n][2] = ex2_ftz(fmaf(s[n][2], sl2, -b1)); s[n][3] = ex2_ftz(fmaf(s[n][3], sl2, -b1));
+        s[n][0] = exp2f(s[n][0] - b0); s[n][1] = exp2f(s[n][1] - b0);
+        s[n][2] = exp2f(s[n][2] - b1); s[n][3] = exp2f(s[n][3] - b1);
         sum0 += s[n][0] + s[n][1];
         sum1 += s[n][2] + s[n][3];
     }
@@ -158,23 +147,23 @@ __device__ __forceinline__ void rescale_rows(float (&o)[D / 8][4], float a0, flo
 // softmax_rows, then O rescaled at once.
 template <int D, int TK, bool EMPTY>
 __device__ __forceinline__ void softmax_tile(float (&s)[TK / 8][4], float mx0, float mx1, float& m0, float& m1,
-                                             float& l0, float& l1, float (&o)[D / 8][4], float sl2 = 1.0f) {
+                                             float& l0, float& l1, float (&o)[D / 8][4]) {
     float a0, a1;
-    softmax_rows<TK, EMPTY>(s, mx0, mx1, m0, m1, l0, l1, a0, a1, sl2);
+    softmax_rows<TK, EMPTY>(s, mx0, mx1, m0, m1, l0, l1, a0, a1);
     rescale_rows<D>(o, a0, a1);
 }
 
-// A causal tile's mask: where the tile reaches past the rows' first position (diag), key k0 + 8n + 2c + e % 2 above
-// the row's position (pos0 for row g, pos1 for row g + 8) becomes -inf. The scores stay unscaled (softmax_rows
-// folds the scale into its exp2's argument). mx0, mx1 (start them at -inf): this thread's maxima of its two rows.
+// A causal tile's scores in log2 units: s *= sl2, and where the tile reaches past the rows' first position (diag),
+// key k0 + 8n + 2c + e % 2 above the row's position (pos0 for row g, pos1 for row g + 8) becomes -inf. mx0, mx1
+// (start them at -inf): this thread's maxima of its two rows.
 template <int TK>
-__device__ __forceinline__ void causal_mask_tile(float (&s)[TK / 8][4], bool diag, int k0, int c, int pos0, int pos1,
-                                                 float& mx0, float& mx1) {
+__device__ __forceinline__ void causal_scale_tile(float (&s)[TK / 8][4], float sl2, bool diag, int k0, int c, int pos0,
+                                                  int pos1, float& mx0, float& mx1) {
 #pragma unroll
     for (int n = 0; n < TK / 8; n++)
 #pragma unroll
         for (int e = 0; e < 4; e++) {
-            float v = s[n][e];
+            float v = s[n][e] * sl2;
             if (diag && k0 + n * 8 + 2 * c + (e & 1) > (e < 2 ? pos0 : pos1)) v = NEG_INF;
             s[n][e] = v;
             if (e < 2) mx0 = fmaxf(mx0, v); else mx1 = fmaxf(mx1, v);

@@ -271,12 +271,12 @@ prefill_attention_tc(const T* __restrict__ q, const T* __restrict__ k_cache, con
         float s[TC_BK / 8][4];  // S = Q K^T: 16 rows x 64 keys per warp = 8 n-tiles
         qk_tile<T, D, TC_BK, LD>(s, Qs, Kt, warp, lane);
 
-        // Mask keys above the diagonal (only tiles that reach past the first query); the softmax scales.
+        // Scale to log2 units; mask keys above the diagonal (only tiles that reach past the first query).
         const bool diag = k0 + TC_BK - 1 > sp + q0;
         float mx0 = NEG_INF, mx1 = NEG_INF;
-        causal_mask_tile<TC_BK>(s, diag, k0, c, pos0, pos1, mx0, mx1);
+        causal_scale_tile<TC_BK>(s, sl2, diag, k0, c, pos0, pos1, mx0, mx1);
         // Tile 0 holds key 0, visible to every row, so the running max is finite from the first tile on.
-        softmax_tile<D, TC_BK, false>(s, mx0, mx1, m0, m1, l0, l1, o, sl2);
+        softmax_tile<D, TC_BK, false>(s, mx0, mx1, m0, m1, l0, l1, o);
         pv_tile<T, D, TC_BK, LD>(o, s, Vt, lane);
         if (tid < TC_BK) s_slot[buf][tid] = next_slot;
         __syncthreads();  // everyone is done with this buffer before the next iteration refills it
@@ -482,10 +482,10 @@ prefill_attention_wg(const T* __restrict__ q, const T* __restrict__ k_cache, con
             wgmma_keep(sd);
 
             float mx0 = NEG_INF, mx1 = NEG_INF;
-            causal_mask_tile<BN>(s, k0 + BN - 1 > wg_first, k0, c, pos0, pos1, mx0, mx1);
+            causal_scale_tile<BN>(s, sl2, k0 + BN - 1 > wg_first, k0, c, pos0, pos1, mx0, mx1);
             // The first tile holds key k_lo, visible to every row the result is read for (unsplit: key 0, every
             // row), so the running max is finite from the first tile on.
-            softmax_tile<D, BN, false>(s, mx0, mx1, m0, m1, l0, l1, o, sl2);
+            softmax_tile<D, BN, false>(s, mx0, mx1, m0, m1, l0, l1, o);
             unsigned p[BN / 16][4];  // P as the A operand of k-step kk: keys 16kk..16kk+15
 #pragma unroll
             for (int kk = 0; kk < BN / 16; kk++) p_fragment<T, BN>(p[kk], s, kk);

@@ -42,7 +42,7 @@ def test_probes_compile_for_sm90a():
     assert set(lowered) == set(mod.PROBE_NAMES)
 
 
-@pytest.mark.parametrize("variant", ["wg", "wgp", "wgpp", "wgt", "wgtp", "wgtpp"])
+@pytest.mark.parametrize("variant", ["wg", "wgp", "wgpp", "wgt", "wgtp", "wgtpp", "wgtf"])
 def test_every_tile_size_compiles_for_sm90a(variant):
     """The product's kernel and each dev variant (appended to the op's source), at every tile size the script
     times."""
