@@ -25,8 +25,9 @@
 // MUFU alone: a result below 2^-126 becomes 0 instead of a denormal) and the scale is folded into its argument,
 // exp2(s * sl2 - m) as one FFMA, the maxima taken over the raw scores (sl2 > 0 keeps their order, and rounding keeps
 // it too, so the maxima are those of the scaled scores): about 4.5 slots a score.
-// Measured (an H100, session 20, experiments/NOTEBOOK.md): LOOP 0 within -3% to +2.4% of wg at 4,096 tokens, LOOP 1
-// and 2 10-25% slower; FAST not yet run.
+// Measured (an H100, sessions 20 and 21, experiments/NOTEBOOK.md): LOOP 0 within -3% to +2.4% of wg at 4,096
+// tokens, LOOP 1 and 2 10-25% slower. FAST gains 1-4% over LOOP 0, and at D 128 / BN 128 it is 6-7% faster than the
+// plan's wg (the same softmax in wg itself gained nothing: -1.6% to +3.2%).
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 __device__ __forceinline__ void mbar_expect_tx(unsigned long long* bar, unsigned bytes) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes)
