@@ -48,6 +48,9 @@
 #                  dev/prefill_attention_wgt.cu): first a prompt whose last page is partial after a prefix (NaN in
 #                  the slots no key owns), with splits; then each shape's 4,096 tokens against wg and SDPA; every
 #                  run under a timeout (a barrier bug hangs)
+#   wg_ncu         what holds the Hopper prefill attention back: Nsight Compute's warp-state (stall reasons),
+#                  scheduler, throughput and instruction sections for wg, wgp, wgt and wgtf at the 0.5B's heads,
+#                  4,096 tokens (each kernel's first launch: the script's correctness call), then a summary of each
 #   tune_startup   the start-up measurement of the tuned projections: its GPU tests, its seconds on the four shapes
 #                  (dev/tune_startup.py), then bench throughput (whose first repeat paid for it before)
 #   close          a session's closing run: every GPU test, the peer, throughput, the sampler, the attribution
@@ -117,6 +120,21 @@ if run wgt; then
       --splits 2,4 --repeats 2
     timeout 240 python3 dev/prefill_attention.py --keys 64,128 --variants wgt,wgtf; } 2>&1 \
     | tee "$OUT/prefill_attention_wgt.log"
+fi
+if run wg_ncu; then
+  # v:regex:keys -- the script's first launch that the regex matches is that variant's (wgtf alone: wgt shares its name)
+  for v in wg:prefill_attention_wg:0 wgp:prefill_attention_wgp:64 wgt:prefill_attention_wgt:64 \
+           wgtf:prefill_attention_wgt:64; do
+    IFS=: read -r name rx keys <<< "$v"
+    vars=$name; [ "$name" = wg ] && vars=''
+    timeout 150 ncu --clock-control none -k "regex:^${rx}\b" --launch-count 1 --section SpeedOfLight \
+      --section WarpStateStats --section SchedulerStats --section ComputeWorkloadAnalysis --section InstructionStats \
+      --section Occupancy python3 dev/prefill_attention.py --shapes qwen2.5-0.5b --keys $keys --variants "$vars" \
+      --repeats 1 > "$OUT/ncu_wg_$name.txt" 2>&1
+    echo "== $name"
+    grep -E "prefill_attention_w|Duration|Executed Ipc|Issue Slots Busy|No Eligible|Eligible Warps|Active Warps Per|Warp Cycles Per Issued|Stall|Registers Per|Achieved Occupancy|Tensor|SM Busy" \
+      "$OUT/ncu_wg_$name.txt" | cut -c1-200 | head -40
+  done 2>&1 | tee "$OUT/wg_ncu_summary.txt"
 fi
 if run tune_startup; then
   python3 -m pytest -q -m gpu tests/engine/test_gpu_engine.py tests/backends/test_gpu_tuned.py 2>&1 \
