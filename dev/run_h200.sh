@@ -123,9 +123,11 @@ if run wgt; then
 fi
 if run wg_ncu; then
   # v:regex:keys -- the script's first launch that the regex matches is that variant's (wgtf alone: wgt shares its name)
+  # NCU_VARIANTS="wg wgtf" runs a subset
   for v in wg:prefill_attention_wg:0 wgp:prefill_attention_wgp:64 wgt:prefill_attention_wgt:64 \
            wgtf:prefill_attention_wgt:64; do
     IFS=: read -r name rx keys <<< "$v"
+    [[ " ${NCU_VARIANTS:-wg wgp wgt wgtf} " == *" $name "* ]] || continue
     vars=$name; [ "$name" = wg ] && vars=''
     timeout 150 ncu --clock-control none -k "regex:^${rx}\b" --launch-count 1 --section SpeedOfLight \
       --section WarpStateStats --section SchedulerStats --section ComputeWorkloadAnalysis --section InstructionStats \
