@@ -131,11 +131,12 @@ if run wg_ncu; then
     vars=$name; [ "$name" = wg ] && vars=''
     timeout 150 ncu --clock-control none -k "regex:^${rx}\b" --launch-count 1 --section SpeedOfLight \
       --section WarpStateStats --section SchedulerStats --section ComputeWorkloadAnalysis --section InstructionStats \
-      --section Occupancy python3 dev/prefill_attention.py --shapes qwen2.5-0.5b --keys $keys --variants "$vars" \
+      --section Occupancy --metrics 'regex:^smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio$' \
+      python3 dev/prefill_attention.py --shapes qwen2.5-0.5b --keys $keys --variants "$vars" \
       --repeats 1 > "$OUT/ncu_wg_$name.txt" 2>&1
     echo "== $name"
-    grep -E "prefill_attention_w|Duration|Executed Ipc|Issue Slots Busy|No Eligible|Eligible Warps|Active Warps Per|Warp Cycles Per Issued|Stall|Registers Per|Achieved Occupancy|Tensor|SM Busy" \
-      "$OUT/ncu_wg_$name.txt" | cut -c1-200 | head -40
+    grep -E "prefill_attention_w|Duration|Executed Ipc|Issue Slots Busy|No Eligible|Eligible Warps|Active Warps Per|Warp Cycles Per Issued|Stall|stalled|Registers Per|Achieved Occupancy|Tensor|SM Busy" \
+      "$OUT/ncu_wg_$name.txt" | cut -c1-200 | head -70
   done 2>&1 | tee "$OUT/wg_ncu_summary.txt"
 fi
 if run tune_startup; then
