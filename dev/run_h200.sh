@@ -34,7 +34,7 @@
 #   tuned_close    tuned's closing run: each shape's 4,096- and 8,192-token prefill on this tree and on _base/'s,
 #                  the projections at 4,096 and 8,192 rows, then the whole GPU suite
 #   table          issue 36's whole table (bench suite: 4 shapes x batch 1, 32, 128 x depth 0, 2,048, 8,192 and the
-#                  prefill, against the peer) as far as 540 s take it; it prints the commands for the rest. Run
+#                  prefill, against the peer) as far as 540 s (or $TABLE_BUDGET) take it; it prints the commands for the rest. Run
 #                  them in later calls with --out naming a carried copy of this call's $OUT/table: a call keeps the
 #                  cells of the suite.json there that it does not run
 #   readme         the README's results: its bench suite row (qwen2.5-0.5b, batch 1, prefill) and throughput
@@ -238,7 +238,7 @@ if run prefill; then
   done | tee "$OUT/bench_prefill.log"
 fi
 if run table; then
-  python3 -m toolkit bench suite --device cuda --peer torch --budget 540 --out "$OUT/table" 2>&1 \
+  python3 -m toolkit bench suite --device cuda --peer torch --budget ${TABLE_BUDGET:-540} --out "$OUT/table" 2>&1 \
     | tee "$OUT/bench_suite_table.log" | tail -30
 fi
 if run tuned; then
