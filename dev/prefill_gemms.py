@@ -14,7 +14,6 @@ projections summed: the ms a prefill of M tokens spends in them at these rates.
 
     PYTHONPATH=. python3 dev/prefill_gemms.py [--shapes llama-3.2-1b,...] [--tokens 512,4096] [--peak 989]
 """
-import argparse
 import os
 import statistics
 import sys
@@ -23,10 +22,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import cupy as cp  # noqa: E402
 
-from timing import graph_us  # noqa: E402
+from timing import bf16_random, gemm_parser, graph_us  # noqa: E402
 from toolkit.backends.cuda import CudaBackend  # noqa: E402
 from toolkit.bench.sampler import torch_us as torch_calls_us  # noqa: E402
-from toolkit.model.shapes import NAMES, shape_config  # noqa: E402
+from toolkit.model.shapes import shape_config  # noqa: E402
 
 
 def projections(cfg):
@@ -49,13 +48,7 @@ def torch_us(M, N, K, calls, repeats):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--shapes", default=",".join(n for n in NAMES if n != "tiny"))
-    ap.add_argument("--tokens", default="512,2048,4096")
-    ap.add_argument("--peak", type=float, default=989.0, help="dense bf16 TFLOPS of the GPU (H100/H200 SXM: 989)")
-    ap.add_argument("--calls", type=int, default=20)
-    ap.add_argument("--repeats", type=int, default=5)
-    args = ap.parse_args(argv)
+    args = gemm_parser(__doc__, "512,2048,4096").parse_args(argv)
     be = CudaBackend("bfloat16")
     dev = cp.cuda.Device()
     print(f"GPU: {cp.cuda.runtime.getDeviceProperties(dev.id)['name'].decode()}; {be.gemm_note}")
@@ -66,8 +59,7 @@ def main(argv=None):
         for M in map(int, args.tokens.split(",")):
             total_us = total_tuned = 0.0
             for name, N, K in projections(cfg):
-                x = (cp.random.standard_normal((M, K), cp.float32).view(cp.uint32) >> 16).astype(cp.uint16)
-                w = (cp.random.standard_normal((N, K), cp.float32).view(cp.uint32) >> 16).astype(cp.uint16)
+                x, w = bf16_random(cp, (M, K)), bf16_random(cp, (N, K))
                 y = cp.empty((M, N), cp.uint16)
                 cp.cuda.Device().synchronize()
                 us = graph_us(cp, lambda i: be.linear(x, w, y), args.calls, args.repeats, stream=be.stream)

@@ -36,7 +36,8 @@
 #   table          issue 36's whole table (bench suite: 4 shapes x batch 1, 32, 128 x depth 0, 2,048, 8,192 and the
 #                  prefill, against the peer) as far as 540 s (or $TABLE_BUDGET) take it; it prints the commands for
 #                  the rest. A later call continues it: TABLE_FROM=an earlier call's suite.json, TABLE_ARGS=the cells
-#                  to run (e.g. "--shapes qwen3-0.6b,llama-3.2-1b"); it keeps the cells of TABLE_FROM it does not run
+#                  to run (e.g. "--shapes qwen3-0.6b,llama-3.2-1b"); it keeps the cells of TABLE_FROM it does not run.
+#                  TABLE_TREE=_base runs the copy of an older tree in _base/ instead of this one
 #   readme         the README's results: its bench suite command (the table under a 370 s budget) and throughput
 #   dev            a quick round while developing: kernel, sampler and engine GPU tests, then the peer
 #   wg             the Hopper prefill attention (prefill_attention_wg): wgmma probes, its GPU tests, then every
@@ -51,6 +52,9 @@
 #   wg_ncu         what holds the Hopper prefill attention back: Nsight Compute's warp-state (stall reasons),
 #                  scheduler, throughput and instruction sections for wg, wgp, wgt and wgtf at the 0.5B's heads,
 #                  4,096 tokens (each kernel's first launch: the script's correctness call), then a summary of each
+#   decode_wg      gemm_wg_swiglu at decode rows (1-128) against cuBLAS + silu_mul and gemv_swiglu, weights cycled
+#                  over 8 copies past the L2 (dev/gemm_wg.py --copies 8), then at 4,096 rows (every config, the
+#                  ping-pong one included), then its GPU tests
 #   tune_startup   the start-up measurement of the tuned projections: its GPU tests, its seconds on the four shapes
 #                  (dev/tune_startup.py), then bench throughput (whose first repeat paid for it before)
 #   close          a session's closing run: every GPU test, the peer, throughput, the sampler, the attribution
@@ -237,12 +241,18 @@ if run prefill; then
     $B --shape $s --batch 1 --depth 0 --decode 32 --prefill 4096 --peer torch -r 5 2>&1 | grep "^| pp"
   done | tee "$OUT/bench_prefill.log"
 fi
+if run decode_wg; then
+  timeout 150 python3 dev/gemm_wg.py --tokens 1,8,32,64,128 --copies 8 --repeats 5 2>&1 | tee "$OUT/gemm_wg_decode.log"
+  timeout 60 python3 dev/gemm_wg.py --tokens 4096 --repeats 5 2>&1 | tee "$OUT/gemm_wg_4096.log"
+  timeout 120 python3 -m pytest -q -m gpu tests/kernels/test_gpu_gemm_wg.py 2>&1 | tee "$OUT/gpu_tests_gemm_wg.log" \
+    | tail -5
+fi
 if run table; then
   # the rest of a table: TABLE_FROM names an earlier call's suite.json (kept, e.g. in experiments/logs/), whose cells
   # this call keeps; TABLE_ARGS picks the cells still to run (the commands the earlier call printed)
   if [ -n "${TABLE_FROM:-}" ]; then mkdir -p "$OUT/table" && cp "$TABLE_FROM" "$OUT/table/suite.json"; fi
-  python3 -m toolkit bench suite --device cuda --peer torch --budget ${TABLE_BUDGET:-540} ${TABLE_ARGS:-} \
-    --out "$OUT/table" 2>&1 \
+  (cd "${TABLE_TREE:-.}" && python3 -m toolkit bench suite --device cuda --peer torch --budget ${TABLE_BUDGET:-540} \
+    ${TABLE_ARGS:-} --out "$OUT/table") 2>&1 \
     | tee "$OUT/bench_suite_table.log" | tail -30
 fi
 if run tuned; then

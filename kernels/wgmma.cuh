@@ -71,6 +71,23 @@ template <int R> __device__ __forceinline__ void wgmma_keep(unsigned (&a)[R][4])
     "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, "   \
     "%44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
 
+#define WG_D128 WG_D64, "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), \
+    "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), \
+    "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), \
+    "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), \
+    "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), \
+    "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), \
+    "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), \
+    "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+#define WG_R128 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "  \
+    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "  \
+    "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "  \
+    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "  \
+    "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "  \
+    "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "  \
+    "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "  \
+    "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}"
+
 // d (+)= A B for a 64 x N x 16 step, A and B both K-major in smem (descriptors a, b); accumulate 0 overwrites d.
 #define WG_SS(N, DL, RL, AB, ACC, TY, TT)                                                                            \
     __device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], unsigned long long a, unsigned long long b,         \
@@ -91,9 +108,43 @@ WG_SS(64, WG_D32, WG_R32, "%32, %33", "%34", "bf16", __nv_bfloat16)
 WG_SS(64, WG_D32, WG_R32, "%32, %33", "%34", "f16", __half)
 WG_SS(128, WG_D64, WG_R64, "%64, %65", "%66", "bf16", __nv_bfloat16)
 WG_SS(128, WG_D64, WG_R64, "%64, %65", "%66", "f16", __half)
+WG_SS(256, WG_D128, WG_R128, "%128, %129", "%130", "bf16", __nv_bfloat16)
+WG_SS(256, WG_D128, WG_R128, "%128, %129", "%130", "f16", __half)
 WG_RS(64, WG_D32, WG_R32, "{%32, %33, %34, %35}, %36", "%37", "bf16", __nv_bfloat16)
 WG_RS(64, WG_D32, WG_R32, "{%32, %33, %34, %35}, %36", "%37", "f16", __half)
 WG_RS(128, WG_D64, WG_R64, "{%64, %65, %66, %67}, %68", "%69", "bf16", __nv_bfloat16)
 WG_RS(128, WG_D64, WG_R64, "{%64, %65, %66, %67}, %68", "%69", "f16", __half)
 #undef WG_SS
 #undef WG_RS
+
+// mbarriers and TMA (kernels/gemm_wg.cu; dev/prefill_attention_wgp.cu and _wgt.cu). A barrier completes a phase when
+// its arrival count is reached and, after an expect_tx, the bytes the copies it was armed with have landed.
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+__device__ __forceinline__ void mbar_init(unsigned long long* bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void fence_barrier_init() {
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+__device__ __forceinline__ void mbar_arrive(unsigned long long* bar) {
+    asm volatile("{\n .reg .b64 st;\n mbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(smem_addr(bar)) : "memory");
+}
+// Arrive and arm the current phase with `bytes` more to land (the copies that complete_tx on this barrier).
+__device__ __forceinline__ void mbar_expect_tx(unsigned long long* bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes)
+                 : "memory");
+}
+// Wait for the phase of parity `parity` of the barrier to complete (the k-th completion has parity k % 2).
+__device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned parity) {
+    unsigned done = 0;
+    while (!done)
+        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                     " selp.u32 %0, 1, 0, p;\n}\n" : "=r"(done) : "r"(smem_addr(bar)), "r"(parity) : "memory");
+}
+// One box of a 2-D tensor map (coordinates: column c0, row c1) into smem, completing its bytes on the barrier.
+__device__ __forceinline__ void tma_load_2d(void* dst, const void* tmap, int c0, int c1, unsigned long long* bar) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], "
+                 "[%4];\n" ::"r"(smem_addr(dst)), "l"(tmap), "r"(c0), "r"(c1), "r"(smem_addr(bar))
+                 : "memory");
+}
+#endif

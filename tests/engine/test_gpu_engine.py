@@ -247,6 +247,27 @@ def test_a_chunked_prefill_replays_a_graph_a_chunk_size():
     assert with_graphs == eager and len(eager[0]) == 8
 
 
+def test_a_prompt_gate_up_on_wg_in_a_graph_changes_no_token(monkeypatch):
+    """A 700-token prompt in one step on Hopper: its gate_up runs wg (kernels/gemm_wg.cu, SwiGLU in the epilogue,
+    reading x and the weight through TMA descriptors made on the eager step before the capture), replayed from the
+    prefill graph of its 768-token bucket; the tokens equal the eager run's."""
+    eng = build_engine(shape="tiny", device="cuda", dtype="bfloat16", max_context=1024, max_num_seqs=4,
+                       kv_cache_tokens=1024 * 4)
+    run, plans = eng.runner, []
+    if not run.be.sm90:
+        pytest.skip("gemm_wg_swiglu needs an sm_90 (Hopper) GPU")
+    own = type(run.model).plan.__get__(run.model)
+    monkeypatch.setattr(run.model, "plan", lambda step, options: plans.append(own(step, options)) or plans[-1])
+    prompt = np.random.default_rng(5).integers(1, eng.cfg.vocab_size, 700).tolist()
+    eng.set_options(EngineOptions(cuda_graphs=True, prefix_caching=False))
+    with_graphs, _ = run_batch(eng, [prompt], 8)
+    assert any(p.gate_up == "wg" for p in plans)
+    assert any(isinstance(k[0], tuple) and k[0][1] == 768 for k in run.graphs)
+    eng.set_options(EngineOptions(cuda_graphs=False, prefix_caching=False))
+    eager, _ = run_batch(eng, [prompt], 8)
+    assert with_graphs == eager and len(eager[0]) == 8
+
+
 @pytest.mark.parametrize("name", ["llama", "qwen3"])
 def test_batch_invariance_fp32_with_preemption(name):
     engine = build_engine(FIXTURES / name, device="cuda", dtype="float32", max_context=64, kv_cache_tokens=96,

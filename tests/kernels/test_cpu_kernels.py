@@ -496,9 +496,13 @@ def test_projection_twin(rng, mod, proj, _, max_rows):
         fn(randn(rng, max_rows + 1, 40), w, np.empty((max_rows + 1, 24), np.float32))
 
 
-@pytest.mark.parametrize("mod, _, swiglu, max_rows", PROJECTION_TWINS)
-@pytest.mark.parametrize("M", [1, 4])
-def test_projection_swiglu_twin(rng, mod, _, swiglu, max_rows, M):
+# The SwiGLU forms: the small-batch ones, and gemm_wg's (a prompt's rows: any count).
+SWIGLU_TWINS = ([(mod, swiglu, M) for mod, _, swiglu, _ in PROJECTION_TWINS for M in (1, 4)]
+                + [("gemm_wg", "gemm_wg_swiglu", M) for M in (1, 300)])
+
+
+@pytest.mark.parametrize("mod, swiglu, M", SWIGLU_TWINS)
+def test_projection_swiglu_twin(rng, mod, swiglu, M):
     """gate_up projection with SwiGLU as its epilogue, against its NumPy definition: silu(x Wg^T) * (x Wu^T)."""
     import importlib
 

@@ -32,6 +32,8 @@ import kernels as _kernels_pkg
 from .cuda_gemm import SkinnyGemms
 from .cuda_gemm import kernel_names as _skinny_names
 from .cuda_tuned import row_bucket
+from .cuda_wg import WgGemms
+from .cuda_wg import kernel_names as _wg_names
 
 KERNEL_DIR = Path(_kernels_pkg.__file__).parent
 CTYPES = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16"}
@@ -96,6 +98,8 @@ def kernel_names(op: str, ctype: str) -> list:
         return [f"silu_mul<{ctype}>", f"silu_mul_scaled<{ctype}>"]
     if op == "rope":
         return rope_names(ctype)
+    if op == "gemm_wg":  # wgmma only: its kernels are all in the op's sm_90a module (sm90a_kernel_names)
+        return []
     return [f"embedding<{ctype}>"]
 
 
@@ -132,6 +136,8 @@ def sm90a_kernel_names(op: str, ctype: str) -> list:
     with -arch=sm_90a, on sm_90 GPUs only (the op's ordinary module stays a plain sm_90 build)."""
     if op == "prefill_attention" and ctype != "float":
         return [f"prefill_attention_wg<{ctype}, {d}, {WG_KEYS[d]}>" for d in TC_HEAD_DIMS]
+    if op == "gemm_wg":
+        return _wg_names(ctype)
     return []
 
 
@@ -273,7 +279,7 @@ def _bad(op: str, dtype, arrays):
     return None
 
 
-class CudaKernels(SkinnyGemms):
+class CudaKernels(SkinnyGemms, WgGemms):
     """The ops of the spec on CuPy arrays of one compute dtype ("float32" | "float16" | "bfloat16").
 
     Host cost matters at batch 1 (a decode step is ~10 launches per layer), so the checks on the fast path
@@ -295,6 +301,7 @@ class CudaKernels(SkinnyGemms):
         self._decode_plans = {} # (B, Hq, Hkv, D, max_seq_len, tc) -> kernel, grid, splits, workspace
         self._prefill_ws = {}   # (rows, Hq, D, splits) -> prefill_attention_wg's split partials
         self._gemm_plans = {}   # (M, N, K, swiglu, out type, split) -> gemm_skinny's launch (cuda_gemm.py)
+        self._tmaps = {}        # (address, rows, cols, box rows, dtype) -> gemm_wg's TMA descriptors (cuda_wg.py)
         self.num_sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
         self.sm90 = cupy.cuda.Device().compute_capability == "90"  # Hopper: the wgmma kernels (sm90a_kernel_names)
         self._smem_optin = {}   # name -> dynamic shared memory opted in

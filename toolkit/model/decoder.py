@@ -203,5 +203,5 @@ class Model:
 
 # The backend op of each projection kind of the plan, and of a gate_up with SwiGLU in its epilogue.
 _PROJECT = {"blas": "linear", "tuned": "linear_tuned", "gemv": "gemv", "skinny": "gemm_skinny"}
-_SWIGLU_EPILOGUE = {"gemv": "gemv_swiglu", "skinny": "gemm_skinny_swiglu"}
+_SWIGLU_EPILOGUE = {"gemv": "gemv_swiglu", "skinny": "gemm_skinny_swiglu", "wg": "gemm_wg_swiglu"}
 DECODE_OPS = {"cuda_cores": "decode_attention", "tc": "decode_attention_tc", "stream": "decode_attention_stream"}

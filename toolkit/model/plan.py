@@ -8,8 +8,8 @@ hand: `dataclasses.replace(model.plan(step, options), o="skinny")`.
     qkv      blas | tuned | gemv | skinny | skinny_rope   (skinny_rope: RoPE and the K/V write in the epilogue)
     o        blas | tuned | gemv | skinny | skinny_norm   (skinny_norm: the post-attention add + RMSNorm weight
                                                            in the epilogue; the norm's per-row scale after gate_up)
-    gate_up  blas | tuned | gemv | skinny
-    swiglu   silu_mul | epilogue | scaled         (epilogue: inside gate_up's GEMV or skinny GEMM;
+    gate_up  blas | tuned | gemv | skinny | wg     (wg: a prompt's rows on Hopper's wgmma, SwiGLU in the epilogue)
+    swiglu   silu_mul | epilogue | scaled         (epilogue: inside gate_up's GEMV, skinny GEMM or wg GEMM;
                                                    scaled: silu_mul_scaled, after an o of skinny_norm)
     down     blas | tuned | gemv | skinny | slices        (slices: down_slices fp32 partial products over K,
                                                            summed by the next add_rmsnorm: no split-K reduce)
@@ -23,8 +23,9 @@ hand: `dataclasses.replace(model.plan(step, options), o="skinny")`.
 
 "blas" is cuBLAS on the GPU and NumPy's BLAS on the CPU; "tuned" the same product by the cuBLAS algorithm
 measured fastest for its (N, K, row bucket), gemmEx's or one of cuBLASLt's (backends/cuda_tuned.py), for a step of
-TUNED_MIN_ROWS rows or more on the GPU in 16-bit (a prompt's projections). Our kernels (gemv, skinny, their epilogues,
-the slices) run only with the `fused_kernels` toggle, on the GPU, in 16-bit. The thresholds below
+TUNED_MIN_ROWS rows or more on the GPU in 16-bit (a prompt's projections), except a prompt's gate_up on Hopper, which
+is wg. Our kernels (gemv, skinny, wg, their epilogues, the slices) run only with the `fused_kernels` toggle, on the
+GPU, in 16-bit. The thresholds below
 were measured on the H200 at the Qwen2.5-0.5B shape (experiments/NOTEBOOK.md has the runs).
 """
 import math
@@ -32,6 +33,7 @@ from dataclasses import dataclass
 
 from toolkit.backends.cuda_kernels import decode_head_blocks, plan_kv_bytes
 from toolkit.backends.cuda_tuned import row_bucket
+from toolkit.backends.cuda_wg import gw_shape_ok
 
 # Our GEMV takes a 1-row projection of up to GEMV_MAX_N outputs: 2.4-5.9 us against cuBLAS's 9-17 (the batch-1
 # step 1.049 -> 0.990 ms); at 2 and 4 rows and for the 151,936-row lm_head cuBLAS is faster.
@@ -75,11 +77,12 @@ class StepPlan:
 
     def __post_init__(self):
         ok = (self.qkv in PROJECTIONS + ("skinny_rope",) and self.o in PROJECTIONS + ("skinny_norm",)
-              and self.gate_up in PROJECTIONS and self.down in PROJECTIONS + ("slices",)
+              and self.gate_up in PROJECTIONS + ("wg",) and self.down in PROJECTIONS + ("slices",)
               and self.lm_head in PROJECTIONS and (self.down == "slices") == (self.down_slices > 1)
               and self.swiglu in ("silu_mul", "epilogue", "scaled")
               and (self.swiglu == "scaled") == (self.o == "skinny_norm")
-              and (self.swiglu != "epilogue" or self.gate_up in ("gemv", "skinny"))
+              and (self.gate_up != "wg" or self.swiglu == "epilogue")  # (no plain wg projection)
+              and (self.swiglu != "epilogue" or self.gate_up in ("gemv", "skinny", "wg"))
               and self.decode_attention in ("cuda_cores", "tc", "stream")
               and self.prefill_attention in PREFILL_OPS)
         if not ok:
@@ -156,7 +159,9 @@ def make_plan(backend, cfg, rows: int, decodes: int, context_bucket: int, option
     if o == "skinny" and H % 16 == 0 and I % vec == 0:
         o = "skinny_norm"  # RMSNorm(h) * w = inv * (h * w): inv, one number a row, commutes with gate_up's GEMM
     gate_up = project(2 * I, H)
-    swiglu = "scaled" if o == "skinny_norm" else "epilogue" if gate_up in ("gemv", "skinny") else "silu_mul"
+    if gate_up == "tuned" and ours and backend.sm90 and gw_shape_ok(rows, I, H):
+        gate_up = "wg"  # SwiGLU in the epilogue: the [rows, 2I] gate_up is never written nor read back (gemm_wg.cu)
+    swiglu = "scaled" if o == "skinny_norm" else "epilogue" if gate_up in ("gemv", "skinny", "wg") else "silu_mul"
     slices = next((s for top, s in DOWN_SLICES if 2 <= rows <= top), 0) if ours and pure_decode else 0
     slices = next((s for s in range(slices, 1, -1) if I % (8 * s) == 0), 0)  # each slice 16-byte aligned
     down = "slices" if slices else project(H, I)

@@ -1,0 +1,213 @@
+// gemm_wg.cu -- a prompt's gate_up projection with SwiGLU as its epilogue, on Hopper's wgmma with TMA loads
+// (sm_90a only): out[m, i] = swiglu(T(x[m] . w[i]), T(x[m] . w[I + i])) for x T[M, K], w = gate_up T[2I, K],
+// out T[M, I]. The bits silu_mul writes from a gate_up product rounded to T (elementwise.cuh's swiglu), so the
+// [M, 2I] gate_up is never written and silu_mul never launched: at 4,096 tokens on Qwen2.5-0.5B that was 9% of the
+// prefill (40 MB of silu_mul's 120 MB through HBM a layer, 37.5 us on an H100).
+//
+// Why not cuBLAS: cuBLAS(Lt) has no SwiGLU epilogue (its epilogues are per element of one output; SwiGLU pairs
+// column i with column I + i). So this kernel is a whole GEMM, built the way FlashAttention-3 and CUTLASS's Hopper
+// GEMMs are:
+//   * Warp specialisation. Warpgroup 0 is the producer: one thread issues the TMA copies (cp.async.bulk.tensor) of
+//     each k-step's tiles into a ring of STAGES shared-memory stages and arms the stage's "full" mbarrier with the
+//     bytes to expect. Warpgroups 1 and 2 are the consumers: each waits on "full", runs its 64 rows of the 128-row
+//     tile through wgmma (A = x's tile, B = the gate and the up tiles, both K-major, 128-byte swizzled as the TMA
+//     writes them: wgmma.cuh), keeps one wgmma group in flight, and releases the stage it finished on "empty". So
+//     loads, math and the producer's waits overlap without a block-wide barrier in the loop.
+//   * setmaxnreg: the producer drops to 40 registers (24 at two blocks an SM), the consumers rise to 232 (104), for
+//     the accumulators (a consumer holds 64 x BNH of gate and 64 x BNH of up in fp32: BNH registers a thread).
+//   * Persistent blocks: CTAS an SM, walking tiles blockIdx.x, + gridDim.x, ...; m fastest, so the blocks in flight
+//     share a few gate/up weight tiles and all of x (L2). The producer runs into the next tile while the consumers
+//     store this one, so a tile's pipeline fill is hidden; with two blocks an SM, one's epilogue (SwiGLU's exp and
+//     division, about 2 us of a 128 x 128 tile's ~10) also runs beside the other's GEMM.
+//   * The epilogue in registers: a thread's accumulator element (row, col) of gate and of up sit at the same index
+//     of its two arrays (wgmma.cuh's layout), so SwiGLU needs no exchange; each thread stores pairs of columns.
+// Tile: 128 rows x BNH output columns (2 * BNH weight rows) x 64 of K a stage. Any M, I and K with I % 8 == 0 and
+// K % 8 == 0 (TMA's 16-byte row strides; the wrapper checks) and x, w 16-byte aligned: the copies fill what lies past
+// the matrix with zeros (rows past M, columns past K: they add nothing), and the last column tile's gate rows past I
+// are up's first rows, computed and not stored, like rows past M.
+// Arguments: the two TMA descriptors (in device memory: toolkit/backends/cuda_wg.py makes them), out, M, I, K.
+// Launch: grid min(tiles, CTAS x SMs), block 384, dynamic smem STAGES * (128 + 2 * BNH) * 128 bytes + 16 * STAGES
+// (the barriers) + 1 KB (alignment).
+#include "dtype.cuh"
+#include "elementwise.cuh"
+#include "mma.cuh"
+#include "wgmma.cuh"
+
+constexpr int GW_BM = 128;  // rows a tile (64 a consumer warpgroup)
+constexpr int GW_BK = 64;   // K a stage: one 128-byte swizzle row of 16-bit elements
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// SwiGLU of a warpgroup's 64 x 2BNH accumulator d (columns 0..BNH-1 gate, BNH..2BNH-1 up: one wgmma over the
+// stage's gate rows and then its up rows) into out. d[4n + e] = (row 16 warp + lane / 4 + 8 (e / 2), column 8n +
+// 2 (lane % 4) + e % 2) (wgmma.cuh), so gate column j and up column j sit BNH / 2 apart in the same thread. r0, c0:
+// this thread's first row and column. Rows past M and columns past I are not stored (I even: a pair is whole).
+template <typename T, int BNH>
+__device__ __forceinline__ void gw_store(const float (&d)[BNH], T* __restrict__ out, int r0, int c0, int M, int I) {
+#pragma unroll
+    for (int n = 0; n < BNH / 8; n++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int r = r0 + 8 * h, e = 4 * n + 2 * h;
+            if (r < M && c0 + 8 * n < I) {
+                union { T v[2]; unsigned w; } p;
+                p.v[0] = swiglu(from_f32<T>(d[e]), from_f32<T>(d[e + BNH / 2]));
+                p.v[1] = swiglu(from_f32<T>(d[e + 1]), from_f32<T>(d[e + 1 + BNH / 2]));
+                *reinterpret_cast<unsigned*>(out + (size_t)r * I + c0 + 8 * n) = p.w;
+            }
+        }
+}
+
+// The ring, its barriers and the tile walk, shared by both kernels. A stage: x's 128 x 64 box, then gate's and up's
+// BNH x 64 boxes back to back (so one descriptor covers the 2BNH weight rows of [gate | up]).
+template <int BNH, int STAGES>
+struct GwRing {
+    static constexpr int A_BYTES = GW_BM * GW_BK * 2, B_BYTES = BNH * GW_BK * 2, STAGE_BYTES = A_BYTES + 2 * B_BYTES;
+    unsigned char* smem;
+    unsigned long long *full, *empty;
+    int m_tiles, tiles, k_steps;
+    __device__ GwRing(unsigned char* raw, int M, int I, int K, unsigned consumers) {
+        smem = raw + ((1024u - (smem_addr(raw) & 1023u)) & 1023u);  // 1,024-byte aligned
+        full = reinterpret_cast<unsigned long long*>(smem + STAGES * STAGE_BYTES);
+        empty = full + STAGES;
+        m_tiles = (M + GW_BM - 1) / GW_BM;
+        tiles = m_tiles * ((I + BNH - 1) / BNH);
+        k_steps = (K + GW_BK - 1) / GW_BK;
+        if (threadIdx.x == 0) {
+            for (int s = 0; s < STAGES; s++) {
+                mbar_init(&full[s], 1);            // the producer's arrive (with the bytes it expects)
+                mbar_init(&empty[s], consumers);  // one arrive a consumer warp
+            }
+            fence_barrier_init();
+        }
+        __syncthreads();
+    }
+    __device__ int m0(int tile) const { return tile % m_tiles * GW_BM; }
+    __device__ int n0(int tile) const { return tile / m_tiles * BNH; }
+    // The producer (one thread): every k-step of the block's tiles, in order, into the ring.
+    __device__ void produce(const void* tmx, const void* tmw, int I) const {
+        int it = 0;
+        for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x)
+            for (int kt = 0; kt < k_steps; kt++, it++) {
+                const int st = it % STAGES;
+                if (it >= STAGES) mbar_wait(&empty[st], (it / STAGES - 1) & 1);
+                unsigned char* a = smem + st * STAGE_BYTES;
+                mbar_expect_tx(&full[st], STAGE_BYTES);
+                tma_load_2d(a, tmx, kt * GW_BK, m0(tile), &full[st]);
+                tma_load_2d(a + A_BYTES, tmw, kt * GW_BK, n0(tile), &full[st]);                // gate rows
+                tma_load_2d(a + A_BYTES + B_BYTES, tmw, kt * GW_BK, I + n0(tile), &full[st]);  // up rows
+            }
+    }
+    // Consumer side of k-step it: wait for its stage; the stage's address.
+    __device__ const unsigned char* take(int it) const {
+        mbar_wait(&full[it % STAGES], (it / STAGES) & 1);
+        return smem + it % STAGES * STAGE_BYTES;
+    }
+    __device__ void give_back(int it, int lane) const {
+        if (lane == 0) mbar_arrive(&empty[it % STAGES]);
+    }
+};
+
+#endif
+
+// Cooperative: both consumer warpgroups on each tile, 64 rows each.
+template <typename T, int BNH, int STAGES, int CTAS>
+__global__ void __launch_bounds__(384, CTAS)
+    gemm_wg_swiglu(const void* __restrict__ tmx, const void* __restrict__ tmw, T* __restrict__ out, int M, int I,
+                   int K) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    extern __shared__ unsigned char smem_raw[];
+    using Ring = GwRing<BNH, STAGES>;
+    const Ring ring(smem_raw, M, I, K, 8);
+    const int wg = threadIdx.x / 128;
+    if (wg == 0) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(CTAS == 1 ? 40 : 24));
+        if (threadIdx.x == 0) ring.produce(tmx, tmw, I);
+    } else {
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(CTAS == 1 ? 232 : 104));
+        const int cw = wg - 1, warp = threadIdx.x / 32 % 4, lane = threadIdx.x % 32;
+        const T* tag = nullptr;
+        float d[BNH];
+        int it = 0;
+        for (int tile = blockIdx.x; tile < ring.tiles; tile += gridDim.x) {
+#pragma unroll
+            for (int i = 0; i < BNH; i++) d[i] = 0.f;
+            for (int kt = 0; kt < ring.k_steps; kt++, it++) {
+                const unsigned char* a = ring.take(it);
+                const unsigned long long da = sw128_desc(a + cw * 64 * 128, 16), db = sw128_desc(a + Ring::A_BYTES, 16);
+                wgmma_fence();
+#pragma unroll
+                for (int k = 0; k < GW_BK / 16; k++)  // 16 of K = 32 bytes along the swizzled row: +2 in the desc
+                    wgmma_ss(d, da + 2 * k, db + 2 * k, 1, tag);
+                wgmma_commit();
+                wgmma_wait<1>();  // the previous k-step's group is done: its stage goes back to the producer
+                if (kt > 0) ring.give_back(it - 1, lane);
+            }
+            wgmma_wait<0>();
+            wgmma_keep(d);
+            ring.give_back(it - 1, lane);
+            gw_store<T, BNH>(d, out, ring.m0(tile) + cw * 64 + warp * 16 + lane / 4, ring.n0(tile) + 2 * (lane % 4),
+                             M, I);
+        }
+    }
+#endif
+}
+
+// Ping-pong (CUTLASS's name): each consumer warpgroup takes whole tiles, the block's even tiles warpgroup 1's and
+// the odd ones warpgroup 2's, and the two take turns at the tensor cores (named barriers 1 and 2): one runs its
+// k-loop while the other runs its SwiGLU and stores, so the epilogue leaves the tensor cores idle only at the
+// block's first and last tile. A warpgroup's tile is 128 rows: two m64 wgmmas a 16-wide k slice, 2BNH registers.
+template <typename T, int BNH, int STAGES>
+__global__ void __launch_bounds__(384, 1)
+    gemm_wg_swiglu_pp(const void* __restrict__ tmx, const void* __restrict__ tmw, T* __restrict__ out, int M, int I,
+                      int K) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    extern __shared__ unsigned char smem_raw[];
+    using Ring = GwRing<BNH, STAGES>;
+    const Ring ring(smem_raw, M, I, K, 4);
+    const int wg = threadIdx.x / 128;
+    if (wg == 0) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+        if (threadIdx.x == 0) ring.produce(tmx, tmw, I);
+    } else {
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+        const int cw = wg - 1, warp = threadIdx.x / 32 % 4, lane = threadIdx.x % 32;
+        const int mine = (ring.tiles - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x;  // this block's tiles
+        const T* tag = nullptr;
+        float d0[BNH], d1[BNH];  // rows 0-63 and 64-127 of the tile
+        for (int i = cw; i < mine; i += 2) {
+            const int tile = blockIdx.x + i * gridDim.x;
+#pragma unroll
+            for (int j = 0; j < BNH; j++) d0[j] = d1[j] = 0.f;
+            if (i > 0) {  // wait for the turn the other warpgroup gives after its k-loop
+                if (cw == 0) asm volatile("bar.sync 1, 256;\n" ::: "memory");
+                else asm volatile("bar.sync 2, 256;\n" ::: "memory");
+            }
+            int it = i * ring.k_steps;
+            for (int kt = 0; kt < ring.k_steps; kt++, it++) {
+                const unsigned char* a = ring.take(it);
+                const unsigned long long da = sw128_desc(a, 16), db = sw128_desc(a + Ring::A_BYTES, 16);
+                wgmma_fence();
+#pragma unroll
+                for (int k = 0; k < GW_BK / 16; k++) {
+                    wgmma_ss(d0, da + 2 * k, db + 2 * k, 1, tag);
+                    wgmma_ss(d1, da + 64 * 128 / 16 + 2 * k, db + 2 * k, 1, tag);  // rows 64-127: 8 KB further
+                }
+                wgmma_commit();
+                wgmma_wait<1>();
+                if (kt > 0) ring.give_back(it - 1, lane);
+            }
+            if (i + 1 < mine) {  // the other warpgroup's turn (its tile i + 1 is next in the ring)
+                if (cw == 0) asm volatile("bar.arrive 2, 256;\n" ::: "memory");
+                else asm volatile("bar.arrive 1, 256;\n" ::: "memory");
+            }
+            wgmma_wait<0>();
+            wgmma_keep(d0);
+            wgmma_keep(d1);
+            ring.give_back(it - 1, lane);
+            const int r0 = ring.m0(tile) + warp * 16 + lane / 4, c0 = ring.n0(tile) + 2 * (lane % 4);
+            gw_store<T, BNH>(d0, out, r0, c0, M, I);
+            gw_store<T, BNH>(d1, out, r0 + 64, c0, M, I);
+        }
+    }
+#endif
+}

@@ -1,0 +1,104 @@
+"""gemm_wg.cu (a prompt's gate_up projection with SwiGLU in its epilogue, on wgmma with TMA loads) on an sm_90 GPU
+against its CPU twin: the four bench shapes' MLPs at prompt row counts, last row and column tiles that are partial
+and a K past the last whole stage (TMA's zero fill; rows and columns past the output must not be stored), more
+tiles than SMs (the persistent loop), both instantiations, fp16, repeat launches bit-identical, the rows of a view,
+and the shapes it refuses."""
+import numpy as np
+import pytest
+
+from kernels.gemm_wg import gemm_wg_swiglu
+from toolkit.backends.cuda_wg import GW_CONFIGS
+
+cp = pytest.importorskip("cupy")
+from tests.gpu_arrays import dev, rounded  # noqa: E402
+from tests.kernels.test_gpu_kernels import K, check, host  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+SENTINEL = 7.0
+
+
+@pytest.fixture(scope="module", autouse=True)
+def hopper():
+    if cp.cuda.Device().compute_capability != "90":
+        pytest.skip("gemm_wg_swiglu needs an sm_90 (Hopper) GPU")
+
+
+def case(M, I, Kin, dtype, seed=0):
+    rng = np.random.default_rng(seed + 7 * M + I + Kin)
+    x = rounded(rng.standard_normal((M, Kin)), dtype)
+    w = rounded(rng.standard_normal((2 * I, Kin)) * Kin ** -0.5, dtype)
+    ref = np.empty((M, I), np.float32)
+    gemm_wg_swiglu(x, w, ref)
+    return x, w, ref
+
+
+# (M, I, K): the 0.5B's MLP at 4,096 tokens (38 x 32 tiles, 9 a SM), Qwen3's, Llama's and the 1.5B's at partial
+# last row tiles, a single partial tile, the tiny test model's (I = 688: a partial last column tile, whose gate rows
+# run into up's), and a K of no whole 64-wide stage past the first three.
+CASES = [(4096, 4864, 896), (1000, 3072, 1024), (700, 8192, 2048), (513, 8960, 1536), (77, 128, 64),
+         (300, 688, 256), (130, 344, 200)]
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("config", GW_CONFIGS, ids=lambda c: "bnh{}x{}x{}{}".format(*c[:3], "pp" if c[3] else ""))
+@pytest.mark.parametrize("M, I, Kin", CASES)
+def test_gemm_wg_swiglu(dtype, config, M, I, Kin):
+    x, w, ref = case(M, I, Kin, dtype)
+    k = K(dtype)
+    xd, wd = dev(x, dtype), dev(w, dtype)
+    out = dev(np.full((M + 3, I), SENTINEL), dtype)  # rows past M: the kernel must not store its zero-filled rows
+    k.gemm_wg_swiglu(xd, wd, out[:M], config=config)
+    got = host(out, dtype)
+    assert (got[M:] == SENTINEL).all(), "stored rows past M"
+    check(f"gemm_wg_swiglu M={M} I={I} K={Kin} {config}", got[:M], ref, dtype)
+    again = dev(np.zeros((M, I)), dtype)
+    k.gemm_wg_swiglu(xd, wd, again, config=config)
+    assert (host(again, dtype) == got[:M]).all(), "two launches differ"
+    # (A store past column I of row r would land in row r + 1's first columns, or in the sentinel rows after the
+    # last row: both checked above.)
+
+
+def test_matches_gemm_then_silu_mul_closely():
+    """Against the two kernels it replaces (cuBLAS gate_up, silu_mul), which sum K in another order: the same
+    roundings after the sum, so nearly every element is equal or one bf16 step apart."""
+    from toolkit.backends.cuda import CudaBackend
+
+    M, I, Kin = 2048, 4864, 896
+    x, w, ref = case(M, I, Kin, "bfloat16", seed=3)
+    be = CudaBackend("bfloat16")
+    xd, wd = be.from_host(x), be.from_host(w)
+    gu, a, b = be.empty((M, 2 * I)), be.empty((M, I)), be.empty((M, I))
+    be.linear(xd, wd, gu)
+    be.silu_mul(gu, a)
+    be.gemm_wg_swiglu(xd, wd, b)
+    ga, gb = be.to_host(a), be.to_host(b)
+    check("gemm_wg_swiglu vs cuBLAS + silu_mul", gb, ga, "bfloat16")
+    steps = np.abs(ga - gb) / np.maximum(np.abs(ga), 1e-6) / 2.0 ** -7
+    assert np.mean(steps > 2) < 1e-3, f"{np.mean(steps > 2):.2e} of the elements more than 2 bf16 steps apart"
+
+
+def test_rows_of_a_view():
+    """The engine passes the first rows of its scratch buffers: a view whose rows are the prompt's."""
+    M, I, Kin = 300, 256, 128
+    x, w, ref = case(M, I, Kin, "bfloat16", seed=4)
+    k = K("bfloat16")
+    big = dev(np.concatenate([x, np.full((200, Kin), np.nan, np.float32)]), "bfloat16")
+    out = dev(np.zeros((M, I)), "bfloat16")
+    k.gemm_wg_swiglu(big[:M], dev(w, "bfloat16"), out)
+    check("gemm_wg_swiglu on a view", host(out, "bfloat16"), ref, "bfloat16")
+
+
+@pytest.mark.parametrize("M, I, Kin, why", [(64, 100, 128, "I"), (64, 128, 100, "K")])
+def test_refuses_shapes_it_does_not_take(M, I, Kin, why):
+    k = K("bfloat16")
+    x, w = cp.zeros((M, Kin), cp.uint16), cp.zeros((2 * I, Kin), cp.uint16)
+    with pytest.raises(ValueError, match="gemm_wg_swiglu"):
+        k.gemm_wg_swiglu(x, w, cp.zeros((M, I), cp.uint16))
+
+
+def test_refuses_fp32():
+    k = K("float32")
+    with pytest.raises(ValueError, match="gemm_wg_swiglu"):
+        k.gemm_wg_swiglu(cp.zeros((64, 128), cp.float32), cp.zeros((256, 128), cp.float32),
+                         cp.zeros((64, 128), cp.float32))

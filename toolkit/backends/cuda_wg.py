@@ -1,0 +1,90 @@
+"""Launcher of kernels/gemm_wg.cu: a prompt's gate_up projection with SwiGLU as its epilogue, on Hopper's wgmma with
+TMA loads (sm_90 GPUs, 16-bit types).
+
+The kernel reads x and the gate_up weight through TMA descriptors ("tensor maps": the matrix's address, shape and
+row stride, the box a copy moves and its 128-byte swizzle), made on the host by the driver
+(cuTensorMapEncodeTiled) and kept in device memory, where the kernel reads them. A descriptor is made once per
+(address, shape) on the first call (the runner's eager step before each capture: inside a capture the copy to the
+device could not run) and cached, so a replayed step computes nothing here. A map holds no data, only where the
+data is, so an array freed and another of the same shape made at the same address reuses it rightly.
+"""
+import numpy as np
+
+GW_BM, GW_BK = 128, 64   # rows a tile and K a stage (GW_BM, GW_BK in gemm_wg.cu)
+# (BNH, STAGES, CTAS, PP): output columns a tile, stages of the ring, blocks an SM, and PP 1 for the ping-pong
+# kernel (each consumer warpgroup its own 128-row tiles, taking turns), 0 for the cooperative one (both on each
+# tile). GW_CONFIG is the plan's; GW_CONFIGS every instantiation (dev/gemm_wg.py times each, the GPU tests run each).
+GW_CONFIG = (128, 4, 1, 0)
+# (Session 22's (64, 3, 2, 0) needs more than the 80 registers two blocks an SM leave, now that gate and up are one
+# wgmma: ptxas refuses it.)
+GW_CONFIGS = ((128, 4, 1, 0), (64, 6, 1, 0), (64, 6, 1, 1), (32, 8, 1, 0), (32, 4, 2, 0))
+
+
+def kernel_name(ctype: str, config: tuple) -> str:
+    bnh, stages, ctas, pp = config
+    return f"gemm_wg_swiglu_pp<{ctype}, {bnh}, {stages}>" if pp else f"gemm_wg_swiglu<{ctype}, {bnh}, {stages}, {ctas}>"
+
+
+def kernel_names(ctype: str) -> list:
+    """gemm_wg_swiglu's instantiations for one element type (sm_90a; none for fp32: wgmma takes 16-bit inputs)."""
+    return [] if ctype == "float" else [kernel_name(ctype, c) for c in GW_CONFIGS]
+
+
+def smem_bytes(bnh: int, stages: int) -> int:
+    """Dynamic shared memory: the ring (A 128 x 64, gate and up BNH x 64 each, 16-bit), the full and empty
+    barriers, and 1 KB to align the ring to 1,024 bytes (the 128-byte swizzle's period)."""
+    return stages * (GW_BM + 2 * bnh) * GW_BK * 2 + 16 * stages + 1024
+
+
+def gw_shape_ok(M: int, I: int, K: int) -> bool:
+    """Whether gemm_wg_swiglu takes an x [M, K] by gate_up [2I, K] product: rows of whole 16-byte units (TMA's row
+    strides); M, I and K are otherwise free (the copies fill what lies past the matrix with zeros, the stores skip
+    it)."""
+    return M >= 1 and I >= 1 and K >= 1 and K % 8 == 0 and I % 8 == 0
+
+
+class WgGemms:
+    """CudaKernels' launcher of gemm_wg.cu (a mixin: self is the CudaKernels, for its checks, functions and
+    caches)."""
+
+    def _tensor_map(self, a, rows: int, cols: int, box_rows: int):
+        """The TMA descriptor of the 16-bit row-major matrix a [rows, cols] (device memory, cached): boxes of 64
+        columns x box_rows rows, 128-byte swizzle, zeros past the matrix."""
+        key = (a.data.ptr, rows, cols, box_rows, self.dtype)
+        tm = self._tmaps.get(key)
+        if tm is None:
+            from cuda.bindings import driver as d
+
+            kind = (d.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 if self.dtype == "bfloat16"
+                    else d.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT16)
+            err, tmap = d.cuTensorMapEncodeTiled(
+                kind, 2, a.data.ptr, [d.cuuint64_t(cols), d.cuuint64_t(rows)], [d.cuuint64_t(cols * 2)],
+                [d.cuuint32_t(GW_BK), d.cuuint32_t(box_rows)], [d.cuuint32_t(1), d.cuuint32_t(1)],
+                d.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, d.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
+                d.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                d.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
+            if err != d.CUresult.CUDA_SUCCESS:
+                raise RuntimeError(f"cuTensorMapEncodeTiled: {err.name}")
+            tm = self._tmaps[key] = self.cp.asarray(np.array(tmap.opaque, dtype=np.uint64))
+        return tm
+
+    def gemm_wg_swiglu(self, x, w, out, *, config=None):
+        """out[M, I] = silu(x @ w[:I].T) * (x @ w[I:].T) for x [M, K], w = gate_up [2I, K]: silu_mul's bits from a
+        gate_up product rounded to the storage type, never written. sm_90 GPUs, 16-bit types, I and K multiples of
+        8, 16-byte aligned x and w. config: one of GW_CONFIGS instead of the plan's (dev/, tests)."""
+        bnh, stages, ctas, pp = config = config or GW_CONFIG
+        self._check("gemm_wg_swiglu", self.storage, x, w, out)
+        M, K = x.shape
+        I = w.shape[0] // 2
+        if (not self.sm90 or self.itemsize != 2 or config not in GW_CONFIGS or w.shape != (2 * I, K)
+                or out.shape != (M, I) or not gw_shape_ok(M, I, K) or x.data.ptr % 16 or w.data.ptr % 16
+                or out.data.ptr % 4):
+            raise ValueError(f"gemm_wg_swiglu: x {x.shape}, w {w.shape}, out {out.shape} in {self.dtype} (an sm_90 "
+                             f"GPU, 16-bit types, w [2I, K], out [M, I], I and K multiples of 8, x and w 16-byte "
+                             f"aligned)")
+        tiles = -(-M // GW_BM) * -(-I // bnh)
+        smem = smem_bytes(bnh, stages)
+        f = self._fn("gemm_wg", kernel_name(self.ctype, config), smem, sm90a=True)
+        args = (self._tensor_map(x, M, K, GW_BM), self._tensor_map(w, 2 * I, K, bnh), out, np.int32(M), np.int32(I),
+                np.int32(K))
+        f((min(tiles, ctas * self.num_sms),), (384,), args, shared_mem=smem)
