@@ -31,6 +31,7 @@
 #include "dtype.cuh"
 #include "elementwise.cuh"
 #include "mma.cuh"
+#include "pdl.cuh"
 #include "wgmma.cuh"
 
 constexpr int GW_BM = 128;  // rows a tile (64 a consumer warpgroup)
@@ -83,14 +84,31 @@ struct GwRing {
     }
     __device__ int m0(int tile) const { return tile % m_tiles * GW_BM; }
     __device__ int n0(int tile) const { return tile / m_tiles * BNH; }
-    // The producer (one thread): every k-step of the block's tiles, in order, into the ring.
+    // The producer (one thread): every k-step of the block's tiles, in order, into the ring. Launched with PDL
+    // (a decode step's chain, pdl.cuh), the weight boxes of the ring's first stages go out before pdl_wait: the
+    // weights are constants, so they stream in while the kernel before still runs, and only x (that kernel's
+    // output) waits. The stage's "full" barrier counts the bytes of all three boxes, whichever order they come in.
+    // Only this thread waits: the consumers read nothing but the stages, and store only after the stage holding x
+    // is full, so after the wait. Launched normally, pdl_wait and pdl_launch_dependents are no-ops.
     __device__ void produce(const void* tmx, const void* tmw, int I) const {
+        const int early = (int)blockIdx.x < tiles ? min(STAGES, k_steps) : 0;
+        for (int kt = 0; kt < early; kt++) {
+            unsigned char* a = smem + kt * STAGE_BYTES;
+            mbar_expect_tx(&full[kt], STAGE_BYTES);
+            tma_load_2d(a + A_BYTES, tmw, kt * GW_BK, n0(blockIdx.x), &full[kt]);
+            tma_load_2d(a + A_BYTES + B_BYTES, tmw, kt * GW_BK, I + n0(blockIdx.x), &full[kt]);
+        }
+        pdl_enter();
         int it = 0;
         for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x)
             for (int kt = 0; kt < k_steps; kt++, it++) {
                 const int st = it % STAGES;
-                if (it >= STAGES) mbar_wait(&empty[st], (it / STAGES - 1) & 1);
                 unsigned char* a = smem + st * STAGE_BYTES;
+                if (it < early) {  // its weights are on the way: x only
+                    tma_load_2d(a, tmx, kt * GW_BK, m0(tile), &full[st]);
+                    continue;
+                }
+                if (it >= STAGES) mbar_wait(&empty[st], (it / STAGES - 1) & 1);
                 mbar_expect_tx(&full[st], STAGE_BYTES);
                 tma_load_2d(a, tmx, kt * GW_BK, m0(tile), &full[st]);
                 tma_load_2d(a + A_BYTES, tmw, kt * GW_BK, n0(tile), &full[st]);                // gate rows

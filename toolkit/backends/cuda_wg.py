@@ -87,4 +87,4 @@ class WgGemms:
         f = self._fn("gemm_wg", kernel_name(self.ctype, config), smem, sm90a=True)
         args = (self._tensor_map(x, M, K, GW_BM), self._tensor_map(w, 2 * I, K, bnh), out, np.int32(M), np.int32(I),
                 np.int32(K))
-        f((min(tiles, ctas * self.num_sms),), (384,), args, shared_mem=smem)
+        self._go(f, (min(tiles, ctas * self.num_sms),), (384,), args, smem)  # PDL in a decode step's chain
