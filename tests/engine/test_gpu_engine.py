@@ -93,7 +93,7 @@ def test_graph_equals_eager_every_bucket(tiny_bf16, batch):
     assert with_graphs == eager
 
 
-@pytest.mark.parametrize("batch", [1, 5])
+@pytest.mark.parametrize("batch", [1, 5, 40])  # 40: gate_up on gemm_wg_swiglu (Hopper), its weights before the wait
 def test_pdl_changes_no_token(tiny_bf16, batch):
     """Programmatic dependent launch (decode steps replayed from graphs) gives the tokens of plain launches."""
     eng = tiny_bf16
@@ -129,6 +129,17 @@ def test_gemv_swiglu_changes_no_token(tiny_bf16, monkeypatch):
     reqs = prompts(np.random.default_rng(71), tiny_bf16.cfg.vocab_size, 1)
     edit = lambda p: dataclasses.replace(p, swiglu="silu_mul") if p.gate_up == "gemv" else None
     plan_changes_no_token(tiny_bf16, reqs, edit, "gemv_swiglu", monkeypatch)
+
+
+def test_decode_gate_up_on_wg_changes_no_token(tiny_bf16, monkeypatch):
+    """A decode step of 40 rows on Hopper runs gate_up on gemm_wg_swiglu (wgmma, SwiGLU in the epilogue, weights and
+    x by TMA through descriptors made on the eager step before a capture): from graphs (PDL) and eagerly it gives
+    the same tokens, and those of cuBLAS + silu_mul up to bf16 roundings (the two sum K in other orders)."""
+    if not tiny_bf16.backend.kernels.sm90:
+        pytest.skip("gemm_wg_swiglu needs an sm_90 (Hopper) GPU")
+    reqs = prompts(np.random.default_rng(72), tiny_bf16.cfg.vocab_size, 40)
+    edit = lambda p: dataclasses.replace(p, gate_up="blas", swiglu="silu_mul") if p.gate_up == "wg" else None
+    plan_changes_no_token(tiny_bf16, reqs, edit, "gemm_wg_swiglu", monkeypatch, exact=False)
 
 
 def test_down_slices_change_no_token_fp32(monkeypatch):
@@ -242,27 +253,6 @@ def test_a_chunked_prefill_replays_a_graph_a_chunk_size():
     prefill = {k[0]: g for k, g in run.graphs.items() if isinstance(k[0], tuple)}
     assert set(prefill) == {(1, 96), (1, 16)}
     assert sum(g is prefill[1, 96] for g in replays) == 3 and sum(g is prefill[1, 16] for g in replays) == 1
-    eng.set_options(EngineOptions(cuda_graphs=False, prefix_caching=False))
-    eager, _ = run_batch(eng, [prompt], 8)
-    assert with_graphs == eager and len(eager[0]) == 8
-
-
-def test_a_prompt_gate_up_on_wg_in_a_graph_changes_no_token(monkeypatch):
-    """A 700-token prompt in one step on Hopper: its gate_up runs wg (kernels/gemm_wg.cu, SwiGLU in the epilogue,
-    reading x and the weight through TMA descriptors made on the eager step before the capture), replayed from the
-    prefill graph of its 768-token bucket; the tokens equal the eager run's."""
-    eng = build_engine(shape="tiny", device="cuda", dtype="bfloat16", max_context=1024, max_num_seqs=4,
-                       kv_cache_tokens=1024 * 4)
-    run, plans = eng.runner, []
-    if not run.be.sm90:
-        pytest.skip("gemm_wg_swiglu needs an sm_90 (Hopper) GPU")
-    own = type(run.model).plan.__get__(run.model)
-    monkeypatch.setattr(run.model, "plan", lambda step, options: plans.append(own(step, options)) or plans[-1])
-    prompt = np.random.default_rng(5).integers(1, eng.cfg.vocab_size, 700).tolist()
-    eng.set_options(EngineOptions(cuda_graphs=True, prefix_caching=False))
-    with_graphs, _ = run_batch(eng, [prompt], 8)
-    assert any(p.gate_up == "wg" for p in plans)
-    assert any(isinstance(k[0], tuple) and k[0][1] == 768 for k in run.graphs)
     eng.set_options(EngineOptions(cuda_graphs=False, prefix_caching=False))
     eager, _ = run_batch(eng, [prompt], 8)
     assert with_graphs == eager and len(eager[0]) == 8

@@ -1,5 +1,5 @@
-"""gemm_wg.cu (a prompt's gate_up projection with SwiGLU in its epilogue, on wgmma with TMA loads) on an sm_90 GPU
-against its CPU twin: the four bench shapes' MLPs at prompt row counts, last row and column tiles that are partial
+"""gemm_wg.cu (gate_up with SwiGLU in its epilogue, on wgmma with TMA loads) on an sm_90 GPU against its CPU twin:
+the four bench shapes' MLPs at prompt and decode row counts, last row and column tiles that are partial
 and a K past the last whole stage (TMA's zero fill; rows and columns past the output must not be stored), more
 tiles than SMs (the persistent loop), both instantiations, fp16, repeat launches bit-identical, the rows of a view,
 and the shapes it refuses."""
@@ -37,7 +37,9 @@ def case(M, I, Kin, dtype, seed=0):
 # last row tiles, a single partial tile, the tiny test model's (I = 688: a partial last column tile, whose gate rows
 # run into up's), and a K of no whole 64-wide stage past the first three.
 CASES = [(4096, 4864, 896), (1000, 3072, 1024), (700, 8192, 2048), (513, 8960, 1536), (77, 128, 64),
-         (300, 688, 256), (130, 344, 200)]
+         (300, 688, 256), (130, 344, 200),
+         # decode steps (the plan's WG_DECODE_ROWS): one row tile, partly or wholly filled
+         (33, 4864, 896), (64, 3072, 1024), (128, 8192, 2048), (100, 8960, 1536), (1, 4864, 896)]
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])

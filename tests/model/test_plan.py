@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 
 from toolkit.engine.options import EngineOptions
-from toolkit.model.plan import TUNED_MIN_ROWS, StepPlan, make_plan, tuned_calls
+from toolkit.model.plan import TUNED_MIN_ROWS, WG_DECODE_ROWS, StepPlan, make_plan, tuned_calls
 from toolkit.model.shapes import shape_config
 
 GPU = SimpleNamespace(name="cuda", dtype="bfloat16", num_sms=132, sm90=True, graphs_supported=True, pdl_supported=True)
@@ -37,11 +37,33 @@ def test_2_to_32_rows_are_the_skinny_path(rows):
     assert plan(rows, cfg=QWEN3).qkv == "skinny"  # q/k norms need the whole head: RoPE stays its own kernel
 
 
+AMPERE = SimpleNamespace(**{**vars(GPU), "sm90": False})
+
+
 def test_past_32_rows_cublas_and_4_slices():
-    p = plan(64)
+    p = plan(64, backend=AMPERE)
     assert (p.qkv, p.o, p.gate_up, p.swiglu) == ("blas", "blas", "blas", "silu_mul")
     assert (p.down, p.down_slices) == ("slices", 4)
     assert plan(256).down == "blas"
+
+
+@pytest.mark.parametrize("cfg", [QWEN, QWEN3, shape_config("llama-3.2-1b"), shape_config("qwen2.5-1.5b")],
+                         ids=lambda c: f"I{c.intermediate_size}")
+def test_decode_gate_up_runs_wg_on_hopper(cfg):
+    """A pure decode step of WG_DECODE_ROWS rows on Hopper runs gate_up on our wgmma GEMM with SwiGLU in its
+    epilogue (gemm_wg.cu), under fused_kernels; not a prompt's rows, not elsewhere, not with the toggle off."""
+    lo, hi = WG_DECODE_ROWS
+    for rows in sorted({lo, (lo + hi) // 2, hi}):
+        p = plan(rows, cfg=cfg)
+        assert (p.gate_up, p.swiglu) == ("wg", "epilogue") and "gate_up wg swiglu" in p.describe()
+        assert p.o != "skinny_norm"  # whose norm scale gate_up's epilogue does not apply
+        assert plan(rows, cfg=cfg, fused_kernels=False).gate_up == "blas"
+        assert plan(rows, cfg=cfg, backend=AMPERE).gate_up == "blas"
+        assert plan(rows, decodes=rows - 1, cfg=cfg).gate_up == "blas"  # a prompt's rows stay on cuBLAS
+    assert plan(lo - 1, cfg=cfg).gate_up != "wg" and plan(hi + 1, cfg=cfg).gate_up != "wg"
+    assert plan(4096, decodes=0, cfg=cfg).gate_up == "tuned"
+    with pytest.raises(ValueError):
+        StepPlan(gate_up="wg")  # wg has no plain form: its epilogue is SwiGLU
 
 
 def test_prompt_steps_stay_on_cublas():
@@ -49,23 +71,15 @@ def test_prompt_steps_stay_on_cublas():
     p = plan(8, decodes=4)
     assert (p.qkv, p.o, p.gate_up, p.down) == ("blas",) * 4 and p.down_slices == 0
     assert p.prefill_attention == "wg" and p.sparse is not None  # Hopper: wgmma
-    ampere = SimpleNamespace(**{**vars(GPU), "sm90": False})
-    assert plan(8, decodes=4, backend=ampere).prefill_attention == "tc"  # elsewhere mma.sync
-
-
-AMPERE = SimpleNamespace(**{**vars(GPU), "sm90": False})
+    assert plan(8, decodes=4, backend=AMPERE).prefill_attention == "tc"  # elsewhere mma.sync
 
 
 @pytest.mark.parametrize("rows", [512, 4096])
 def test_prompt_sized_steps_run_measured_cublas_algorithms(rows):
     """From TUNED_MIN_ROWS rows on the GPU's projections are "tuned" (the cuBLAS algorithm measured fastest for the
-    shape), whatever the toggles, but for gate_up on Hopper (below); below them, on the CPU and in fp32 they stay
-    plain cuBLAS / BLAS."""
-    for p in (plan(rows, decodes=0), plan(rows, decodes=3), plan(rows, decodes=0, fused_kernels=False),
-              plan(rows, decodes=0, backend=AMPERE)):
-        assert (p.qkv, p.o, p.down) == ("tuned",) * 3
-    for p in (plan(rows, decodes=0, fused_kernels=False), plan(rows, decodes=0, backend=AMPERE)):
-        assert p.gate_up == "tuned" and p.swiglu == "silu_mul"
+    shape), whatever the toggles; below them, on the CPU and in fp32 they stay plain cuBLAS / BLAS."""
+    for p in (plan(rows, decodes=0), plan(rows, decodes=3), plan(rows, decodes=0, fused_kernels=False)):
+        assert (p.qkv, p.o, p.gate_up, p.down) == ("tuned",) * 4 and p.swiglu == "silu_mul"
     assert plan(TUNED_MIN_ROWS - 1, decodes=0).gate_up == "blas"
     assert plan(rows, decodes=0, backend=CPU).gate_up == "blas"
     assert plan(rows, decodes=0, backend=SimpleNamespace(**{**vars(GPU), "dtype": "float32"})).gate_up == "blas"
@@ -73,38 +87,21 @@ def test_prompt_sized_steps_run_measured_cublas_algorithms(rows):
         StepPlan(gate_up="tuned", swiglu="epilogue")  # cuBLAS has no SwiGLU epilogue, tuned or not
 
 
-@pytest.mark.parametrize("rows, decodes", [(512, 0), (4096, 0), (4096, 3), (8192, 0)])
-@pytest.mark.parametrize("cfg", [QWEN, QWEN3, shape_config("llama-3.2-1b"), shape_config("tiny")],
-                         ids=lambda c: f"I{c.intermediate_size}")
-def test_prompt_gate_up_runs_wg_on_hopper(rows, decodes, cfg):
-    """A prompt-sized step's gate_up on Hopper is our wgmma GEMM with SwiGLU in its epilogue (gemm_wg.cu), under the
-    fused_kernels toggle, on every shape (any I and K of whole 16-byte rows); elsewhere, or with the toggle off,
-    cuBLAS and silu_mul."""
-    p = plan(rows, decodes=decodes, cfg=cfg)
-    assert (p.gate_up, p.swiglu) == ("wg", "epilogue") and "gate_up wg swiglu" in p.describe()
-    assert plan(rows, decodes=decodes, cfg=cfg, fused_kernels=False).gate_up == "tuned"
-    assert plan(rows, decodes=decodes, cfg=cfg, backend=AMPERE).gate_up == "tuned"
-    with pytest.raises(ValueError):
-        StepPlan(gate_up="wg")  # wg has no plain form: its epilogue is SwiGLU
-
-
 def test_start_up_measures_every_tuned_bucket_a_step_can_reach():
     """tuned_calls lists what the engine's warm-up runs so no request pays for a measurement: the four layer
     projections at each power-of-two bucket from TUNED_MIN_ROWS to the engine's rows (the last bucket at those rows),
     the lm_head at each bucket of 1 to max_seqs rows (a prompt step's last rows); nothing where no step is tuned."""
     opts = EngineOptions().effective(GPU)
-    calls = tuned_calls(AMPERE, QWEN, 8192, 256, opts)
+    calls = tuned_calls(GPU, QWEN, 8192, 256, opts)
     layer = [(name, n) for n in (512, 1024, 2048, 4096, 8192) for name in ("qkv", "o", "gate_up", "down")]
     assert calls == layer + [("lm_head", n) for n in (1, 2, 4, 8, 16, 32, 64, 128, 256)]
-    # On Hopper a prompt's gate_up is wg (no cuBLAS algorithm to measure).
-    assert tuned_calls(GPU, QWEN, 8192, 256, opts) == [c for c in calls if c[0] != "gate_up"]
     # Rows between powers of two: the last bucket is measured at the engine's rows, which no step exceeds.
     assert [n for name, n in tuned_calls(GPU, QWEN, 6000, 3, opts) if name == "down"] == [512, 1024, 2048, 4096, 6000]
     assert [n for name, n in tuned_calls(GPU, QWEN, 6000, 3, opts) if name == "lm_head"] == [1, 2, 3]
-    assert [n for name, n in tuned_calls(AMPERE, QWEN, 700, 1, opts)] == [512] * 4 + [700] * 4 + [1]
+    assert [n for name, n in tuned_calls(GPU, QWEN, 700, 1, opts)] == [512] * 4 + [700] * 4 + [1]
     # Every listed call is one a step of that many rows runs tuned; a bucket's rows never exceed the engine's.
     for name, n in calls:
-        assert getattr(make_plan(AMPERE, QWEN, max(n, TUNED_MIN_ROWS), 0, 256, opts), name) == "tuned"
+        assert getattr(make_plan(GPU, QWEN, max(n, TUNED_MIN_ROWS), 0, 256, opts), name) == "tuned"
     assert tuned_calls(GPU, QWEN, TUNED_MIN_ROWS - 1, 256, opts) == []
     assert tuned_calls(CPU, QWEN, 8192, 256, EngineOptions().effective(CPU)) == []
     fp32 = SimpleNamespace(**{**vars(GPU), "dtype": "float32"})

@@ -8,7 +8,8 @@ hand: `dataclasses.replace(model.plan(step, options), o="skinny")`.
     qkv      blas | tuned | gemv | skinny | skinny_rope   (skinny_rope: RoPE and the K/V write in the epilogue)
     o        blas | tuned | gemv | skinny | skinny_norm   (skinny_norm: the post-attention add + RMSNorm weight
                                                            in the epilogue; the norm's per-row scale after gate_up)
-    gate_up  blas | tuned | gemv | skinny | wg     (wg: a prompt's rows on Hopper's wgmma, SwiGLU in the epilogue)
+    gate_up  blas | tuned | gemv | skinny | wg     (wg: a decode step's rows on Hopper's wgmma and TMA, SwiGLU in
+                                                   the epilogue)
     swiglu   silu_mul | epilogue | scaled         (epilogue: inside gate_up's GEMV, skinny GEMM or wg GEMM;
                                                    scaled: silu_mul_scaled, after an o of skinny_norm)
     down     blas | tuned | gemv | skinny | slices        (slices: down_slices fp32 partial products over K,
@@ -23,8 +24,7 @@ hand: `dataclasses.replace(model.plan(step, options), o="skinny")`.
 
 "blas" is cuBLAS on the GPU and NumPy's BLAS on the CPU; "tuned" the same product by the cuBLAS algorithm
 measured fastest for its (N, K, row bucket), gemmEx's or one of cuBLASLt's (backends/cuda_tuned.py), for a step of
-TUNED_MIN_ROWS rows or more on the GPU in 16-bit (a prompt's projections), except a prompt's gate_up on Hopper, which
-is wg. Our kernels (gemv, skinny, wg, their epilogues, the slices) run only with the `fused_kernels` toggle, on the
+TUNED_MIN_ROWS rows or more on the GPU in 16-bit (a prompt's projections). Our kernels (gemv, skinny, wg, their epilogues, the slices) run only with the `fused_kernels` toggle, on the
 GPU, in 16-bit. The thresholds below
 were measured on the H200 at the Qwen2.5-0.5B shape (experiments/NOTEBOOK.md has the runs).
 """
@@ -55,6 +55,11 @@ STREAM_MIN_LEN, STREAM_TC_TILES = 2048, 32768
 
 # A step of this many rows or more runs its projections "tuned" (a prompt's, or a big chunk of one).
 TUNED_MIN_ROWS = 512
+# A pure decode step of WG_DECODE_ROWS rows on Hopper runs gate_up + SwiGLU as gemm_wg_swiglu (kernels/gemm_wg.cu):
+# its TMA ring streams the weights at (near) HBM speed and SwiGLU's bits come from its epilogue, where cuBLAS's
+# GEMM and silu_mul took two launches and wrote and read back the [rows, 2I] product. At a prompt's rows it lost
+# to cuBLAS (experiments/NOTEBOOK.md, gemm_wg).
+WG_DECODE_ROWS = (33, 128)
 
 PROJECTIONS = ("blas", "tuned", "gemv", "skinny")
 # The backend op of each prefill attention kind of the plan.
@@ -159,8 +164,9 @@ def make_plan(backend, cfg, rows: int, decodes: int, context_bucket: int, option
     if o == "skinny" and H % 16 == 0 and I % vec == 0:
         o = "skinny_norm"  # RMSNorm(h) * w = inv * (h * w): inv, one number a row, commutes with gate_up's GEMM
     gate_up = project(2 * I, H)
-    if gate_up == "tuned" and ours and backend.sm90 and gw_shape_ok(rows, I, H):
-        gate_up = "wg"  # SwiGLU in the epilogue: the [rows, 2I] gate_up is never written nor read back (gemm_wg.cu)
+    lo, hi = WG_DECODE_ROWS
+    if ours and pure_decode and backend.sm90 and lo <= rows <= hi and gw_shape_ok(rows, I, H) and o != "skinny_norm":
+        gate_up = "wg"  # (an o of skinny_norm leaves gate_up its norm's per-row scale: silu_mul_scaled's)
     swiglu = "scaled" if o == "skinny_norm" else "epilogue" if gate_up in ("gemv", "skinny", "wg") else "silu_mul"
     slices = next((s for top, s in DOWN_SLICES if 2 <= rows <= top), 0) if ours and pure_decode else 0
     slices = next((s for s in range(slices, 1, -1) if I % (8 * s) == 0), 0)  # each slice 16-byte aligned
