@@ -1,8 +1,14 @@
-// gemm_wg.cu -- a prompt's gate_up projection with SwiGLU as its epilogue, on Hopper's wgmma with TMA loads
+// gemm_wg.cu -- a decode step's gate_up projection with SwiGLU as its epilogue, on Hopper's wgmma with TMA loads
 // (sm_90a only): out[m, i] = swiglu(T(x[m] . w[i]), T(x[m] . w[I + i])) for x T[M, K], w = gate_up T[2I, K],
 // out T[M, I]. The bits silu_mul writes from a gate_up product rounded to T (elementwise.cuh's swiglu), so the
-// [M, 2I] gate_up is never written and silu_mul never launched: at 4,096 tokens on Qwen2.5-0.5B that was 9% of the
-// prefill (40 MB of silu_mul's 120 MB through HBM a layer, 37.5 us on an H100).
+// [M, 2I] gate_up is never written and silu_mul never launched. With `parts`, silu_mul_scaled's bits instead
+// (GwScale: the RMSNorm scale a gemm_skinny_norm o projection left to apply).
+//
+// Where it runs (toolkit/model/plan.py, WG_DECODE_ROWS): a decode step's rows. There the weights set the time: the
+// producer's TMA ring keeps STAGES boxes of them in flight an SM, and launched with PDL it starts streaming them
+// while the kernel before still runs (GwRing::produce). It was first built for a prompt's rows, where SwiGLU was 9%
+// of a 4,096-token prefill; there it reached 51-56% of the tensor cores' peak against cuBLAS's 72-82% and lost
+// (experiments/NOTEBOOK.md).
 //
 // Why not cuBLAS: cuBLAS(Lt) has no SwiGLU epilogue (its epilogues are per element of one output; SwiGLU pairs
 // column i with column I + i). So this kernel is a whole GEMM, built the way FlashAttention-3 and CUTLASS's Hopper
@@ -25,7 +31,8 @@
 // K % 8 == 0 (TMA's 16-byte row strides; the wrapper checks) and x, w 16-byte aligned: the copies fill what lies past
 // the matrix with zeros (rows past M, columns past K: they add nothing), and the last column tile's gate rows past I
 // are up's first rows, computed and not stored, like rows past M.
-// Arguments: the two TMA descriptors (in device memory: toolkit/backends/cuda_wg.py makes them), out, M, I, K.
+// Arguments: the two TMA descriptors (in device memory: toolkit/backends/cuda_wg.py makes them), out, M, I, K, and
+// GwScale's parts (or null), tiles, H (= 16 tiles) and eps.
 // Launch: grid min(tiles, CTAS x SMs), block 384, dynamic smem STAGES * (128 + 2 * BNH) * 128 bytes + 16 * STAGES
 // (the barriers) + 1 KB (alignment).
 #include "dtype.cuh"
@@ -38,12 +45,40 @@ constexpr int GW_BM = 128;  // rows a tile (64 a consumer warpgroup)
 constexpr int GW_BK = 64;   // K a stage: one 128-byte swizzle row of 16-bit elements
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// The RMSNorm scale of a decode step whose o projection was gemm_skinny_norm (the plan's swiglu "scaled"): x is then
+// h * w, and the gate_up product still needs inv = rsqrt(sum of h^2 / H + eps) a row, which silu_mul_scaled
+// (activation.cu) applies as swiglu(T(inv * T(g)), T(inv * T(u))). parts float[tiles, M]: the row's sums of h^2, a
+// 16-column tile each. Without parts, inv = 1: T(1 * T(v)) = T(v), silu_mul's roundings, so one epilogue serves both.
+struct GwScale {
+    const float* parts;
+    int tiles, H;
+    float eps;
+    // inv of rows rw + lane / 4 and rw + lane / 4 + 8 (rw: the warp's first row, the same in every lane), each row
+    // summed as silu_mul_scaled sums it (lane l adds tiles l, l + 32, ...; then the same shuffle tree), so its bits.
+    __device__ __forceinline__ void rows(float (&inv)[2], int rw, int M, int lane) const {
+        inv[0] = inv[1] = 1.f;
+        if (parts == nullptr) return;
+        for (int i = 0; i < 16 && rw + i < M; i++) {
+            float ss = 0.0f;
+            for (int q = lane; q < tiles; q += 32) ss += __ldcg(parts + (size_t)q * M + rw + i);
+            for (int d = 16; d > 0; d >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, d);
+            if (lane / 4 == i % 8) inv[i / 8] = rsqrtf(ss / (float)H + eps);
+        }
+    }
+};
+
 // SwiGLU of a warpgroup's 64 x 2BNH accumulator d (columns 0..BNH-1 gate, BNH..2BNH-1 up: one wgmma over the
 // stage's gate rows and then its up rows) into out. d[4n + e] = (row 16 warp + lane / 4 + 8 (e / 2), column 8n +
-// 2 (lane % 4) + e % 2) (wgmma.cuh), so gate column j and up column j sit BNH / 2 apart in the same thread. r0, c0:
-// this thread's first row and column. Rows past M and columns past I are not stored (I even: a pair is whole).
+// 2 (lane % 4) + e % 2) (wgmma.cuh), so gate column j and up column j sit BNH / 2 apart in the same thread. rw: the
+// warp's first row; c0: this thread's first column. Rows past M and columns past I are not stored (I even: a pair is
+// whole).
 template <typename T, int BNH>
-__device__ __forceinline__ void gw_store(const float (&d)[BNH], T* __restrict__ out, int r0, int c0, int M, int I) {
+__device__ __forceinline__ void gw_store(const float (&d)[BNH], T* __restrict__ out, int rw, int c0, int M, int I,
+                                         const GwScale& sc, int lane) {
+    float inv[2];
+    sc.rows(inv, rw, M, lane);
+    const int r0 = rw + lane / 4;
+    auto v = [&](float a, float s) { return from_f32<T>(s * to_f32(from_f32<T>(a))); };
 #pragma unroll
     for (int n = 0; n < BNH / 8; n++)
 #pragma unroll
@@ -51,8 +86,8 @@ __device__ __forceinline__ void gw_store(const float (&d)[BNH], T* __restrict__ 
             const int r = r0 + 8 * h, e = 4 * n + 2 * h;
             if (r < M && c0 + 8 * n < I) {
                 union { T v[2]; unsigned w; } p;
-                p.v[0] = swiglu(from_f32<T>(d[e]), from_f32<T>(d[e + BNH / 2]));
-                p.v[1] = swiglu(from_f32<T>(d[e + 1]), from_f32<T>(d[e + 1 + BNH / 2]));
+                p.v[0] = swiglu(v(d[e], inv[h]), v(d[e + BNH / 2], inv[h]));
+                p.v[1] = swiglu(v(d[e + 1], inv[h]), v(d[e + 1 + BNH / 2], inv[h]));
                 *reinterpret_cast<unsigned*>(out + (size_t)r * I + c0 + 8 * n) = p.w;
             }
         }
@@ -131,7 +166,7 @@ struct GwRing {
 template <typename T, int BNH, int STAGES, int CTAS>
 __global__ void __launch_bounds__(384, CTAS)
     gemm_wg_swiglu(const void* __restrict__ tmx, const void* __restrict__ tmw, T* __restrict__ out, int M, int I,
-                   int K) {
+                   int K, const float* __restrict__ parts, int tiles, int H, float eps) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     extern __shared__ unsigned char smem_raw[];
     using Ring = GwRing<BNH, STAGES>;
@@ -163,8 +198,8 @@ __global__ void __launch_bounds__(384, CTAS)
             wgmma_wait<0>();
             wgmma_keep(d);
             ring.give_back(it - 1, lane);
-            gw_store<T, BNH>(d, out, ring.m0(tile) + cw * 64 + warp * 16 + lane / 4, ring.n0(tile) + 2 * (lane % 4),
-                             M, I);
+            gw_store<T, BNH>(d, out, ring.m0(tile) + cw * 64 + warp * 16, ring.n0(tile) + 2 * (lane % 4), M, I,
+                             GwScale{parts, tiles, H, eps}, lane);
         }
     }
 #endif
@@ -177,7 +212,7 @@ __global__ void __launch_bounds__(384, CTAS)
 template <typename T, int BNH, int STAGES>
 __global__ void __launch_bounds__(384, 1)
     gemm_wg_swiglu_pp(const void* __restrict__ tmx, const void* __restrict__ tmw, T* __restrict__ out, int M, int I,
-                      int K) {
+                      int K, const float* __restrict__ parts, int tiles, int H, float eps) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     extern __shared__ unsigned char smem_raw[];
     using Ring = GwRing<BNH, STAGES>;
@@ -222,9 +257,10 @@ __global__ void __launch_bounds__(384, 1)
             wgmma_keep(d0);
             wgmma_keep(d1);
             ring.give_back(it - 1, lane);
-            const int r0 = ring.m0(tile) + warp * 16 + lane / 4, c0 = ring.n0(tile) + 2 * (lane % 4);
-            gw_store<T, BNH>(d0, out, r0, c0, M, I);
-            gw_store<T, BNH>(d1, out, r0 + 64, c0, M, I);
+            const int rw = ring.m0(tile) + warp * 16, c0 = ring.n0(tile) + 2 * (lane % 4);
+            const GwScale sc{parts, tiles, H, eps};
+            gw_store<T, BNH>(d0, out, rw, c0, M, I, sc, lane);
+            gw_store<T, BNH>(d1, out, rw + 64, c0, M, I, sc, lane);
         }
     }
 #endif

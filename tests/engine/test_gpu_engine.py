@@ -131,15 +131,18 @@ def test_gemv_swiglu_changes_no_token(tiny_bf16, monkeypatch):
     plan_changes_no_token(tiny_bf16, reqs, edit, "gemv_swiglu", monkeypatch)
 
 
-def test_decode_gate_up_on_wg_changes_no_token(tiny_bf16, monkeypatch):
-    """A decode step of 40 rows on Hopper runs gate_up on gemm_wg_swiglu (wgmma, SwiGLU in the epilogue, weights and
-    x by TMA through descriptors made on the eager step before a capture): from graphs (PDL) and eagerly it gives
-    the same tokens, and those of cuBLAS + silu_mul up to bf16 roundings (the two sum K in other orders)."""
+@pytest.mark.parametrize("batch, kernel", [(40, "gemm_wg_swiglu"), (5, "gemm_wg_swiglu_scaled")])
+def test_decode_gate_up_on_wg_changes_no_token(tiny_bf16, monkeypatch, batch, kernel):
+    """A decode step on Hopper runs gate_up on gemm_wg_swiglu (wgmma, SwiGLU in the epilogue, weights and x by TMA
+    through descriptors made on the eager step before a capture; at 5 rows after a gemm_skinny_norm o, with the
+    norm's scale in the epilogue too): from graphs (PDL) and eagerly it gives the same tokens, and those of cuBLAS +
+    silu_mul (or silu_mul_scaled) up to bf16 roundings (the two sum K in other orders)."""
     if not tiny_bf16.backend.kernels.sm90:
         pytest.skip("gemm_wg_swiglu needs an sm_90 (Hopper) GPU")
-    reqs = prompts(np.random.default_rng(72), tiny_bf16.cfg.vocab_size, 40)
-    edit = lambda p: dataclasses.replace(p, gate_up="blas", swiglu="silu_mul") if p.gate_up == "wg" else None
-    plan_changes_no_token(tiny_bf16, reqs, edit, "gemm_wg_swiglu", monkeypatch, exact=False)
+    reqs = prompts(np.random.default_rng(72), tiny_bf16.cfg.vocab_size, batch)
+    plain = {"epilogue": "silu_mul", "scaled": "scaled"}
+    edit = lambda p: dataclasses.replace(p, gate_up="blas", swiglu=plain[p.swiglu]) if p.gate_up == "wg" else None
+    plan_changes_no_token(tiny_bf16, reqs, edit, kernel, monkeypatch, exact=False)
 
 
 def test_down_slices_change_no_token_fp32(monkeypatch):

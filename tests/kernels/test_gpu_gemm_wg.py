@@ -80,6 +80,37 @@ def test_matches_gemm_then_silu_mul_closely():
     assert np.mean(steps > 2) < 1e-3, f"{np.mean(steps > 2):.2e} of the elements more than 2 bf16 steps apart"
 
 
+@pytest.mark.parametrize("config", GW_CONFIGS, ids=lambda c: "bnh{}x{}x{}{}".format(*c[:3], "pp" if c[3] else ""))
+@pytest.mark.parametrize("M, I, Kin", [(8, 4864, 896), (32, 8192, 2048), (130, 344, 200)])
+def test_scaled_epilogue(config, M, I, Kin):
+    """After a gemm_skinny_norm o (decode steps of 2-32 rows), the RMSNorm's per-row scale in the epilogue: against
+    the twin (gemm_wg_swiglu_scaled), and against cuBLAS + silu_mul_scaled (the two kernels it replaces, which sum K
+    in another order: nearly every element equal or a bf16 step apart); rows past M not stored."""
+    from kernels.gemm_wg import gemm_wg_swiglu_scaled
+    from toolkit.backends.cuda import CudaBackend
+
+    x, w, _ = case(M, I, Kin, "bfloat16", seed=5)
+    tiles = Kin // 16
+    parts = (np.random.default_rng(M).random((tiles, M)) * 16).astype(np.float32)
+    ref = np.empty((M, I), np.float32)
+    gemm_wg_swiglu_scaled(x, w, parts, 1e-6, ref)
+    be = CudaBackend("bfloat16")
+    xd, wd, pd = be.from_host(x), be.from_host(w), cp.asarray(parts)
+    out = dev(np.full((M + 3, I), SENTINEL), "bfloat16")
+    be.kernels.gemm_wg_swiglu(xd, wd, out[:M], config=config, parts=pd, eps=1e-6)
+    got = host(out, "bfloat16")
+    assert (got[M:] == SENTINEL).all(), "stored rows past M"
+    check(f"gemm_wg_swiglu scaled M={M} I={I} K={Kin} {config}", got[:M], ref, "bfloat16")
+    gu, a = be.empty((M, 2 * I)), be.empty((M, I))
+    be.linear(xd, wd, gu)
+    be.silu_mul_scaled(gu, pd, 1e-6, a)
+    ga = be.to_host(a)
+    steps = np.abs(ga - got[:M]) / np.maximum(np.abs(ga), 1e-6) / 2.0 ** -7
+    assert np.mean(steps > 2) < 1e-3, f"{np.mean(steps > 2):.2e} of the elements more than 2 bf16 steps apart"
+    with pytest.raises(ValueError, match="gemm_wg_swiglu"):
+        be.kernels.gemm_wg_swiglu(xd, wd, out[:M], parts=pd[:, :-1], eps=1e-6)  # parts of other rows
+
+
 def test_rows_of_a_view():
     """The engine passes the first rows of its scratch buffers: a view whose rows are the prompt's."""
     M, I, Kin = 300, 256, 128

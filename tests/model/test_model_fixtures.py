@@ -65,9 +65,10 @@ def score_with_plan(name, monkeypatch, spy, **forced):
 
 # GPU plans on the CPU twins. Each twin computes its kernel's function in fp32; those marked `same` take the very
 # same float operations as the plain path (the projection twins are the BLAS product; gemv_swiglu's and
-# gemm_wg_swiglu's are that product and silu_mul), so their logits are bit-identical. The others sum in another order (the norm split over the o
-# projection and the scale after gate_up; K in slices; decode attention in the tensor-core kernel's tiles), and
-# are held to model_bound (tests/tolerance.py): two float32 runs of the model's accumulations, rounded differently.
+# gemm_wg_swiglu's are that product and silu_mul), so their logits are bit-identical. The others sum in another
+# order (the norm split over the o projection and the scale after gate_up; K in slices; decode attention in the
+# tensor-core kernel's tiles), and are held to model_bound (tests/tolerance.py): two float32 runs of the model's
+# accumulations, rounded differently.
 # Both plans are also held to the model-level bar against transformers' fp32 logits, 1e-4.
 PLANS = {
     "gemv": (dict(qkv="gemv", o="gemv", gate_up="gemv", swiglu="epilogue", down="gemv"), "gemv_swiglu", True),
@@ -76,6 +77,7 @@ PLANS = {
     "wg": (dict(gate_up="wg", swiglu="epilogue"), "gemm_wg_swiglu", True),
     "skinny_rope": (dict(qkv="skinny_rope"), "gemm_skinny_rope", True),
     "skinny_norm": (dict(o="skinny_norm", swiglu="scaled"), "gemm_skinny_norm", False),
+    "wg_scaled": (dict(o="skinny_norm", gate_up="wg", swiglu="scaled"), "gemm_wg_swiglu_scaled", False),
     "slices": (dict(down="slices", down_slices=2), "add_rmsnorm_partials", False),
     "tc_attention": (dict(decode_attention="tc", prefill_attention="tc"), "decode_attention_tc", False),
     "stream_attention": (dict(decode_attention="stream"), "decode_attention_stream", False),

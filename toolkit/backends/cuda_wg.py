@@ -1,5 +1,5 @@
-"""Launcher of kernels/gemm_wg.cu: a prompt's gate_up projection with SwiGLU as its epilogue, on Hopper's wgmma with
-TMA loads (sm_90 GPUs, 16-bit types).
+"""Launcher of kernels/gemm_wg.cu: a decode step's gate_up projection with SwiGLU as its epilogue, on Hopper's wgmma
+with TMA loads (sm_90 GPUs, 16-bit types).
 
 The kernel reads x and the gate_up weight through TMA descriptors ("tensor maps": the matrix's address, shape and
 row stride, the box a copy moves and its 128-byte swizzle), made on the host by the driver
@@ -68,23 +68,33 @@ class WgGemms:
             tm = self._tmaps[key] = self.cp.asarray(np.array(tmap.opaque, dtype=np.uint64))
         return tm
 
-    def gemm_wg_swiglu(self, x, w, out, *, config=None):
+    def gemm_wg_swiglu(self, x, w, out, *, config=None, parts=None, eps=0.0):
         """out[M, I] = silu(x @ w[:I].T) * (x @ w[I:].T) for x [M, K], w = gate_up [2I, K]: silu_mul's bits from a
-        gate_up product rounded to the storage type, never written. sm_90 GPUs, 16-bit types, I and K multiples of
-        8, 16-byte aligned x and w. config: one of GW_CONFIGS instead of the plan's (dev/, tests)."""
+        gate_up product rounded to the storage type, never written. With parts (float32 [tiles, M], the sums of
+        squares gemm_skinny_norm left), silu_mul_scaled's bits: each row's product scaled by its RMSNorm inv =
+        rsqrt(sum / (16 tiles) + eps) first. sm_90 GPUs, 16-bit types, I and K multiples of 8, 16-byte aligned x and
+        w. config: one of GW_CONFIGS instead of the plan's (dev/, tests)."""
         bnh, stages, ctas, pp = config = config or GW_CONFIG
         self._check("gemm_wg_swiglu", self.storage, x, w, out)
         M, K = x.shape
         I = w.shape[0] // 2
         if (not self.sm90 or self.itemsize != 2 or config not in GW_CONFIGS or w.shape != (2 * I, K)
                 or out.shape != (M, I) or not gw_shape_ok(M, I, K) or x.data.ptr % 16 or w.data.ptr % 16
-                or out.data.ptr % 4):
-            raise ValueError(f"gemm_wg_swiglu: x {x.shape}, w {w.shape}, out {out.shape} in {self.dtype} (an sm_90 "
-                             f"GPU, 16-bit types, w [2I, K], out [M, I], I and K multiples of 8, x and w 16-byte "
-                             f"aligned)")
-        tiles = -(-M // GW_BM) * -(-I // bnh)
+                or out.data.ptr % 4 or (parts is not None and (parts.ndim != 2 or parts.shape[1] != M))):
+            raise ValueError(f"gemm_wg_swiglu: x {x.shape}, w {w.shape}, out {out.shape}"
+                             f"{'' if parts is None else f', parts {parts.shape}'} in {self.dtype} (an sm_90 GPU, "
+                             f"16-bit types, w [2I, K], out [M, I], parts [tiles, M], I and K multiples of 8, x and w "
+                             f"16-byte aligned)")
+        tiles = parts.shape[0] if parts is not None else 0
+        if parts is not None:
+            self._check("gemm_wg_swiglu", np.dtype(np.float32), parts)
         smem = smem_bytes(bnh, stages)
         f = self._fn("gemm_wg", kernel_name(self.ctype, config), smem, sm90a=True)
         args = (self._tensor_map(x, M, K, GW_BM), self._tensor_map(w, 2 * I, K, bnh), out, np.int32(M), np.int32(I),
-                np.int32(K))
-        self._go(f, (min(tiles, ctas * self.num_sms),), (384,), args, smem)  # PDL in a decode step's chain
+                np.int32(K), parts, np.int32(tiles), np.int32(16 * tiles), np.float32(eps))
+        grid = min(-(-M // GW_BM) * -(-I // bnh), ctas * self.num_sms)
+        self._go(f, (grid,), (384,), args, smem)  # PDL in a decode step's chain (GwRing::produce)
+
+    def gemm_wg_swiglu_scaled(self, x, w, parts, eps, out):
+        """gemm_wg_swiglu with silu_mul_scaled's bits: the decode step's gate_up after a gemm_skinny_norm o."""
+        self.gemm_wg_swiglu(x, w, out, parts=parts, eps=eps)

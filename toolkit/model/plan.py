@@ -11,7 +11,8 @@ hand: `dataclasses.replace(model.plan(step, options), o="skinny")`.
     gate_up  blas | tuned | gemv | skinny | wg     (wg: a decode step's rows on Hopper's wgmma and TMA, SwiGLU in
                                                    the epilogue)
     swiglu   silu_mul | epilogue | scaled         (epilogue: inside gate_up's GEMV, skinny GEMM or wg GEMM;
-                                                   scaled: silu_mul_scaled, after an o of skinny_norm)
+                                                   scaled: after an o of skinny_norm, silu_mul_scaled or inside
+                                                   gate_up's wg GEMM)
     down     blas | tuned | gemv | skinny | slices        (slices: down_slices fp32 partial products over K,
                                                            summed by the next add_rmsnorm: no split-K reduce)
     lm_head  blas | tuned | gemv | skinny
@@ -59,7 +60,7 @@ TUNED_MIN_ROWS = 512
 # its TMA ring streams the weights at (near) HBM speed and SwiGLU's bits come from its epilogue, where cuBLAS's
 # GEMM and silu_mul took two launches and wrote and read back the [rows, 2I] product. At a prompt's rows it lost
 # to cuBLAS (experiments/NOTEBOOK.md, gemm_wg).
-WG_DECODE_ROWS = (33, 128)
+WG_DECODE_ROWS = (2, 128)
 
 PROJECTIONS = ("blas", "tuned", "gemv", "skinny")
 # The backend op of each prefill attention kind of the plan.
@@ -86,7 +87,7 @@ class StepPlan:
               and self.lm_head in PROJECTIONS and (self.down == "slices") == (self.down_slices > 1)
               and self.swiglu in ("silu_mul", "epilogue", "scaled")
               and (self.swiglu == "scaled") == (self.o == "skinny_norm")
-              and (self.gate_up != "wg" or self.swiglu == "epilogue")  # (no plain wg projection)
+              and (self.gate_up != "wg" or self.swiglu in ("epilogue", "scaled"))  # (no plain wg projection)
               and (self.swiglu != "epilogue" or self.gate_up in ("gemv", "skinny", "wg"))
               and self.decode_attention in ("cuda_cores", "tc", "stream")
               and self.prefill_attention in PREFILL_OPS)
@@ -96,7 +97,8 @@ class StepPlan:
     def describe(self) -> str:
         """One line for the UI and bench: the kernel of each op."""
         down = f"{self.down_slices} slices" if self.down == "slices" else self.down
-        swiglu = {"silu_mul": "+silu_mul", "epilogue": " swiglu", "scaled": "+scaled silu"}[self.swiglu]
+        swiglu = {"silu_mul": "+silu_mul", "epilogue": " swiglu",
+                  "scaled": " scaled swiglu" if self.gate_up == "wg" else "+scaled silu"}[self.swiglu]
         return (f"qkv {self.qkv} · o {self.o} · gate_up {self.gate_up}{swiglu} · down {down} · lm_head "
                 f"{self.lm_head} · attention {self.decode_attention}/{self.prefill_attention}"
                 f"{' · sparse' if self.sparse is not None else ''}{' · pdl' if self.pdl else ''}")
@@ -165,8 +167,8 @@ def make_plan(backend, cfg, rows: int, decodes: int, context_bucket: int, option
         o = "skinny_norm"  # RMSNorm(h) * w = inv * (h * w): inv, one number a row, commutes with gate_up's GEMM
     gate_up = project(2 * I, H)
     lo, hi = WG_DECODE_ROWS
-    if ours and pure_decode and backend.sm90 and lo <= rows <= hi and gw_shape_ok(rows, I, H) and o != "skinny_norm":
-        gate_up = "wg"  # (an o of skinny_norm leaves gate_up its norm's per-row scale: silu_mul_scaled's)
+    if ours and pure_decode and backend.sm90 and lo <= rows <= hi and gw_shape_ok(rows, I, H):
+        gate_up = "wg"  # (after an o of skinny_norm its epilogue applies the norm's per-row scale too)
     swiglu = "scaled" if o == "skinny_norm" else "epilogue" if gate_up in ("gemv", "skinny", "wg") else "silu_mul"
     slices = next((s for top, s in DOWN_SLICES if 2 <= rows <= top), 0) if ours and pure_decode else 0
     slices = next((s for s in range(slices, 1, -1) if I % (8 * s) == 0), 0)  # each slice 16-byte aligned
