@@ -53,8 +53,9 @@
 #                  scheduler, throughput and instruction sections for wg, wgp, wgt and wgtf at the 0.5B's heads,
 #                  4,096 tokens (each kernel's first launch: the script's correctness call), then a summary of each
 #   decode_wg      gemm_wg_swiglu at decode rows (1-128) against cuBLAS + silu_mul and gemv_swiglu, weights cycled
-#                  over 8 copies past the L2 (dev/gemm_wg.py --copies 8), then at 4,096 rows (every config, the
-#                  ping-pong one included), then its GPU tests
+#                  over 8 copies past the L2 (dev/gemm_wg.py --copies 8); its GPU tests and the engine's that run
+#                  it; the decode step of the 0.5B and Llama at batch 1-128 on this tree and on _base/'s; then
+#                  gemm_wg at 4,096 rows (every config, the ping-pong one included)
 #   tune_startup   the start-up measurement of the tuned projections: its GPU tests, its seconds on the four shapes
 #                  (dev/tune_startup.py), then bench throughput (whose first repeat paid for it before)
 #   close          a session's closing run: every GPU test, the peer, throughput, the sampler, the attribution
@@ -243,9 +244,18 @@ if run prefill; then
 fi
 if run decode_wg; then
   timeout 150 python3 dev/gemm_wg.py --tokens 1,8,32,64,128 --copies 8 --repeats 5 2>&1 | tee "$OUT/gemm_wg_decode.log"
+  timeout 150 python3 -m pytest -q -m gpu tests/kernels/test_gpu_gemm_wg.py tests/kernels/test_cuda_compile.py \
+    tests/engine/test_gpu_engine.py -k "gemm_wg or wgmma or wg_changes or pdl_changes" 2>&1 \
+    | tee "$OUT/gpu_tests_decode_wg.log" | tail -5
+  for tree in . _base; do  # the decode step, this tree against an older one in _base/ (main's), same call
+    [ -d "$tree/toolkit" ] || continue
+    echo "== tree $tree"
+    for s in qwen2.5-0.5b llama-3.2-1b; do
+      (cd "$tree" && timeout 100 $B --shape $s --batch 1,8,32,64,128 --depth 0 --decode 64 --prefill 0 -r 3 2>&1) \
+        | grep "^| tg" | sed "s/^/$s /"
+    done
+  done 2>&1 | tee "$OUT/bench_decode_wg_ab.log"
   timeout 60 python3 dev/gemm_wg.py --tokens 4096 --repeats 5 2>&1 | tee "$OUT/gemm_wg_4096.log"
-  timeout 120 python3 -m pytest -q -m gpu tests/kernels/test_gpu_gemm_wg.py 2>&1 | tee "$OUT/gpu_tests_gemm_wg.log" \
-    | tail -5
 fi
 if run table; then
   # the rest of a table: TABLE_FROM names an earlier call's suite.json (kept, e.g. in experiments/logs/), whose cells
