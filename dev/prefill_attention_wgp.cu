@@ -218,19 +218,6 @@ prefill_attention_wgp(const T* __restrict__ q, const T* __restrict__ k_cache, co
 // tile ahead, into registers), so no smem slot list needs guarding either.
 // ---------------------------------------------------------------------------------------------------------------
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-__device__ __forceinline__ void mbar_init(unsigned long long* bar, unsigned count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(unsigned long long* bar) {
-    asm volatile("{\n .reg .b64 st;\n mbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(smem_addr(bar)) : "memory");
-}
-// Wait for the phase of parity `parity` of the barrier to complete (the k-th completion has parity k % 2).
-__device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned parity) {
-    unsigned done = 0;
-    while (!done)
-        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-                     " selp.u32 %0, 1, 0, p;\n}\n" : "=r"(done) : "r"(smem_addr(bar)), "r"(parity) : "memory");
-}
 // Barrier ids as immediates: a register id makes ptxas reserve all 16 of the block's barriers.
 template <int ID> __device__ __forceinline__ void named_sync() {
     asm volatile("bar.sync %0, 256;\n" ::"n"(ID) : "memory");

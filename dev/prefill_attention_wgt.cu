@@ -29,19 +29,6 @@
 // tokens, LOOP 1 and 2 10-25% slower. FAST gains 1-4% over LOOP 0, and at D 128 / BN 128 it is 6-7% faster than the
 // plan's wg (the same softmax in wg itself gained nothing: -1.6% to +3.2%).
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-__device__ __forceinline__ void mbar_expect_tx(unsigned long long* bar, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes)
-                 : "memory");
-}
-__device__ __forceinline__ void fence_barrier_init() {
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-}
-// One box of a 2-D tensor map (coordinates: column c0, row c1) into smem, completing `bytes` on the barrier.
-__device__ __forceinline__ void tma_load_2d(void* dst, const void* tmap, int c0, int c1, unsigned long long* bar) {
-    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], "
-                 "[%4];\n" ::"r"(smem_addr(dst)), "l"(tmap), "r"(c0), "r"(c1), "r"(smem_addr(bar))
-                 : "memory");
-}
 // Barrier 3 + wg over one warpgroup's 128 threads (ids as immediates: a register id reserves all 16 barriers).
 __device__ __forceinline__ void wg_bar(int wg) {
     if (wg == 0) asm volatile("bar.sync 3, 128;\n" ::: "memory");
