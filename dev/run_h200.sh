@@ -54,8 +54,7 @@
 #                  4,096 tokens (each kernel's first launch: the script's correctness call), then a summary of each
 #   decode_wg      gemm_wg_swiglu at decode rows (1-128) against cuBLAS + silu_mul and gemv_swiglu, weights cycled
 #                  over 8 copies past the L2 (dev/gemm_wg.py --copies 8); its GPU tests and the engine's that run
-#                  it; the decode step of the 0.5B and Llama at batch 1-128 on this tree and on _base/'s; then
-#                  gemm_wg at 4,096 rows (every config, the ping-pong one included)
+#                  it; the decode step of the 0.5B and Llama at batch 1-128 on this tree and on _base/'s
 #   tune_startup   the start-up measurement of the tuned projections: its GPU tests, its seconds on the four shapes
 #                  (dev/tune_startup.py), then bench throughput (whose first repeat paid for it before)
 #   close          a session's closing run: every GPU test, the peer, throughput, the sampler, the attribution
@@ -245,7 +244,7 @@ fi
 if run decode_wg; then
   timeout 150 python3 dev/gemm_wg.py --tokens 1,8,32,64,128 --copies 8 --repeats 5 2>&1 | tee "$OUT/gemm_wg_decode.log"
   timeout 150 python3 -m pytest -q -m gpu tests/kernels/test_gpu_gemm_wg.py tests/kernels/test_cuda_compile.py \
-    tests/engine/test_gpu_engine.py -k "gemm_wg or wgmma or wg_changes or pdl_changes" 2>&1 \
+    tests/engine/test_gpu_engine.py -k "gemm_wg or wg_changes or pdl_changes" 2>&1 \
     | tee "$OUT/gpu_tests_decode_wg.log" | tail -5
   for tree in . _base; do  # the decode step, this tree against an older one in _base/ (main's), same call
     [ -d "$tree/toolkit" ] || continue
@@ -255,7 +254,6 @@ if run decode_wg; then
         | grep "^| tg" | sed "s/^/$s /"
     done
   done 2>&1 | tee "$OUT/bench_decode_wg_ab.log"
-  timeout 60 python3 dev/gemm_wg.py --tokens 4096 --repeats 5 2>&1 | tee "$OUT/gemm_wg_4096.log"
 fi
 if run table; then
   # the rest of a table: TABLE_FROM names an earlier call's suite.json (kept, e.g. in experiments/logs/), whose cells
