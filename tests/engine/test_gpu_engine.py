@@ -145,6 +145,21 @@ def test_decode_gate_up_on_wg_changes_no_token(tiny_bf16, monkeypatch, batch, ke
     plan_changes_no_token(tiny_bf16, reqs, edit, kernel, monkeypatch, exact=False)
 
 
+@pytest.mark.parametrize("batch", [8, 128])
+def test_decode_gate_up_on_wg_at_a_bench_shape(batch):
+    """The 0.5B shape's decode graphs with gate_up on wg, replayed step after step as bench replays them. Session
+    23's bench died here with CUDA_ERROR_ILLEGAL_INSTRUCTION (batch 1-128, no launch blocking) while every test
+    above passed (experiments/NOTEBOOK.md: gemm_wg at decode rows): the next attempt starts from this test."""
+    eng = build_engine(shape="qwen2.5-0.5b", device="cuda", dtype="bfloat16", max_context=64, max_num_seqs=batch,
+                       kv_cache_tokens=64 * batch)
+    if not eng.backend.kernels.sm90:
+        pytest.skip("gemm_wg_swiglu needs an sm_90 (Hopper) GPU")
+    reqs = prompts(np.random.default_rng(73), eng.cfg.vocab_size, batch, 3, 10)
+    tokens, steps = run_batch(eng, reqs, 24)
+    assert any(s.plan.gate_up == "wg" and s.graph for s in steps)
+    assert all(len(t) == 24 for t in tokens)
+
+
 def test_down_slices_change_no_token_fp32(monkeypatch):
     """The down projection in slices (decode steps of 2-128 rows) gives the tokens of one cuBLAS call in fp32
     (only the fp32 summation order differs), from graphs and eagerly (batch 5: 2 slices of the tiny shape's 688
