@@ -265,3 +265,120 @@ __global__ void __launch_bounds__(384, 1)
     }
 #endif
 }
+
+// A decode step's gate_up, the operands swapped (y^T = W x^T, as gemm_skinny does on mma.sync): the weights are
+// wgmma's m64 side and the step's rows its n side (NB = the rows padded to 8-128), so a stage is 8 KB of weights and
+// NB x 128 bytes of x, and a tile of 32 output columns reads its 64 weight rows once. The cooperative and ping-pong
+// kernels above put x on the m side: a 128-row box a stage whatever the batch (at BNH 32, 16 KB of x for each 8 KB
+// of weights), and at BNH 64-128 the 0.5B's 4,864 columns are only 38-76 tiles (session 23 measured them at 31-38%
+// of the H100's bandwidth on the small shapes, experiments/NOTEBOOK.md). Here:
+//   * A stage's A tile is gate rows n0..n0+31 stacked over up rows I+n0..I+n0+31 (two TMA boxes of 32 rows, one
+//     128-byte-swizzled 64-row tile), its B tile x's rows 0..NB-1 (rows past M are TMA's zeros). One m64nNBk16
+//     wgmma a 16-wide k slice gives gate (accumulator rows 0-31: warps 0 and 1) and up (rows 32-63: warps 2, 3).
+//   * STAGES covers most or all of K (the 0.5B's 14 k-steps at NB <= 32): a block has its tile's weights in flight
+//     at once, one DRAM round trip, not K / STAGES of them; one block an SM (about 210 KB of ring).
+//   * Warp 4 is the producer: the first stages' weight boxes go out before pdl_wait (as GwRing::produce).
+//   * Epilogue: warps 2, 3 leave up, rounded to T, in shared memory; warps 0, 1 apply SwiGLU (and GwScale's inv, a
+//     step row's, from shared memory) and store out[row][n0 + column], 2 bytes a store (M x 32 a tile).
+// One tile a block: grid ceil(I / 32), block 160. Arguments as gemm_wg_swiglu's.
+constexpr int GWT_COLS = 32;  // output columns a tile (its A tile: 32 gate rows over 32 up rows)
+
+template <typename T, int NB, int STAGES>
+__global__ void __launch_bounds__(160, 1)
+    gemm_wg_swiglu_t(const void* __restrict__ tmx, const void* __restrict__ tmw, T* __restrict__ out, int M, int I,
+                     int K, const float* __restrict__ parts, int tiles, int H, float eps) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    constexpr int A_BYTES = 2 * GWT_COLS * GW_BK * 2, B_BYTES = NB * GW_BK * 2, STAGE_BYTES = A_BYTES + B_BYTES;
+    extern __shared__ unsigned char smem_raw[];
+    unsigned char* smem = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);  // 1,024-byte aligned
+    T* up = reinterpret_cast<T*>(smem + STAGES * STAGE_BYTES);             // [GWT_COLS][NB]: up, rounded to T
+    float* inv = reinterpret_cast<float*>(up + GWT_COLS * NB);             // [NB]: GwScale's inv of each row
+    unsigned long long* full = reinterpret_cast<unsigned long long*>(inv + NB);
+    unsigned long long* empty = full + STAGES;
+    const int n0 = blockIdx.x * GWT_COLS, k_steps = (K + GW_BK - 1) / GW_BK;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < STAGES; s++) {
+            mbar_init(&full[s], 1);
+            mbar_init(&empty[s], 4);  // one arrive a consumer warp
+        }
+        fence_barrier_init();
+    }
+    __syncthreads();
+    if (warp == 4) {  // the producer
+        if (lane == 0) {
+            const int early = min(STAGES, k_steps);
+            for (int kt = 0; kt < early; kt++) {
+                unsigned char* a = smem + kt * STAGE_BYTES;
+                mbar_expect_tx(&full[kt], STAGE_BYTES);
+                tma_load_2d(a, tmw, kt * GW_BK, n0, &full[kt]);                              // gate rows
+                tma_load_2d(a + A_BYTES / 2, tmw, kt * GW_BK, I + n0, &full[kt]);            // up rows
+            }
+            pdl_enter();
+            for (int kt = 0; kt < k_steps; kt++) {
+                const int st = kt % STAGES;
+                unsigned char* a = smem + st * STAGE_BYTES;
+                if (kt >= early) {
+                    mbar_wait(&empty[st], (kt / STAGES - 1) & 1);
+                    mbar_expect_tx(&full[st], STAGE_BYTES);
+                    tma_load_2d(a, tmw, kt * GW_BK, n0, &full[st]);
+                    tma_load_2d(a + A_BYTES / 2, tmw, kt * GW_BK, I + n0, &full[st]);
+                }
+                tma_load_2d(a + A_BYTES, tmx, kt * GW_BK, 0, &full[st]);                       // x's rows
+            }
+        }
+        return;
+    }
+    // The consumer warpgroup (warps 0-3).
+    const T* tag = nullptr;
+    float d[NB / 2];
+#pragma unroll
+    for (int i = 0; i < NB / 2; i++) d[i] = 0.f;
+    for (int kt = 0; kt < k_steps; kt++) {
+        mbar_wait(&full[kt % STAGES], (kt / STAGES) & 1);
+        const unsigned char* a = smem + kt % STAGES * STAGE_BYTES;
+        const unsigned long long da = sw128_desc(a, 16), db = sw128_desc(a + A_BYTES, 16);
+        wgmma_fence();
+#pragma unroll
+        for (int k = 0; k < GW_BK / 16; k++) wgmma_ss(d, da + 2 * k, db + 2 * k, 1, tag);
+        wgmma_commit();
+        wgmma_wait<1>();
+        if (kt > 0 && lane == 0) mbar_arrive(&empty[(kt - 1) % STAGES]);
+    }
+    wgmma_wait<0>();
+    wgmma_keep(d);
+    // d[4n + e] = (row 16 warp + lane / 4 + 8 (e / 2), column 8n + 2 (lane % 4) + e % 2): row = output column n0 + r
+    // (r < 32: gate, else up, r - 32), column = the step's row.
+    const int g = lane / 4, c2 = 2 * (lane % 4);
+    if (warp >= 2) {
+#pragma unroll
+        for (int n = 0; n < NB / 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                up[(16 * (warp - 2) + g + 8 * (e / 2)) * NB + 8 * n + c2 + e % 2] = from_f32<T>(d[4 * n + e]);
+    } else if (warp == 0) {  // GwScale's inv of each step row, summed as silu_mul_scaled sums it
+        for (int m = 0; m < M && m < NB; m++) {
+            float ss = 0.0f;
+            if (parts != nullptr)
+                for (int q = lane; q < tiles; q += 32) ss += __ldcg(parts + (size_t)q * M + m);
+            for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+            if (lane == 0) inv[m] = parts != nullptr ? rsqrtf(ss / (float)H + eps) : 1.f;
+        }
+    }
+    asm volatile("bar.sync 1, 128;\n" ::: "memory");
+    if (warp < 2) {
+#pragma unroll
+        for (int n = 0; n < NB / 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int r = 16 * warp + g + 8 * (e / 2), m = 8 * n + c2 + e % 2;
+                if (m < M && n0 + r < I) {
+                    const float s = inv[m];
+                    const T gt = from_f32<T>(s * to_f32(from_f32<T>(d[4 * n + e])));
+                    const T ut = from_f32<T>(s * to_f32(up[r * NB + m]));
+                    out[(size_t)m * I + n0 + r] = swiglu(gt, ut);
+                }
+            }
+    }
+#endif
+}

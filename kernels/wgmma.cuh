@@ -88,6 +88,15 @@ template <int R> __device__ __forceinline__ void wgmma_keep(unsigned (&a)[R][4])
     "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "  \
     "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}"
 
+// The narrow tiles of gemm_wg.cu's decode kernel (n = a decode step's rows padded to 8-32: d[4..16]).
+#define WG_D4 "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+#define WG_D8 WG_D4, "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+#define WG_D16 WG_D8, "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),     \
+    "+f"(d[15])
+#define WG_R4 "{%0, %1, %2, %3}"
+#define WG_R8 "{%0, %1, %2, %3, %4, %5, %6, %7}"
+#define WG_R16 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
+
 // d (+)= A B for a 64 x N x 16 step, A and B both K-major in smem (descriptors a, b); accumulate 0 overwrites d.
 #define WG_SS(N, DL, RL, AB, ACC, TY, TT)                                                                            \
     __device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], unsigned long long a, unsigned long long b,         \
@@ -104,6 +113,12 @@ template <int R> __device__ __forceinline__ void wgmma_keep(unsigned (&a)[R][4])
                      "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TY "." TY " " RL ", " AB ", p, 1, 1, 1;\n}\n" \
                      : DL : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));                           \
     }
+WG_SS(8, WG_D4, WG_R4, "%4, %5", "%6", "bf16", __nv_bfloat16)
+WG_SS(8, WG_D4, WG_R4, "%4, %5", "%6", "f16", __half)
+WG_SS(16, WG_D8, WG_R8, "%8, %9", "%10", "bf16", __nv_bfloat16)
+WG_SS(16, WG_D8, WG_R8, "%8, %9", "%10", "f16", __half)
+WG_SS(32, WG_D16, WG_R16, "%16, %17", "%18", "bf16", __nv_bfloat16)
+WG_SS(32, WG_D16, WG_R16, "%16, %17", "%18", "f16", __half)
 WG_SS(64, WG_D32, WG_R32, "%32, %33", "%34", "bf16", __nv_bfloat16)
 WG_SS(64, WG_D32, WG_R32, "%32, %33", "%34", "f16", __half)
 WG_SS(128, WG_D64, WG_R64, "%64, %65", "%66", "bf16", __nv_bfloat16)

@@ -91,7 +91,9 @@ def test_sm90a_kernels_compile_with_wgmma(op):
         assert "spill" not in line or re.search(r"\b0 bytes spill stores, 0 bytes spill loads", line), line
         assert "serialized" not in line, f"ptxas could not pipeline the wgmma instructions: {line}"
     for name, low in lowered.items():
-        assert regs.get(low, 0) > 64, f"{name}: {regs.get(low)} registers, so not the wgmma build"
+        # (a plain sm_90 build of these kernels is their empty #else: 4 registers; gemm_wg_swiglu_t's narrowest
+        # wgmma build uses 40-odd)
+        assert regs.get(low, 0) > 24, f"{name}: {regs.get(low)} registers, so not the wgmma build"
         # The host sizes prefill_attention_wg's key splits from its resident blocks an SM (WG_BLOCKS_PER_SM): at
         # head dim 64 two, which 256 threads a block get only within 128 registers a thread.
         m = re.match(r"prefill_attention_wg<\w+, (\d+),", name)

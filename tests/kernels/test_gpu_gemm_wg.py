@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from kernels.gemm_wg import gemm_wg_swiglu
-from toolkit.backends.cuda_wg import GW_CONFIGS
+from toolkit.backends.cuda_wg import GW_CONFIGS, T_CONFIG, config_id
 
 cp = pytest.importorskip("cupy")
 from tests.gpu_arrays import dev, rounded  # noqa: E402
@@ -42,9 +42,13 @@ CASES = [(4096, 4864, 896), (1000, 3072, 1024), (700, 8192, 2048), (513, 8960, 1
          (33, 4864, 896), (64, 3072, 1024), (128, 8192, 2048), (100, 8960, 1536), (1, 4864, 896)]
 
 
+# Every configuration at every case it takes (the swapped decode kernel, T_CONFIG: up to 128 rows).
+CONFIG_CASES = [pytest.param(c, *case, id=f"{config_id(c)}-{'-'.join(map(str, case))}") for c in GW_CONFIGS
+                for case in CASES if c != T_CONFIG or case[0] <= 128]
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-@pytest.mark.parametrize("config", GW_CONFIGS, ids=lambda c: "bnh{}x{}x{}{}".format(*c[:3], "pp" if c[3] else ""))
-@pytest.mark.parametrize("M, I, Kin", CASES)
+@pytest.mark.parametrize("config, M, I, Kin", CONFIG_CASES)
 def test_gemm_wg_swiglu(dtype, config, M, I, Kin):
     x, w, ref = case(M, I, Kin, dtype)
     k = K(dtype)
@@ -73,15 +77,15 @@ def test_matches_gemm_then_silu_mul_closely():
     gu, a, b = be.empty((M, 2 * I)), be.empty((M, I)), be.empty((M, I))
     be.linear(xd, wd, gu)
     be.silu_mul(gu, a)
-    be.gemm_wg_swiglu(xd, wd, b)
+    be.kernels.gemm_wg_swiglu(xd, wd, b, config=(128, 4, 1, 0))  # (a prompt's rows: the cooperative kernel)
     ga, gb = be.to_host(a), be.to_host(b)
     check("gemm_wg_swiglu vs cuBLAS + silu_mul", gb, ga, "bfloat16")
     steps = np.abs(ga - gb) / np.maximum(np.abs(ga), 1e-6) / 2.0 ** -7
     assert np.mean(steps > 2) < 1e-3, f"{np.mean(steps > 2):.2e} of the elements more than 2 bf16 steps apart"
 
 
-@pytest.mark.parametrize("config", GW_CONFIGS, ids=lambda c: "bnh{}x{}x{}{}".format(*c[:3], "pp" if c[3] else ""))
-@pytest.mark.parametrize("M, I, Kin", [(8, 4864, 896), (32, 8192, 2048), (130, 344, 200)])
+@pytest.mark.parametrize("config", GW_CONFIGS, ids=config_id)
+@pytest.mark.parametrize("M, I, Kin", [(8, 4864, 896), (32, 8192, 2048), (120, 344, 200)])
 def test_scaled_epilogue(config, M, I, Kin):
     """After a gemm_skinny_norm o (decode steps of 2-32 rows), the RMSNorm's per-row scale in the epilogue: against
     the twin (gemm_wg_swiglu_scaled), and against cuBLAS + silu_mul_scaled (the two kernels it replaces, which sum K
@@ -112,8 +116,8 @@ def test_scaled_epilogue(config, M, I, Kin):
 
 
 def test_rows_of_a_view():
-    """The engine passes the first rows of its scratch buffers: a view whose rows are the prompt's."""
-    M, I, Kin = 300, 256, 128
+    """The engine passes the first rows of its scratch buffers: a view whose rows are the step's."""
+    M, I, Kin = 100, 256, 128  # (the NaN rows past M lie inside the swapped kernel's 128-row box: not read)
     x, w, ref = case(M, I, Kin, "bfloat16", seed=4)
     k = K("bfloat16")
     big = dev(np.concatenate([x, np.full((200, Kin), np.nan, np.float32)]), "bfloat16")
@@ -122,12 +126,13 @@ def test_rows_of_a_view():
     check("gemm_wg_swiglu on a view", host(out, "bfloat16"), ref, "bfloat16")
 
 
-@pytest.mark.parametrize("M, I, Kin, why", [(64, 100, 128, "I"), (64, 128, 100, "K")])
+@pytest.mark.parametrize("M, I, Kin, why", [(64, 100, 128, "I"), (64, 128, 100, "K"), (129, 128, 128, "M")])
 def test_refuses_shapes_it_does_not_take(M, I, Kin, why):
+    """I and K of whole 16-byte rows; the swapped decode kernel (the plan's) up to 128 rows."""
     k = K("bfloat16")
     x, w = cp.zeros((M, Kin), cp.uint16), cp.zeros((2 * I, Kin), cp.uint16)
     with pytest.raises(ValueError, match="gemm_wg_swiglu"):
-        k.gemm_wg_swiglu(x, w, cp.zeros((M, I), cp.uint16))
+        k.gemm_wg_swiglu(x, w, cp.zeros((M, I), cp.uint16), config=T_CONFIG)
 
 
 def test_refuses_fp32():

@@ -11,23 +11,56 @@ data is, so an array freed and another of the same shape made at the same addres
 import numpy as np
 
 GW_BM, GW_BK = 128, 64   # rows a tile and K a stage (GW_BM, GW_BK in gemm_wg.cu)
-# (BNH, STAGES, CTAS, PP): output columns a tile, stages of the ring, blocks an SM, and PP 1 for the ping-pong
-# kernel (each consumer warpgroup its own 128-row tiles, taking turns), 0 for the cooperative one (both on each
-# tile). GW_CONFIG is the plan's; GW_CONFIGS every instantiation (dev/gemm_wg.py times each, the GPU tests run each).
-GW_CONFIG = (128, 4, 1, 0)
+# (BNH, STAGES, CTAS, KIND): output columns a tile, stages of the ring, blocks an SM, and the kernel: KIND 0 the
+# cooperative one (both consumer warpgroups on each 128-row tile), 1 the ping-pong one (each consumer warpgroup its
+# own tiles, taking turns), 2 the decode one with the operands swapped (gemm_wg_swiglu_t: 32 columns a tile, the
+# step's rows padded to NB as wgmma's n, STAGES by NB: T_STAGES). GW_CONFIG is the plan's; GW_CONFIGS every
+# configuration (dev/gemm_wg.py times each, the GPU tests run each).
+T_CONFIG = (32, 0, 1, 2)
+GW_CONFIG = T_CONFIG
 # (Session 22's (64, 3, 2, 0) needs more than the 80 registers two blocks an SM leave, now that gate and up are one
 # wgmma: ptxas refuses it.)
-GW_CONFIGS = ((128, 4, 1, 0), (64, 6, 1, 0), (64, 6, 1, 1), (32, 8, 1, 0), (32, 4, 2, 0))
+GW_CONFIGS = ((128, 4, 1, 0), (64, 6, 1, 0), (64, 6, 1, 1), (32, 8, 1, 0), (32, 4, 2, 0), T_CONFIG)
+# gemm_wg_swiglu_t's instantiations: NB (the rows padded: wgmma's n) -> stages, as many as about 220 KB of shared
+# memory hold (a stage is 8 KB of weights and NB x 128 bytes of x): most or all of a tile's K in flight at once.
+T_STAGES = {8: 24, 16: 21, 32: 17, 64: 13, 128: 8}
+T_COLS = 32  # output columns a tile (GWT_COLS)
 
 
-def kernel_name(ctype: str, config: tuple) -> str:
-    bnh, stages, ctas, pp = config
-    return f"gemm_wg_swiglu_pp<{ctype}, {bnh}, {stages}>" if pp else f"gemm_wg_swiglu<{ctype}, {bnh}, {stages}, {ctas}>"
+def config_id(config: tuple) -> str:
+    """A configuration's name in dev/ output and test ids."""
+    bnh, stages, ctas, kind = config
+    return "t" if kind == 2 else f"{bnh}x{stages}x{ctas}{'pp' if kind == 1 else ''}"
+
+
+def t_rows(M: int) -> int:
+    """gemm_wg_swiglu_t's NB for M rows: the smallest instantiation that holds them."""
+    return next(nb for nb in sorted(T_STAGES) if nb >= M)
+
+
+def kernel_name(ctype: str, config: tuple, M: int = 1) -> str:
+    bnh, stages, ctas, kind = config
+    if kind == 2:
+        nb = t_rows(M)
+        return f"gemm_wg_swiglu_t<{ctype}, {nb}, {T_STAGES[nb]}>"
+    if kind == 1:
+        return f"gemm_wg_swiglu_pp<{ctype}, {bnh}, {stages}>"
+    return f"gemm_wg_swiglu<{ctype}, {bnh}, {stages}, {ctas}>"
 
 
 def kernel_names(ctype: str) -> list:
     """gemm_wg_swiglu's instantiations for one element type (sm_90a; none for fp32: wgmma takes 16-bit inputs)."""
-    return [] if ctype == "float" else [kernel_name(ctype, c) for c in GW_CONFIGS]
+    if ctype == "float":
+        return []
+    return ([kernel_name(ctype, c) for c in GW_CONFIGS if c[3] != 2]
+            + [kernel_name(ctype, T_CONFIG, nb) for nb in sorted(T_STAGES)])
+
+
+def t_smem_bytes(nb: int) -> int:
+    """gemm_wg_swiglu_t's dynamic shared memory: the ring, up [32, NB] in T, inv [NB], the barriers, and 1 KB to
+    align the ring."""
+    stages = T_STAGES[nb]
+    return stages * (2 * T_COLS + nb) * GW_BK * 2 + T_COLS * nb * 2 + nb * 4 + 16 * stages + 1024
 
 
 def smem_bytes(bnh: int, stages: int) -> int:
@@ -73,12 +106,13 @@ class WgGemms:
         gate_up product rounded to the storage type, never written. With parts (float32 [tiles, M], the sums of
         squares gemm_skinny_norm left), silu_mul_scaled's bits: each row's product scaled by its RMSNorm inv =
         rsqrt(sum / (16 tiles) + eps) first. sm_90 GPUs, 16-bit types, I and K multiples of 8, 16-byte aligned x and
-        w. config: one of GW_CONFIGS instead of the plan's (dev/, tests)."""
-        bnh, stages, ctas, pp = config = config or GW_CONFIG
+        w. config: one of GW_CONFIGS instead of the plan's (dev/, tests); T_CONFIG takes up to 128 rows."""
+        bnh, stages, ctas, kind = config = config or GW_CONFIG
         self._check("gemm_wg_swiglu", self.storage, x, w, out)
         M, K = x.shape
         I = w.shape[0] // 2
         if (not self.sm90 or self.itemsize != 2 or config not in GW_CONFIGS or w.shape != (2 * I, K)
+                or (kind == 2 and M > max(T_STAGES))
                 or out.shape != (M, I) or not gw_shape_ok(M, I, K) or x.data.ptr % 16 or w.data.ptr % 16
                 or out.data.ptr % 4 or (parts is not None and (parts.ndim != 2 or parts.shape[1] != M))):
             raise ValueError(f"gemm_wg_swiglu: x {x.shape}, w {w.shape}, out {out.shape}"
@@ -88,10 +122,19 @@ class WgGemms:
         tiles = parts.shape[0] if parts is not None else 0
         if parts is not None:
             self._check("gemm_wg_swiglu", np.dtype(np.float32), parts)
+        scale = (parts, np.int32(tiles), np.int32(16 * tiles), np.float32(eps))
+        if kind == 2:  # the swapped decode kernel: one 32-column tile a block, x's rows padded to NB
+            nb = t_rows(M)
+            smem = t_smem_bytes(nb)
+            f = self._fn("gemm_wg", kernel_name(self.ctype, config, M), smem, sm90a=True)
+            args = (self._tensor_map(x, M, K, nb), self._tensor_map(w, 2 * I, K, T_COLS), out, np.int32(M),
+                    np.int32(I), np.int32(K)) + scale
+            self._go(f, (-(-I // T_COLS),), (160,), args, smem)  # PDL: weights before the wait (gemm_wg.cu)
+            return
         smem = smem_bytes(bnh, stages)
         f = self._fn("gemm_wg", kernel_name(self.ctype, config), smem, sm90a=True)
         args = (self._tensor_map(x, M, K, GW_BM), self._tensor_map(w, 2 * I, K, bnh), out, np.int32(M), np.int32(I),
-                np.int32(K), parts, np.int32(tiles), np.int32(16 * tiles), np.float32(eps))
+                np.int32(K)) + scale
         grid = min(-(-M // GW_BM) * -(-I // bnh), ctas * self.num_sms)
         self._go(f, (grid,), (384,), args, smem)  # PDL in a decode step's chain (GwRing::produce)
 

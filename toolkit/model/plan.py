@@ -56,10 +56,12 @@ STREAM_MIN_LEN, STREAM_TC_TILES = 2048, 32768
 
 # A step of this many rows or more runs its projections "tuned" (a prompt's, or a big chunk of one).
 TUNED_MIN_ROWS = 512
-# A pure decode step of WG_DECODE_ROWS rows on Hopper runs gate_up + SwiGLU as gemm_wg_swiglu (kernels/gemm_wg.cu):
-# its TMA ring streams the weights at (near) HBM speed and SwiGLU's bits come from its epilogue, where cuBLAS's
-# GEMM and silu_mul took two launches and wrote and read back the [rows, 2I] product. At a prompt's rows it lost
-# to cuBLAS (experiments/NOTEBOOK.md, gemm_wg).
+# A pure decode step of WG_DECODE_ROWS rows on Hopper runs gate_up + SwiGLU as gemm_wg_swiglu_t (kernels/gemm_wg.cu,
+# the operands swapped: weight rows on wgmma's m side, the step's rows on its n side), whose TMA ring holds most of
+# a tile's weights in flight at once, with SwiGLU's bits from its epilogue, where cuBLAS's GEMM and silu_mul took two
+# launches and wrote and read back the [rows, 2I] product. NOT MEASURED (branch decode_wg): session 23 measured the
+# unswapped kernels at these rows, 1.04-1.31x cuBLAS + silu_mul's time on an H100, and at a prompt's rows they lost
+# too (experiments/NOTEBOOK.md, gemm_wg).
 WG_DECODE_ROWS = (2, 128)
 
 PROJECTIONS = ("blas", "tuned", "gemv", "skinny")
