@@ -244,7 +244,7 @@ fi
 if run decode_wg; then
   timeout 150 python3 dev/gemm_wg.py --tokens 1,8,32,64,128 --copies 8 --repeats 5 2>&1 | tee "$OUT/gemm_wg_decode.log"
   timeout 150 python3 -m pytest -q -m gpu tests/kernels/test_gpu_gemm_wg.py tests/kernels/test_cuda_compile.py \
-    tests/engine/test_gpu_engine.py -k "gemm_wg or wg_changes or pdl_changes" 2>&1 \
+    tests/engine/test_gpu_engine.py -k "gemm_wg or wg_changes or wg_at_a_bench_shape or pdl_changes" 2>&1 \
     | tee "$OUT/gpu_tests_decode_wg.log" | tail -5
   for tree in . _base; do  # the decode step, this tree against an older one in _base/ (main's), same call
     [ -d "$tree/toolkit" ] || continue
