@@ -242,18 +242,19 @@ if run prefill; then
   done | tee "$OUT/bench_prefill.log"
 fi
 if run decode_wg; then
-  timeout 150 python3 dev/gemm_wg.py --tokens 1,8,32,64,128 --copies 8 --repeats 5 2>&1 | tee "$OUT/gemm_wg_decode.log"
-  timeout 150 python3 -m pytest -q -m gpu tests/kernels/test_gpu_gemm_wg.py tests/kernels/test_cuda_compile.py \
+  # tests first, then the decode step A/B (the verdict), then the kernels alone
+  timeout 170 python3 -m pytest -q -m gpu tests/kernels/test_gpu_gemm_wg.py tests/kernels/test_cuda_compile.py \
     tests/engine/test_gpu_engine.py -k "gemm_wg or wg_changes or wg_at_a_bench_shape or pdl_changes" 2>&1 \
     | tee "$OUT/gpu_tests_decode_wg.log" | tail -5
   for tree in . _base; do  # the decode step, this tree against an older one in _base/ (main's), same call
     [ -d "$tree/toolkit" ] || continue
     echo "== tree $tree"
     for s in qwen2.5-0.5b llama-3.2-1b; do
-      (cd "$tree" && timeout 100 $B --shape $s --batch 1,8,32,64,128 --depth 0 --decode 64 --prefill 0 -r 3 2>&1) \
-        | grep "^| tg" | sed "s/^/$s /"
+      (cd "$tree" && timeout 90 $B --shape $s --batch 1,8,32,64,128 --depth 0 --decode 64 --prefill 0 -r 3 2>&1) \
+        | grep "^| tg\|rror" | sed "s/^/$s /"
     done
   done 2>&1 | tee "$OUT/bench_decode_wg_ab.log"
+  timeout 120 python3 dev/gemm_wg.py --tokens 1,8,32,64,128 --copies 8 --repeats 5 2>&1 | tee "$OUT/gemm_wg_decode.log"
 fi
 if run table; then
   # the rest of a table: TABLE_FROM names an earlier call's suite.json (kept, e.g. in experiments/logs/), whose cells

@@ -127,6 +127,8 @@ struct GwRing {
     // is full, so after the wait. Launched normally, pdl_wait and pdl_launch_dependents are no-ops.
     __device__ void produce(const void* tmx, const void* tmw, int I) const {
         const int early = (int)blockIdx.x < tiles ? min(STAGES, k_steps) : 0;
+        tmap_acquire(tmw);
+        tmap_acquire(tmx);
         for (int kt = 0; kt < early; kt++) {
             unsigned char* a = smem + kt * STAGE_BYTES;
             mbar_expect_tx(&full[kt], STAGE_BYTES);
@@ -279,7 +281,8 @@ __global__ void __launch_bounds__(384, 1)
 //     at once, one DRAM round trip, not K / STAGES of them; one block an SM (about 210 KB of ring).
 //   * Warp 4 is the producer: the first stages' weight boxes go out before pdl_wait (as GwRing::produce).
 //   * Epilogue: warps 2, 3 leave up, rounded to T, in shared memory; warps 0, 1 apply SwiGLU (and GwScale's inv, a
-//     step row's, from shared memory) and store out[row][n0 + column], 2 bytes a store (M x 32 a tile).
+//     step row's, which the producer warp sums into shared memory once its copies are out, while the k-loop runs)
+//     and store out[row][n0 + column], 2 bytes a store (M x 32 a tile).
 // One tile a block: grid ceil(I / 32), block 160. Arguments as gemm_wg_swiglu's.
 constexpr int GWT_COLS = 32;  // output columns a tile (its A tile: 32 gate rows over 32 up rows)
 
@@ -308,6 +311,8 @@ __global__ void __launch_bounds__(160, 1)
     if (warp == 4) {  // the producer
         if (lane == 0) {
             const int early = min(STAGES, k_steps);
+            tmap_acquire(tmw);
+            tmap_acquire(tmx);
             for (int kt = 0; kt < early; kt++) {
                 unsigned char* a = smem + kt * STAGE_BYTES;
                 mbar_expect_tx(&full[kt], STAGE_BYTES);
@@ -327,6 +332,22 @@ __global__ void __launch_bounds__(160, 1)
                 tma_load_2d(a + A_BYTES, tmx, kt * GW_BK, 0, &full[st]);                       // x's rows
             }
         }
+        __syncwarp();
+        // Then GwScale's inv of each step row, while the consumers run the k-loop: without parts 1 (a lane a row);
+        // with them (after a gemm_skinny_norm o: up to 32 rows) summed as silu_mul_scaled sums a row (lane l adds
+        // tiles l, l + 32, ..., then the same shuffle tree), so its bits. parts come from the kernels before: wait.
+        if (parts == nullptr) {
+            for (int m = lane; m < NB; m += 32) inv[m] = 1.f;
+        } else {
+            pdl_wait();
+            for (int m = 0; m < M && m < NB; m++) {
+                float ss = 0.0f;
+                for (int q = lane; q < tiles; q += 32) ss += __ldcg(parts + (size_t)q * M + m);
+                for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+                if (lane == 0) inv[m] = rsqrtf(ss / (float)H + eps);
+            }
+        }
+        asm volatile("bar.arrive 1, 160;\n" ::: "memory");  // inv is written (the consumers' epilogue barrier)
         return;
     }
     // The consumer warpgroup (warps 0-3).
@@ -356,16 +377,8 @@ __global__ void __launch_bounds__(160, 1)
 #pragma unroll
             for (int e = 0; e < 4; e++)
                 up[(16 * (warp - 2) + g + 8 * (e / 2)) * NB + 8 * n + c2 + e % 2] = from_f32<T>(d[4 * n + e]);
-    } else if (warp == 0) {  // GwScale's inv of each step row, summed as silu_mul_scaled sums it
-        for (int m = 0; m < M && m < NB; m++) {
-            float ss = 0.0f;
-            if (parts != nullptr)
-                for (int q = lane; q < tiles; q += 32) ss += __ldcg(parts + (size_t)q * M + m);
-            for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-            if (lane == 0) inv[m] = parts != nullptr ? rsqrtf(ss / (float)H + eps) : 1.f;
-        }
     }
-    asm volatile("bar.sync 1, 128;\n" ::: "memory");
+    asm volatile("bar.sync 1, 160;\n" ::: "memory");  // up (warps 2, 3) and inv (the producer warp) are written
     if (warp < 2) {
 #pragma unroll
         for (int n = 0; n < NB / 8; n++)

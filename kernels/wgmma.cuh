@@ -156,6 +156,12 @@ __device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned pari
         asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
                      " selp.u32 %0, 1, 0, p;\n}\n" : "=r"(done) : "r"(smem_addr(bar)), "r"(parity) : "memory");
 }
+// Before a thread's first copy through a tensor map kept in global memory: the map was written there by a host copy
+// (toolkit/backends/cuda_wg.py), through the generic proxy, and the copies read it through the tensormap proxy; the
+// CUDA programming guide asks for this acquire (scope .sys: the writer was the host) before such a map is used.
+__device__ __forceinline__ void tmap_acquire(const void* tmap) {
+    asm volatile("fence.proxy.tensormap::generic.acquire.sys [%0], 128;\n" ::"l"(tmap) : "memory");
+}
 // One box of a 2-D tensor map (coordinates: column c0, row c1) into smem, completing its bytes on the barrier.
 __device__ __forceinline__ void tma_load_2d(void* dst, const void* tmap, int c0, int c1, unsigned long long* bar) {
     asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], "

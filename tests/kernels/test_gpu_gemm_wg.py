@@ -39,7 +39,8 @@ def case(M, I, Kin, dtype, seed=0):
 CASES = [(4096, 4864, 896), (1000, 3072, 1024), (700, 8192, 2048), (513, 8960, 1536), (77, 128, 64),
          (300, 688, 256), (130, 344, 200),
          # decode steps (the plan's WG_DECODE_ROWS): one row tile, partly or wholly filled
-         (33, 4864, 896), (64, 3072, 1024), (128, 8192, 2048), (100, 8960, 1536), (1, 4864, 896)]
+         (33, 4864, 896), (64, 3072, 1024), (128, 8192, 2048), (100, 8960, 1536), (1, 4864, 896),
+         (5, 688, 256), (16, 344, 200)]  # (partial last 32-column tiles, a K past the last whole stage)
 
 
 # Every configuration at every case it takes (the swapped decode kernel, T_CONFIG: up to 128 rows).
