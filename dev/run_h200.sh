@@ -254,6 +254,13 @@ if run decode_wg; then
         | grep "^| tg\|rror" | sed "s/^/$s /"
     done
   done 2>&1 | tee "$OUT/bench_decode_wg_ab.log"
+  if grep -q "rror" "$OUT/bench_decode_wg_ab.log"; then  # where it failed: one bucket, and the first traceback
+    for a in "--batch 8" "--batch 8 --pdl off" "--batch 8 --cuda-graphs off" "--batch 1,8"; do
+      echo "== $a"
+      timeout 60 $B --shape qwen2.5-0.5b $a --depth 0 --decode 16 --prefill 0 -r 1 --debug 2>&1 \
+        | grep -m1 -B3 -A30 "Traceback\|^| tg"
+    done 2>&1 | head -250 | tee "$OUT/decode_wg_crash.log"
+  fi
   timeout 120 python3 dev/gemm_wg.py --tokens 1,8,32,64,128 --copies 8 --repeats 5 2>&1 | tee "$OUT/gemm_wg_decode.log"
 fi
 if run table; then

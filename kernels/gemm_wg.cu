@@ -284,13 +284,21 @@ __global__ void __launch_bounds__(384, 1)
 //     step row's, which the producer warp sums into shared memory once its copies are out, while the k-loop runs)
 //     and store out[row][n0 + column], 2 bytes a store (M x 32 a tile).
 // One tile a block: grid ceil(I / 32), block 160. Arguments as gemm_wg_swiglu's.
+// The two tensor maps come by value, as __grid_constant__ kernel parameters (CUTLASS's way): the copies read them
+// from the parameter space, so no map lives in global memory, where a map written by a host copy needs a proxy
+// fence before use and the bench's engine died with CUDA_ERROR_ILLEGAL_INSTRUCTION (session 23 and 24) while every
+// test passed. CTAS: blocks an SM (STAGES sized to fit, toolkit/backends/cuda_wg.py: T_STAGES).
 constexpr int GWT_COLS = 32;  // output columns a tile (its A tile: 32 gate rows over 32 up rows)
+struct alignas(64) TmaMap { unsigned long long v[16]; };  // CUtensorMap's 128 opaque bytes
 
-template <typename T, int NB, int STAGES>
-__global__ void __launch_bounds__(160, 1)
-    gemm_wg_swiglu_t(const void* __restrict__ tmx, const void* __restrict__ tmw, T* __restrict__ out, int M, int I,
-                     int K, const float* __restrict__ parts, int tiles, int H, float eps) {
+template <typename T, int NB, int STAGES, int CTAS>
+__global__ void __launch_bounds__(160, CTAS)
+    gemm_wg_swiglu_t(const __grid_constant__ TmaMap tmx_map, const __grid_constant__ TmaMap tmw_map,
+                     T* __restrict__ out, int M, int I, int K, const float* __restrict__ parts, int tiles, int H,
+                     float eps) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    const void* tmx = &tmx_map;
+    const void* tmw = &tmw_map;
     constexpr int A_BYTES = 2 * GWT_COLS * GW_BK * 2, B_BYTES = NB * GW_BK * 2, STAGE_BYTES = A_BYTES + B_BYTES;
     extern __shared__ unsigned char smem_raw[];
     unsigned char* smem = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);  // 1,024-byte aligned
@@ -311,8 +319,6 @@ __global__ void __launch_bounds__(160, 1)
     if (warp == 4) {  // the producer
         if (lane == 0) {
             const int early = min(STAGES, k_steps);
-            tmap_acquire(tmw);
-            tmap_acquire(tmx);
             for (int kt = 0; kt < early; kt++) {
                 unsigned char* a = smem + kt * STAGE_BYTES;
                 mbar_expect_tx(&full[kt], STAGE_BYTES);

@@ -8,6 +8,8 @@ row stride, the box a copy moves and its 128-byte swizzle), made on the host by 
 device could not run) and cached, so a replayed step computes nothing here. A map holds no data, only where the
 data is, so an array freed and another of the same shape made at the same address reuses it rightly.
 """
+import ctypes
+
 import numpy as np
 
 GW_BM, GW_BK = 128, 64   # rows a tile and K a stage (GW_BM, GW_BK in gemm_wg.cu)
@@ -17,20 +19,23 @@ GW_BM, GW_BK = 128, 64   # rows a tile and K a stage (GW_BM, GW_BK in gemm_wg.cu
 # step's rows padded to NB as wgmma's n, STAGES by NB: T_STAGES). GW_CONFIG is the plan's; GW_CONFIGS every
 # configuration (dev/gemm_wg.py times each, the GPU tests run each).
 T_CONFIG = (32, 0, 1, 2)
+T2_CONFIG = (32, 0, 2, 2)  # the same at two blocks an SM (fewer stages: T2_STAGES)
 GW_CONFIG = T_CONFIG
 # (Session 22's (64, 3, 2, 0) needs more than the 80 registers two blocks an SM leave, now that gate and up are one
 # wgmma: ptxas refuses it.)
-GW_CONFIGS = ((128, 4, 1, 0), (64, 6, 1, 0), (64, 6, 1, 1), (32, 8, 1, 0), (32, 4, 2, 0), T_CONFIG)
+GW_CONFIGS = ((128, 4, 1, 0), (64, 6, 1, 0), (64, 6, 1, 1), (32, 8, 1, 0), (32, 4, 2, 0), T_CONFIG, T2_CONFIG)
 # gemm_wg_swiglu_t's instantiations: NB (the rows padded: wgmma's n) -> stages, as many as about 220 KB of shared
-# memory hold (a stage is 8 KB of weights and NB x 128 bytes of x): most or all of a tile's K in flight at once.
+# memory hold (a stage is 8 KB of weights and NB x 128 bytes of x): most or all of a tile's K in flight at once;
+# T2_STAGES: about 110 KB, two blocks an SM (the 0.5B's 152 tiles in one wave on 132 SMs).
 T_STAGES = {8: 24, 16: 21, 32: 17, 64: 13, 128: 8}
+T2_STAGES = {8: 11, 16: 10, 32: 8, 64: 6, 128: 4}
 T_COLS = 32  # output columns a tile (GWT_COLS)
 
 
 def config_id(config: tuple) -> str:
     """A configuration's name in dev/ output and test ids."""
     bnh, stages, ctas, kind = config
-    return "t" if kind == 2 else f"{bnh}x{stages}x{ctas}{'pp' if kind == 1 else ''}"
+    return ("t" if ctas == 1 else f"t{ctas}") if kind == 2 else f"{bnh}x{stages}x{ctas}{'pp' if kind == 1 else ''}"
 
 
 def t_rows(M: int) -> int:
@@ -38,11 +43,15 @@ def t_rows(M: int) -> int:
     return next(nb for nb in sorted(T_STAGES) if nb >= M)
 
 
+def t_stages(nb: int, ctas: int) -> int:
+    return (T_STAGES if ctas == 1 else T2_STAGES)[nb]
+
+
 def kernel_name(ctype: str, config: tuple, M: int = 1) -> str:
     bnh, stages, ctas, kind = config
     if kind == 2:
         nb = t_rows(M)
-        return f"gemm_wg_swiglu_t<{ctype}, {nb}, {T_STAGES[nb]}>"
+        return f"gemm_wg_swiglu_t<{ctype}, {nb}, {t_stages(nb, ctas)}, {ctas}>"
     if kind == 1:
         return f"gemm_wg_swiglu_pp<{ctype}, {bnh}, {stages}>"
     return f"gemm_wg_swiglu<{ctype}, {bnh}, {stages}, {ctas}>"
@@ -53,13 +62,13 @@ def kernel_names(ctype: str) -> list:
     if ctype == "float":
         return []
     return ([kernel_name(ctype, c) for c in GW_CONFIGS if c[3] != 2]
-            + [kernel_name(ctype, T_CONFIG, nb) for nb in sorted(T_STAGES)])
+            + [kernel_name(ctype, c, nb) for c in GW_CONFIGS if c[3] == 2 for nb in sorted(T_STAGES)])
 
 
-def t_smem_bytes(nb: int) -> int:
+def t_smem_bytes(nb: int, ctas: int = 1) -> int:
     """gemm_wg_swiglu_t's dynamic shared memory: the ring, up [32, NB] in T, inv [NB], the barriers, and 1 KB to
     align the ring."""
-    stages = T_STAGES[nb]
+    stages = t_stages(nb, ctas)
     return stages * (2 * T_COLS + nb) * GW_BK * 2 + T_COLS * nb * 2 + nb * 4 + 16 * stages + 1024
 
 
@@ -76,14 +85,61 @@ def gw_shape_ok(M: int, I: int, K: int) -> bool:
     return M >= 1 and I >= 1 and K >= 1 and K % 8 == 0 and I % 8 == 0
 
 
+class TensorMapParam:
+    """A CUtensorMap's 128 bytes, passed by value (a __grid_constant__ kernel parameter)."""
+
+    def __init__(self, opaque):
+        self.c = (ctypes.c_uint64 * 16)(*[int(v) for v in opaque])
+
+
+_C_ARG = {np.dtype(np.int32): ctypes.c_int32, np.dtype(np.float32): ctypes.c_float}
+_DRIVER = {}
+
+
+def launch_by_value(f, grid, block, args, smem: int, stream_ptr: int, pdl: bool):
+    """f(args) through cuLaunchKernelEx with kernelParams as a void* array of the arguments' addresses (what the C
+    API takes: the driver copies each parameter's bytes at the launch, a stream capture into its node), so an
+    argument may be a struct (TensorMapParam); with pdl, the programmatic-serialization attribute
+    (cuda_launch.py)."""
+    from cuda.bindings import driver as d
+
+    objs = []
+    for a in args:
+        if a is None:
+            objs.append(ctypes.c_void_p(0))
+        elif isinstance(a, TensorMapParam):
+            objs.append(a.c)
+        elif isinstance(a, np.generic):
+            objs.append(_C_ARG[a.dtype](a.item()))
+        else:
+            objs.append(ctypes.c_void_p(a.data.ptr))
+    params = (ctypes.c_void_p * len(objs))(*[ctypes.addressof(o) for o in objs])
+    cfg = d.CUlaunchConfig()
+    cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = (tuple(grid) + (1, 1))[:3]
+    cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = (tuple(block) + (1, 1))[:3]
+    cfg.sharedMemBytes = smem
+    cfg.hStream = d.CUstream(stream_ptr)
+    if pdl:
+        if "attrs" not in _DRIVER:
+            attr = d.CUlaunchAttribute()
+            attr.id = d.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+            attr.value.programmaticStreamSerializationAllowed = 1
+            _DRIVER["attrs"] = [attr]
+        cfg.attrs, cfg.numAttrs = _DRIVER["attrs"], 1
+    err, = d.cuLaunchKernelEx(cfg, d.CUfunction(f.kernel.ptr), ctypes.addressof(params), 0)
+    if err != d.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"cuLaunchKernelEx (gemm_wg_swiglu_t) failed: {err.name}")
+
+
 class WgGemms:
     """CudaKernels' launcher of gemm_wg.cu (a mixin: self is the CudaKernels, for its checks, functions and
     caches)."""
 
-    def _tensor_map(self, a, rows: int, cols: int, box_rows: int):
-        """The TMA descriptor of the 16-bit row-major matrix a [rows, cols] (device memory, cached): boxes of 64
-        columns x box_rows rows, 128-byte swizzle, zeros past the matrix."""
-        key = (a.data.ptr, rows, cols, box_rows, self.dtype)
+    def _tensor_map(self, a, rows: int, cols: int, box_rows: int, on_host: bool = False):
+        """The TMA descriptor of the 16-bit row-major matrix a [rows, cols] (cached): boxes of 64 columns x box_rows
+        rows, 128-byte swizzle, zeros past the matrix. In device memory, or (on_host) its 128 bytes as a ctypes
+        array for a by-value kernel parameter (gemm_wg_swiglu_t)."""
+        key = (a.data.ptr, rows, cols, box_rows, self.dtype, on_host)
         tm = self._tmaps.get(key)
         if tm is None:
             from cuda.bindings import driver as d
@@ -98,7 +154,8 @@ class WgGemms:
                 d.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
             if err != d.CUresult.CUDA_SUCCESS:
                 raise RuntimeError(f"cuTensorMapEncodeTiled: {err.name}")
-            tm = self._tmaps[key] = self.cp.asarray(np.array(tmap.opaque, dtype=np.uint64))
+            tm = self._tmaps[key] = (TensorMapParam(tmap.opaque) if on_host
+                                     else self.cp.asarray(np.array(tmap.opaque, dtype=np.uint64)))
         return tm
 
     def gemm_wg_swiglu(self, x, w, out, *, config=None, parts=None, eps=0.0):
@@ -125,11 +182,14 @@ class WgGemms:
         scale = (parts, np.int32(tiles), np.int32(16 * tiles), np.float32(eps))
         if kind == 2:  # the swapped decode kernel: one 32-column tile a block, x's rows padded to NB
             nb = t_rows(M)
-            smem = t_smem_bytes(nb)
+            smem = t_smem_bytes(nb, ctas)
             f = self._fn("gemm_wg", kernel_name(self.ctype, config, M), smem, sm90a=True)
-            args = (self._tensor_map(x, M, K, nb), self._tensor_map(w, 2 * I, K, T_COLS), out, np.int32(M),
-                    np.int32(I), np.int32(K)) + scale
-            self._go(f, (-(-I // T_COLS),), (160,), args, smem)  # PDL: weights before the wait (gemm_wg.cu)
+            args = (self._tensor_map(x, M, K, nb, True), self._tensor_map(w, 2 * I, K, T_COLS, True), out,
+                    np.int32(M), np.int32(I), np.int32(K)) + scale
+            # By-value maps: CuPy's call cannot pass a struct, so the driver's launch, PDL in a decode step's chain
+            # (weights before the wait, gemm_wg.cu)
+            launch_by_value(f, (-(-I // T_COLS),), (160,), args, smem, self.cp.cuda.get_current_stream().ptr,
+                            self.pdl)
             return
         smem = smem_bytes(bnh, stages)
         f = self._fn("gemm_wg", kernel_name(self.ctype, config), smem, sm90a=True)
