@@ -249,7 +249,9 @@ if run decode_wg; then
   for tree in . _base; do  # the decode step, this tree against an older one in _base/ (main's), same call
     [ -d "$tree/toolkit" ] || continue
     echo "== tree $tree"
-    for s in qwen2.5-0.5b llama-3.2-1b; do
+    shapes="qwen2.5-0.5b llama-3.2-1b"
+    [ "$tree" = _base ] && shapes=${DWG_BASE_SHAPES:-$shapes}  # (a short call: fewer shapes on the older tree)
+    for s in $shapes; do
       (cd "$tree" && timeout 90 $B --shape $s --batch 1,8,32,64,128 --depth 0 --decode 64 --prefill 0 -r 3 2>&1) \
         | grep "^| tg\|rror" | sed "s/^/$s /"
     done
@@ -261,7 +263,8 @@ if run decode_wg; then
         | grep -m1 -B3 -A30 "Traceback\|^| tg"
     done 2>&1 | head -250 | tee "$OUT/decode_wg_crash.log"
   fi
-  timeout 120 python3 dev/gemm_wg.py --tokens 1,8,32,64,128 --copies 8 --repeats 5 2>&1 | tee "$OUT/gemm_wg_decode.log"
+  timeout 120 python3 dev/gemm_wg.py --tokens 1,8,32,64,128 --copies 8 --repeats 5 \
+    ${DWG_DEV_SHAPES:+--shapes $DWG_DEV_SHAPES} 2>&1 | tee "$OUT/gemm_wg_decode.log"
 fi
 if run table; then
   # the rest of a table: TABLE_FROM names an earlier call's suite.json (kept, e.g. in experiments/logs/), whose cells
