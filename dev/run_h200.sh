@@ -55,6 +55,9 @@
 #   decode_wg      gemm_wg_swiglu at decode rows (1-128) against cuBLAS + silu_mul and gemv_swiglu, weights cycled
 #                  over 8 copies past the L2 (dev/gemm_wg.py --copies 8); its GPU tests and the engine's that run
 #                  it; the decode step of the 0.5B and Llama at batch 1-128 on this tree and on _base/'s
+#   decode_wg_short  decode_wg in under 5 minutes: the swapped kernels' GPU tests, the 0.5B's decode steps on this
+#                  tree and _base/'s (or, where this tree's fail, which runs fail and the first traceback), the kernel
+#                  alone at the 0.5B's rows
 #   tune_startup   the start-up measurement of the tuned projections: its GPU tests, its seconds on the four shapes
 #                  (dev/tune_startup.py), then bench throughput (whose first repeat paid for it before)
 #   close          a session's closing run: every GPU test, the peer, throughput, the sampler, the attribution
@@ -265,6 +268,26 @@ if run decode_wg; then
   fi
   timeout 120 python3 dev/gemm_wg.py --tokens 1,8,32,64,128 --copies 8 --repeats 5 \
     ${DWG_DEV_SHAPES:+--shapes $DWG_DEV_SHAPES} 2>&1 | tee "$OUT/gemm_wg_decode.log"
+fi
+if run decode_wg_short; then
+  # decode_wg when device time is short: the swapped kernels' tests only, the 0.5B's decode steps, where it fails
+  timeout 150 python3 -m pytest -q -m gpu tests/kernels/test_gpu_gemm_wg.py tests/engine/test_gpu_engine.py \
+    -k "(gemm_wg and not x) or wg_changes or wg_at_a_bench_shape" 2>&1 | tee "$OUT/gpu_tests_decode_wg.log" | tail -4
+  for tree in . _base; do
+    echo "== tree $tree"
+    (cd "$tree" && timeout 60 $B --shape qwen2.5-0.5b --batch 8,32,128 --depth 0 --decode 32 --prefill 0 -r 3 2>&1) \
+      | grep "^| tg\|rror" | grep -v cupy_backends
+    if [ "$tree" = . ] && [ "${PIPESTATUS[0]}" != 0 ]; then
+      for a in "--batch 8" "--batch 8 --pdl off" "--batch 8 --cuda-graphs off"; do
+        echo "== $a"
+        timeout 40 $B --shape qwen2.5-0.5b $a --depth 0 --decode 16 --prefill 0 -r 1 --debug 2>&1 \
+          | grep -m1 -B3 -A30 "Traceback\|^| tg"
+      done
+      break
+    fi
+  done 2>&1 | head -300 | tee "$OUT/bench_decode_wg_short.log"
+  timeout 60 python3 dev/gemm_wg.py --tokens 1,8,32,128 --copies 8 --repeats 5 --shapes qwen2.5-0.5b 2>&1 \
+    | tee "$OUT/gemm_wg_decode.log"
 fi
 if run table; then
   # the rest of a table: TABLE_FROM names an earlier call's suite.json (kept, e.g. in experiments/logs/), whose cells
