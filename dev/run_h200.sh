@@ -277,7 +277,8 @@ if run decode_wg_short; then
     echo "== tree $tree"
     (cd "$tree" && timeout 60 $B --shape qwen2.5-0.5b --batch 8,32,128 --depth 0 --decode 32 --prefill 0 -r 3 2>&1) \
       | grep "^| tg\|rror" | grep -v cupy_backends
-    if [ "$tree" = . ] && [ "${PIPESTATUS[0]}" != 0 ]; then
+    rc=${PIPESTATUS[0]}
+    if [ "$tree" = . ] && [ "$rc" != 0 ]; then
       for a in "--batch 8" "--batch 8 --pdl off" "--batch 8 --cuda-graphs off"; do
         echo "== $a"
         timeout 40 $B --shape qwen2.5-0.5b $a --depth 0 --decode 16 --prefill 0 -r 1 --debug 2>&1 \
