@@ -273,7 +273,7 @@ if run decode_wg_short; then
   # decode_wg when device time is short: the swapped kernels' tests only, the 0.5B's decode steps, where it fails
   timeout 150 python3 -m pytest -q -m gpu tests/kernels/test_gpu_gemm_wg.py tests/engine/test_gpu_engine.py \
     -k "(gemm_wg and not x) or wg_changes or wg_at_a_bench_shape" 2>&1 | tee "$OUT/gpu_tests_decode_wg.log" | tail -4
-  for tree in . _base; do
+  for tree in . ${DWS_TREES:-_base}; do
     echo "== tree $tree"
     (cd "$tree" && timeout 60 $B --shape qwen2.5-0.5b --batch 8,32,128 --depth 0 --decode 32 --prefill 0 -r 3 2>&1) \
       | grep "^| tg\|rror" | grep -v cupy_backends
@@ -281,7 +281,7 @@ if run decode_wg_short; then
     if [ "$tree" = . ] && [ "$rc" != 0 ]; then
       for a in "--batch 8" "--batch 8 --pdl off" "--batch 8 --cuda-graphs off"; do
         echo "== $a"
-        timeout 40 $B --shape qwen2.5-0.5b $a --depth 0 --decode 16 --prefill 0 -r 1 --debug 2>&1 \
+        timeout ${DWS_DIAG_S:-40} $B --shape qwen2.5-0.5b $a --depth 0 --decode 16 --prefill 0 -r 1 --debug 2>&1 \
           | grep -m1 -B3 -A30 "Traceback\|^| tg"
       done
       break
