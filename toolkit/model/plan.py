@@ -59,9 +59,10 @@ TUNED_MIN_ROWS = 512
 # A pure decode step of WG_DECODE_ROWS rows on Hopper runs gate_up + SwiGLU as gemm_wg_swiglu_t (kernels/gemm_wg.cu,
 # the operands swapped: weight rows on wgmma's m side, the step's rows on its n side), whose TMA ring holds most of
 # a tile's weights in flight at once, with SwiGLU's bits from its epilogue, where cuBLAS's GEMM and silu_mul took two
-# launches and wrote and read back the [rows, 2I] product. NOT MEASURED (branch decode_wg): session 23 measured the
-# unswapped kernels at these rows, 1.04-1.31x cuBLAS + silu_mul's time on an H100, and at a prompt's rows they lost
-# too (experiments/NOTEBOOK.md, gemm_wg).
+# launches and wrote and read back the [rows, 2I] product. It LOST (branch decode_wg, never on main): session 24
+# measured it at 1.03-2.42x cuBLAS + silu_mul's time on an H100 (but Qwen3's 8 rows, 0.96x), session 23 the unswapped
+# kernels at 1.04-1.31x, and the engine's bench died with CUDA_ERROR_ILLEGAL_INSTRUCTION on both trees
+# (experiments/NOTEBOOK.md, gemm_wg at decode rows). Tensor maps by value (a15fed8) are not measured.
 WG_DECODE_ROWS = (2, 128)
 
 PROJECTIONS = ("blas", "tuned", "gemv", "skinny")
