@@ -131,12 +131,12 @@ def test_gemv_swiglu_changes_no_token(tiny_bf16, monkeypatch):
     plan_changes_no_token(tiny_bf16, reqs, edit, "gemv_swiglu", monkeypatch)
 
 
-@pytest.mark.parametrize("batch, kernel", [(40, "gemm_wg_swiglu"), (5, "gemm_wg_swiglu_scaled")])
+@pytest.mark.parametrize("batch, kernel", [(24, "gemm_wg_swiglu"), (5, "gemm_wg_swiglu")])
 def test_decode_gate_up_on_wg_changes_no_token(tiny_bf16, monkeypatch, batch, kernel):
     """A decode step on Hopper runs gate_up on gemm_wg_swiglu (wgmma, SwiGLU in the epilogue, weights and x by TMA
-    through descriptors made on the eager step before a capture; at 5 rows after a gemm_skinny_norm o, with the
-    norm's scale in the epilogue too): from graphs (PDL) and eagerly it gives the same tokens, and those of cuBLAS +
-    silu_mul (or silu_mul_scaled) up to bf16 roundings (the two sum K in other orders)."""
+    maps passed by value): from graphs (PDL) and eagerly it gives the same tokens, and those of cuBLAS + silu_mul up
+    to bf16 roundings (the two sum K in other orders). (The scaled epilogue, after a gemm_skinny_norm o, is no
+    plan's since session 25; the model's fixture plans still run it.)"""
     if not tiny_bf16.backend.kernels.sm90:
         pytest.skip("gemm_wg_swiglu needs an sm_90 (Hopper) GPU")
     reqs = prompts(np.random.default_rng(72), tiny_bf16.cfg.vocab_size, batch)
@@ -145,7 +145,7 @@ def test_decode_gate_up_on_wg_changes_no_token(tiny_bf16, monkeypatch, batch, ke
     plan_changes_no_token(tiny_bf16, reqs, edit, kernel, monkeypatch, exact=False)
 
 
-@pytest.mark.parametrize("batch", [8, 128])
+@pytest.mark.parametrize("batch", [8, 32])
 def test_decode_gate_up_on_wg_at_a_bench_shape(batch):
     """The 0.5B shape's decode graphs with gate_up on wg, replayed step after step as bench replays them. Session
     23's bench died here with CUDA_ERROR_ILLEGAL_INSTRUCTION (batch 1-128, no launch blocking) while every test

@@ -6,7 +6,8 @@ from types import SimpleNamespace
 import pytest
 
 from toolkit.engine.options import EngineOptions
-from toolkit.model.plan import TUNED_MIN_ROWS, WG_DECODE_ROWS, StepPlan, make_plan, tuned_calls
+from toolkit.backends.cuda_wg import T_COLS
+from toolkit.model.plan import TUNED_MIN_ROWS, WG_DECODE_ROWS, WG_ONE_WAVE, StepPlan, make_plan, tuned_calls
 from toolkit.model.shapes import shape_config
 
 GPU = SimpleNamespace(name="cuda", dtype="bfloat16", num_sms=132, sm90=True, graphs_supported=True, pdl_supported=True)
@@ -46,19 +47,16 @@ def test_past_32_rows_cublas_and_4_slices():
     assert plan(256).down == "blas"
 
 
-@pytest.mark.parametrize("cfg", [QWEN, QWEN3, shape_config("llama-3.2-1b"), shape_config("qwen2.5-1.5b")],
-                         ids=lambda c: f"I{c.intermediate_size}")
+@pytest.mark.parametrize("cfg", [QWEN, QWEN3, shape_config("llama-3.2-1b")], ids=lambda c: f"I{c.intermediate_size}")
 def test_decode_gate_up_runs_wg_on_hopper(cfg):
     """A pure decode step of WG_DECODE_ROWS rows on Hopper runs gate_up on our wgmma GEMM with SwiGLU in its
-    epilogue (gemm_wg.cu), under fused_kernels; not a prompt's rows, not elsewhere, not with the toggle off."""
+    epilogue (gemm_wg.cu), under fused_kernels, with the o projection plain (its RMSNorm in add_rmsnorm); not a
+    prompt's rows, not elsewhere, not with the toggle off."""
     lo, hi = WG_DECODE_ROWS
     for rows in sorted({lo, (lo + hi) // 2, hi}):
         p = plan(rows, cfg=cfg)
-        if p.o == "skinny_norm":  # then the norm's per-row scale is in the epilogue too (silu_mul_scaled's bits)
-            assert p.swiglu == "scaled" and "gate_up wg scaled swiglu" in p.describe()
-        else:
-            assert p.swiglu == "epilogue" and "gate_up wg swiglu" in p.describe()
-        assert p.gate_up == "wg"
+        assert p.gate_up == "wg" and p.swiglu == "epilogue" and "gate_up wg swiglu" in p.describe()
+        assert p.o in ("skinny", "blas")
         assert plan(rows, cfg=cfg, fused_kernels=False).gate_up == "blas"
         assert plan(rows, cfg=cfg, backend=AMPERE).gate_up in ("blas", "skinny")
         assert plan(rows, decodes=rows - 1, cfg=cfg).gate_up == "blas"  # a prompt's rows stay on cuBLAS
@@ -66,6 +64,15 @@ def test_decode_gate_up_runs_wg_on_hopper(cfg):
     assert plan(4096, decodes=0, cfg=cfg).gate_up == "tuned"
     with pytest.raises(ValueError):
         StepPlan(gate_up="wg")  # wg has no plain form: its epilogue is SwiGLU
+
+
+def test_wg_only_where_gate_ups_tiles_fit_one_wave():
+    """Qwen2.5-1.5B's I = 8,960 is 280 tiles of T_COLS columns, past one wave of two blocks on 132 SMs: cuBLAS, and
+    the o projection's RMSNorm epilogue stays."""
+    cfg = shape_config("qwen2.5-1.5b")
+    assert -(-cfg.intermediate_size // T_COLS) > WG_ONE_WAVE * GPU.num_sms
+    p = plan(8, cfg=cfg)
+    assert p.gate_up == "blas" and p.o == "skinny_norm" and p.swiglu == "scaled"
 
 
 def test_prompt_steps_stay_on_cublas():

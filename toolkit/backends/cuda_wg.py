@@ -20,7 +20,7 @@ GW_BM, GW_BK = 128, 64   # rows a tile and K a stage (GW_BM, GW_BK in gemm_wg.cu
 # configuration (dev/gemm_wg.py times each, the GPU tests run each).
 T_CONFIG = (32, 0, 1, 2)
 T2_CONFIG = (32, 0, 2, 2)  # the same at two blocks an SM (fewer stages: T2_STAGES)
-GW_CONFIG = T_CONFIG
+GW_CONFIG = T2_CONFIG
 # (Session 22's (64, 3, 2, 0) needs more than the 80 registers two blocks an SM leave, now that gate and up are one
 # wgmma: ptxas refuses it.)
 GW_CONFIGS = ((128, 4, 1, 0), (64, 6, 1, 0), (64, 6, 1, 1), (32, 8, 1, 0), (32, 4, 2, 0), T_CONFIG, T2_CONFIG)

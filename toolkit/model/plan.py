@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 from toolkit.backends.cuda_kernels import decode_head_blocks, plan_kv_bytes
 from toolkit.backends.cuda_tuned import row_bucket
-from toolkit.backends.cuda_wg import gw_shape_ok
+from toolkit.backends.cuda_wg import T_COLS, gw_shape_ok
 
 # Our GEMV takes a 1-row projection of up to GEMV_MAX_N outputs: 2.4-5.9 us against cuBLAS's 9-17 (the batch-1
 # step 1.049 -> 0.990 ms); at 2 and 4 rows and for the 151,936-row lm_head cuBLAS is faster.
@@ -57,13 +57,22 @@ STREAM_MIN_LEN, STREAM_TC_TILES = 2048, 32768
 # A step of this many rows or more runs its projections "tuned" (a prompt's, or a big chunk of one).
 TUNED_MIN_ROWS = 512
 # A pure decode step of WG_DECODE_ROWS rows on Hopper runs gate_up + SwiGLU as gemm_wg_swiglu_t (kernels/gemm_wg.cu,
-# the operands swapped: weight rows on wgmma's m side, the step's rows on its n side), whose TMA ring holds most of
-# a tile's weights in flight at once, with SwiGLU's bits from its epilogue, where cuBLAS's GEMM and silu_mul took two
-# launches and wrote and read back the [rows, 2I] product. It LOST (branch decode_wg, never on main): session 24
-# measured it at 1.03-2.42x cuBLAS + silu_mul's time on an H100 (but Qwen3's 8 rows, 0.96x), session 23 the unswapped
-# kernels at 1.04-1.31x, and the engine's bench died with CUDA_ERROR_ILLEGAL_INSTRUCTION on both trees
-# (experiments/NOTEBOOK.md, gemm_wg at decode rows). Tensor maps by value (a15fed8) are not measured.
-WG_DECODE_ROWS = (2, 128)
+# the operands swapped: weight rows on wgmma's m side, the step's rows on its n side) at two blocks an SM
+# (T2_CONFIG), whose TMA ring holds most of a tile's weights in flight at once, with SwiGLU's bits from its
+# epilogue, where cuBLAS's GEMM and silu_mul took two launches and wrote and read back the [rows, 2I] product.
+# Branch decode_wg, never on main. Session 25 (an H100, dev/decode_attribution.py, graph-replayed steps) measured
+# it in the step for the first time (tensor maps by value, a15fed8, ended the illegal instruction):
+#   - with the plain epilogue (o on skinny, its RMSNorm in add_rmsnorm) 748.5 / 801.4 us against main's 780.7 /
+#     807.2 at the 0.5B's 8 / 32 rows, Llama-3.2-1B 1,165.3 / 1,315.5 against 1,201.7 / 1,341.2;
+#   - the 1.5B 1,717.8 / 2,004.9 against 1,702.6 / 1,965.0: its 280 tiles of T_COLS columns are one wave and a bit
+#     at two blocks an SM (264 on 132 SMs), the others' 96-256 fit one wave, hence WG_ONE_WAVE;
+#   - after an o of skinny_norm (the scaled epilogue, the RMSNorm inv summed by the producer warp) far slower at
+#     32 rows (0.5B 1,222.3, Llama 1,522.0, the 1.5B 3,016.0; not understood), so o stays skinny under wg;
+#   - at 128 rows slower (0.5B 1,245.2 against 1,102.0), hence 2-32 rows.
+# To adopt it: the whole GPU suite on this tree and bench A/Bs against main on the H200 (experiments/NOTEBOOK.md,
+# gemm_wg at decode rows).
+WG_DECODE_ROWS = (2, 32)
+WG_ONE_WAVE = 2  # blocks an SM (T2_CONFIG): wg only while gate_up's tiles fit one wave of them
 
 PROJECTIONS = ("blas", "tuned", "gemv", "skinny")
 # The backend op of each prefill attention kind of the plan.
@@ -166,12 +175,13 @@ def make_plan(backend, cfg, rows: int, decodes: int, context_bucket: int, option
     if qkv == "skinny" and not cfg.qk_norm and D % 16 == 0:  # q/k norms need the whole head; a tile holds 8 pairs
         qkv = "skinny_rope"
     o = project(H, Q)
-    if o == "skinny" and H % 16 == 0 and I % vec == 0:
-        o = "skinny_norm"  # RMSNorm(h) * w = inv * (h * w): inv, one number a row, commutes with gate_up's GEMM
     gate_up = project(2 * I, H)
     lo, hi = WG_DECODE_ROWS
-    if ours and pure_decode and backend.sm90 and lo <= rows <= hi and gw_shape_ok(rows, I, H):
-        gate_up = "wg"  # (after an o of skinny_norm its epilogue applies the norm's per-row scale too)
+    if (ours and pure_decode and backend.sm90 and lo <= rows <= hi and gw_shape_ok(rows, I, H)
+            and -(-I // T_COLS) <= WG_ONE_WAVE * backend.num_sms):
+        gate_up = "wg"
+    if o == "skinny" and H % 16 == 0 and I % vec == 0 and gate_up != "wg":
+        o = "skinny_norm"  # RMSNorm(h) * w = inv * (h * w): inv, one number a row, commutes with gate_up's GEMM
     swiglu = "scaled" if o == "skinny_norm" else "epilogue" if gate_up in ("gemv", "skinny", "wg") else "silu_mul"
     slices = next((s for top, s in DOWN_SLICES if 2 <= rows <= top), 0) if ours and pure_decode else 0
     slices = next((s for s in range(slices, 1, -1) if I % (8 * s) == 0), 0)  # each slice 16-byte aligned
