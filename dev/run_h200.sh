@@ -55,6 +55,8 @@
 #   decode_wg      gemm_wg_swiglu at decode rows (1-128) against cuBLAS + silu_mul and gemv_swiglu, weights cycled
 #                  over 8 copies past the L2 (dev/gemm_wg.py --copies 8); its GPU tests and the engine's that run
 #                  it; the decode step of the 0.5B and Llama at batch 1-128 on this tree and on _base/'s
+#   decode_wg_ab   the branch's plan (wg at 2-32 rows) against main's in _base/: bench's decode steps at batch 1, 2,
+#                  8, 16, 32 and 64 on the four shapes, both trees one shape after the other ($DWA_SHAPES: fewer)
 #   decode_wg_short  decode_wg in under 5 minutes: the swapped kernels' GPU tests, the 0.5B's decode steps on this
 #                  tree and _base/'s (or, where this tree's fail, which runs fail and the first traceback), the kernel
 #                  alone at the 0.5B's rows
@@ -268,6 +270,15 @@ if run decode_wg; then
   fi
   timeout 120 python3 dev/gemm_wg.py --tokens 1,8,32,64,128 --copies 8 --repeats 5 \
     ${DWG_DEV_SHAPES:+--shapes $DWG_DEV_SHAPES} 2>&1 | tee "$OUT/gemm_wg_decode.log"
+fi
+if run decode_wg_ab; then
+  for s in ${DWA_SHAPES:-qwen2.5-0.5b llama-3.2-1b qwen3-0.6b qwen2.5-1.5b}; do
+    for tree in . _base; do
+      [ -d "$tree/toolkit" ] || continue
+      (cd "$tree" && timeout 90 $B --shape $s --batch 1,2,8,16,32,64 --depth 0 --decode 64 --prefill 0 -r 3 2>&1) \
+        | grep "^| tg\|rror" | grep -v cupy_backends | sed "s/^/$s $tree /"
+    done
+  done 2>&1 | tee "$OUT/bench_decode_wg_ab.log"
 fi
 if run decode_wg_short; then
   # decode_wg when device time is short: the swapped kernels' tests only, the 0.5B's decode steps, where it fails

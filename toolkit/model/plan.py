@@ -69,7 +69,8 @@ TUNED_MIN_ROWS = 512
 #   - after an o of skinny_norm (the scaled epilogue, the RMSNorm inv summed by the producer warp) far slower at
 #     32 rows (0.5B 1,222.3, Llama 1,522.0, the 1.5B 3,016.0; not understood), so o stays skinny under wg;
 #   - at 128 rows slower (0.5B 1,245.2 against 1,102.0), hence 2-32 rows.
-# To adopt it: the whole GPU suite on this tree and bench A/Bs against main on the H200 (experiments/NOTEBOOK.md,
+# To adopt it: the whole GPU suite on this tree (`bash dev/run_h200.sh tests`), then bench A/Bs against main on the
+# H200 (main's toolkit/ and kernels/ in _base/: `bash dev/run_h200.sh decode_wg_ab`; experiments/NOTEBOOK.md,
 # gemm_wg at decode rows).
 WG_DECODE_ROWS = (2, 32)
 WG_ONE_WAVE = 2  # blocks an SM (T2_CONFIG): wg only while gate_up's tiles fit one wave of them
