@@ -86,7 +86,7 @@ def test_matches_gemm_then_silu_mul_closely():
 
 
 @pytest.mark.parametrize("config", GW_CONFIGS, ids=config_id)
-@pytest.mark.parametrize("M, I, Kin", [(8, 4864, 896), (32, 8192, 2048), (120, 344, 200)])
+@pytest.mark.parametrize("M, I, Kin", [(8, 4864, 896), (13, 4864, 896), (32, 8192, 2048), (120, 344, 200)])
 def test_scaled_epilogue(config, M, I, Kin):
     """After a gemm_skinny_norm o (decode steps of 2-32 rows), the RMSNorm's per-row scale in the epilogue: against
     the twin (gemm_wg_swiglu_scaled), and against cuBLAS + silu_mul_scaled (the two kernels it replaces, which sum K

@@ -67,7 +67,9 @@ TUNED_MIN_ROWS = 512
 #   - the 1.5B 1,717.8 / 2,004.9 against 1,702.6 / 1,965.0: its 280 tiles of T_COLS columns are one wave and a bit
 #     at two blocks an SM (264 on 132 SMs), the others' 96-256 fit one wave, hence WG_ONE_WAVE;
 #   - after an o of skinny_norm (the scaled epilogue, the RMSNorm inv summed by the producer warp) far slower at
-#     32 rows (0.5B 1,222.3, Llama 1,522.0, the 1.5B 3,016.0; not understood), so o stays skinny under wg;
+#     32 rows (0.5B 1,222.3, Llama 1,522.0, the 1.5B 3,016.0), so o stays skinny under wg. The reading: the warp
+#     summed one row after another, a dependent L2 round trip or two each; 8 rows' loads now go out together
+#     (built after the run, not run: with it, o's skinny_norm may pay under wg again);
 #   - at 128 rows slower (0.5B 1,245.2 against 1,102.0), hence 2-32 rows.
 # To adopt it: the whole GPU suite on this tree (`bash dev/run_h200.sh tests`), then bench A/Bs against main on the
 # H200 (main's toolkit/ and kernels/ in _base/: `bash dev/run_h200.sh decode_wg_ab`; experiments/NOTEBOOK.md,
