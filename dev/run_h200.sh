@@ -36,7 +36,8 @@
 #   table          issue 36's whole table (bench suite: 4 shapes x batch 1, 32, 128 x depth 0, 2,048, 8,192 and the
 #                  prefill, against the peer) as far as 540 s (or $TABLE_BUDGET) take it; it prints the commands for
 #                  the rest. A later call continues it: TABLE_FROM=an earlier call's suite.json, TABLE_ARGS=the cells
-#                  to run (e.g. "--shapes qwen3-0.6b,llama-3.2-1b"); it keeps the cells of TABLE_FROM it does not run
+#                  to run (e.g. "--shapes qwen3-0.6b,llama-3.2-1b"); it keeps the cells of TABLE_FROM it does not run.
+#                  TABLE_TREE=_base runs the copy of an older tree in _base/ instead of this one
 #   readme         the README's results: its bench suite command (the table under a 370 s budget) and throughput
 #   dev            a quick round while developing: kernel, sampler and engine GPU tests, then the peer
 #   wg             the Hopper prefill attention (prefill_attention_wg): wgmma probes, its GPU tests, then every
@@ -241,8 +242,8 @@ if run table; then
   # the rest of a table: TABLE_FROM names an earlier call's suite.json (kept, e.g. in experiments/logs/), whose cells
   # this call keeps; TABLE_ARGS picks the cells still to run (the commands the earlier call printed)
   if [ -n "${TABLE_FROM:-}" ]; then mkdir -p "$OUT/table" && cp "$TABLE_FROM" "$OUT/table/suite.json"; fi
-  python3 -m toolkit bench suite --device cuda --peer torch --budget ${TABLE_BUDGET:-540} ${TABLE_ARGS:-} \
-    --out "$OUT/table" 2>&1 \
+  (cd "${TABLE_TREE:-.}" && python3 -m toolkit bench suite --device cuda --peer torch --budget ${TABLE_BUDGET:-540} \
+    ${TABLE_ARGS:-} --out "$OUT/table") 2>&1 \
     | tee "$OUT/bench_suite_table.log" | tail -30
 fi
 if run tuned; then
