@@ -91,9 +91,6 @@ def _assignments_anywhere(names):
     names = set(names)
     hits = {name: [] for name in names}
 
-    def named(s):  # the names a setattr string argument refers to: "name" or "pkg.mod.name"
-        return [n for n in (s, s.rsplit(".", 1)[-1]) if n in names][:1]
-
     for top in ("kernels", "toolkit", "tests", "tui", "dev", "experiments", "benchmarks"):
         for path in (ROOT / top).rglob("*.py"):
             tree = ast.parse(path.read_text())
@@ -108,9 +105,10 @@ def _assignments_anywhere(names):
                 elif isinstance(node, ast.Call) and isinstance(node.func, (ast.Name, ast.Attribute)) \
                         and (node.func.id if isinstance(node.func, ast.Name) else node.func.attr) == "setattr":
                     for a in node.args[:2]:
-                        if isinstance(a, ast.Constant) and isinstance(a.value, str):
-                            for name in named(a.value):
-                                hits[name].append(where)
+                        # "name" or "pkg.mod.name": the last part (a name has no dot)
+                        if isinstance(a, ast.Constant) and isinstance(a.value, str) \
+                                and a.value.rsplit(".", 1)[-1] in names:
+                            hits[a.value.rsplit(".", 1)[-1]].append(where)
                 elif isinstance(node, ast.Global):
                     for name in names.intersection(node.names):
                         hits[name].append(where)
