@@ -75,6 +75,7 @@ VARIANTS = {  # name -> (class, attribute, replacement) patched while the graph 
     "decode_attention (every kernel)": [(CudaKernels, n, noop) for n in ("decode_attention", "decode_attention_tc",
                                                                            "decode_attention_stream")],
     "gemv (1 row)": [(CudaKernels, "gemv", noop)],
+    "gemv_rope (qkv at 1 row)": [(CudaKernels, "gemv_rope", noop)],
     "gemv_swiglu (gate_up at 1 row)": [(CudaKernels, "gemv_swiglu", noop)],
     "silu_mul": [(CudaKernels, "silu_mul", noop)],
     "silu_mul_scaled (after the o projection's norm epilogue)": [(CudaKernels, "silu_mul_scaled", noop)],

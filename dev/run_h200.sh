@@ -63,9 +63,9 @@
 #   tune_startup   the start-up measurement of the tuned projections: its GPU tests, its seconds on the four shapes
 #                  (dev/tune_startup.py), then bench throughput (whose first repeat paid for it before)
 #   b1_plans       the batch-1 step (dev/decode_attribution.py, graph-replayed, context 1) on three shapes (not
-#                  Qwen3's q/k norms) under main's plan, then with each of $B1_PLANS' replacements (default:
-#                  qkv=skinny_rope, the tensor-core qkv with RoPE and the K/V write in its epilogue, at 1 row), then
-#                  main's again
+#                  Qwen3's q/k norms) under this tree's plan, then with each of $B1_PLANS' replacements (default:
+#                  qkv=gemv, the GEMV then rope_qkv; qkv=skinny_rope, the tensor-core qkv with RoPE and the K/V write
+#                  in its epilogue, at 1 row), then this tree's again
 #   close          a session's closing run: every GPU test, the peer, throughput, the sampler, the attribution
 #   all            tests, speed, sampler, sparse and peer
 # Several modes in one call: `bash dev/run_h200.sh "prefill readme"` (each block runs once, in this file's order).

@@ -8,8 +8,7 @@ replayed in NumPy by tests/kernels/test_gemm_skinny_layout.py.)
 """
 import numpy as np
 
-from .gemv import projection, swiglu_projection
-from .rope import rope_qkv
+from .gemv import projection, rope_projection, swiglu_projection
 
 MAX_ROWS = 32  # gemm_skinny.cu is instantiated for NT = 1, 2, 4 n-tiles of 8 rows
 
@@ -27,12 +26,9 @@ def gemm_skinny_swiglu(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
 def gemm_skinny_rope(x: np.ndarray, w: np.ndarray, bias, cos: np.ndarray, sin: np.ndarray, positions: np.ndarray,
                      slot_mapping: np.ndarray, n_heads: int, n_kv_heads: int, q_out: np.ndarray, k_cache: np.ndarray,
                      v_cache: np.ndarray) -> None:
-    """The qkv projection, then rope_qkv's twin (no q/k norms): q -> q_out [M, Hq, D], K/V -> the caches at
-    slot_mapping, with rope_qkv's skips. float32, M <= MAX_ROWS."""
-    qkv = np.empty((x.shape[0], w.shape[0]), np.float32)
-    gemm_skinny(x, w, qkv)
-    rope_qkv(qkv, bias, None, None, 0.0, cos, sin, positions, slot_mapping, n_heads, n_kv_heads, q_out, k_cache,
-             v_cache)
+    """rope_projection over gemm_skinny, as gemm_skinny.cu's RoPE epilogue does it. float32, M <= MAX_ROWS."""
+    rope_projection(gemm_skinny, x, w, bias, cos, sin, positions, slot_mapping, n_heads, n_kv_heads, q_out, k_cache,
+                    v_cache)
 
 
 def gemm_skinny_norm(x: np.ndarray, w: np.ndarray, residual: np.ndarray, weight: np.ndarray, x_out: np.ndarray,

@@ -16,6 +16,7 @@
 #include "dtype.cuh"
 #include "elementwise.cuh"
 #include "pdl.cuh"
+#include "rope.cuh"
 
 // Weights are constants, so a kernel launched with PDL (pdl.cuh) loads the first GEMV_PF 16-byte chunks of each
 // lane's weight row before it waits for the previous kernel: with K = 896 in bf16 that is the whole row (112
@@ -169,6 +170,74 @@ gemv_swiglu(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ ou
         if (lane == 0) out[(size_t)m * I + r.n] = swiglu(from_f32<T>(acc[m]), from_f32<T>(acc[M + m]));
 }
 
+// ---- gemv_rope: the qkv projection with rope_qkv's work as its epilogue (the plan's gemv_rope, batch 1) ---------
+// RoPE pairs dims i and i + D/2 of a head, so a block's 8 / wpr rows are 4 / wpr pairs (wpr <= 4): local row r is
+// member r & 1 of the block's pair r >> 1, weight row h D + i or h D + D/2 + i for pair P = h D/2 + i. Each row's
+// sums are gemv's (warp_dots and row_sums, the same order), then the epilogue is rope.cu's value for value, as
+// gemm_skinny_rope's: T(y), + bias rounded to T, the rotation at positions[m] (rope_pair), q to q_out, k and v to
+// the caches at slot_mapping[m], with rope_qkv's skips (a position outside the table: no write; a padding slot: q
+// only). So qkv is never written and rope_qkv never launched: one kernel a layer fewer in a batch-1 step. Not for
+// Qwen3's q/k norms, which need the whole head. The positions, slots, cos/sin and bias are staged before the step,
+// so, like the weights, they are read before the PDL wait.
+// x T[M, K]; w T[(Hq + 2 Hkv) D, K]; bias T[that] or null; cos, sin float[n_pos, D/2]; positions, slot_mapping
+// int[M]; q_out T[M, Hq, D]; k_cache, v_cache T[num_slots, Hkv, D]. Grid ceil(pairs / (4 / wpr)), block 256.
+template <typename T, int M>
+__global__ void __launch_bounds__(256, 1)
+gemv_rope(const T* __restrict__ x, const T* __restrict__ w, int K, int wpr, const T* __restrict__ bias,
+          const float* __restrict__ cos_t, const float* __restrict__ sin_t, const int* __restrict__ positions,
+          const int* __restrict__ slot_mapping, int Hq, int Hkv, int D, int n_pos, int num_slots,
+          T* __restrict__ q_out, T* __restrict__ k_cache, T* __restrict__ v_cache) {
+    constexpr int VEC = 16 / sizeof(T);
+    __shared__ float s_sum[8][M];  // each local row's sums
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, KC = K / VEC, half = D / 2;
+    const int ppb = 4 / wpr, pairs = (Hq + 2 * Hkv) * half, lr = warp / wpr, part = warp % wpr;
+    // A pair past the last reads a real one (pairs - 1) and reaches the barriers; it writes nothing.
+    const int pc = min(blockIdx.x * ppb + (lr >> 1), pairs - 1);
+    const uint4* wr = reinterpret_cast<const uint4*>(w + ((size_t)(pc / half) * D + pc % half + (lr & 1) * half) * K);
+    const int c0 = part * 32 + lane, cs = 32 * wpr;
+    uint4 pre[GEMV_PF];
+    w_prefetch(wr, KC, c0, cs, pre);
+    // The epilogue's thread (pair t / M of the block, row t % M) loads its step constants before the wait too.
+    const int t = threadIdx.x, pair = blockIdx.x * ppb + t / M, m = t % M;
+    const bool mine = t < ppb * M && pair < pairs;
+    int pos = -1, slot = -1;
+    float c = 0.0f, sn = 0.0f, ba = 0.0f, bb = 0.0f;
+    if (mine) {
+        const int p = positions[m], i = pair % half, col = pair / half * D + i;
+        if ((unsigned)p < (unsigned)n_pos) {
+            pos = p, slot = slot_mapping[m];
+            c = cos_t[(size_t)p * half + i], sn = sin_t[(size_t)p * half + i];
+            if (bias) ba = to_f32(bias[col]), bb = to_f32(bias[col + half]);
+        }
+    }
+    pdl_enter();  // x comes from the previous kernel
+    float acc[M];
+    warp_dots<T, M>(wr, KC, c0, cs, pre,
+                    [&](int mm, int cc) { return __ldg(reinterpret_cast<const uint4*>(x + (size_t)mm * K) + cc); },
+                    acc);
+    const RowPart r(warp, lane, wpr);  // (only its part: row_sums reads r.part)
+    if (row_sums<M>(r, warp, lane, wpr, acc) && lane == 0) {
+#pragma unroll
+        for (int mm = 0; mm < M; mm++) s_sum[lr][mm] = acc[mm];
+    }
+    __syncthreads();
+    if (!mine || pos < 0) return;  // past the pairs or the batch; a position outside the table writes nothing
+    const int head = pair / half, i = pair % half;
+    float a = rnd<T>(s_sum[2 * (t / M)][m]), b = rnd<T>(s_sum[2 * (t / M) + 1][m]);  // the Linear output, in T
+    if (bias) { a = rnd<T>(a + ba); b = rnd<T>(b + bb); }  // then its bias, rounded to T (rope.cu)
+    T* dst;
+    if (head < Hq) {
+        dst = q_out + ((size_t)m * Hq + head) * D;
+    } else {
+        if ((unsigned)slot >= (unsigned)num_slots) return;  // a padding row (or a bad slot): q only
+        const int kv = head - Hq;
+        dst = (kv < Hkv ? k_cache : v_cache) + ((size_t)slot * Hkv + kv % Hkv) * D;
+    }
+    if (head < Hq + Hkv) rope_pair(a, b, c, sn);  // v heads are not rotated
+    dst[i] = from_f32<T>(a);
+    dst[half + i] = from_f32<T>(b);
+}
+
 #define GEMV_M(T, TO)                                                                                      \
     template __global__ void gemv<T, TO, 1>(const T*, const T*, TO*, int, int, int);                       \
     template __global__ void gemv<T, TO, 2>(const T*, const T*, TO*, int, int, int);                       \
@@ -182,3 +251,13 @@ GEMV_M(__nv_bfloat16, __nv_bfloat16) GEMV_M(__nv_bfloat16, float)
     template __global__ void gemv_swiglu<T, 3>(const T*, const T*, T*, int, int, int);                        \
     template __global__ void gemv_swiglu<T, 4>(const T*, const T*, T*, int, int, int);
 GEMV_SWIGLU(float) GEMV_SWIGLU(__half) GEMV_SWIGLU(__nv_bfloat16)
+#define GEMV_ROPE(T)                                                                                       \
+    template __global__ void gemv_rope<T, 1>(const T*, const T*, int, int, const T*, const float*, const float*, \
+                                             const int*, const int*, int, int, int, int, int, T*, T*, T*);   \
+    template __global__ void gemv_rope<T, 2>(const T*, const T*, int, int, const T*, const float*, const float*, \
+                                             const int*, const int*, int, int, int, int, int, T*, T*, T*);   \
+    template __global__ void gemv_rope<T, 3>(const T*, const T*, int, int, const T*, const float*, const float*, \
+                                             const int*, const int*, int, int, int, int, int, T*, T*, T*);   \
+    template __global__ void gemv_rope<T, 4>(const T*, const T*, int, int, const T*, const float*, const float*, \
+                                             const int*, const int*, int, int, int, int, int, T*, T*, T*);
+GEMV_ROPE(__half) GEMV_ROPE(__nv_bfloat16)

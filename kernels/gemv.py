@@ -1,4 +1,6 @@
-"""Small-batch projection, CPU twin of gemv.cu: y[m, n] = sum_k x[m, k] * w[n, k] (y = x @ w.T).
+"""Small-batch projection, CPU twin of gemv.cu: y[m, n] = sum_k x[m, k] * w[n, k] (y = x @ w.T), its SwiGLU form
+(gemv_swiglu: the gate_up projection with silu(gate) * up as the epilogue) and its RoPE form (gemv_rope: the qkv
+projection with rope_qkv as the epilogue).
 
 On the CPU BLAS already streams the weights at memory speed for any number of rows, so the twin is the same
 matmul the CPU backend's `linear` uses; it exists so the GPU kernel has a reference under its own name.
@@ -6,6 +8,7 @@ matmul the CPU backend's `linear` uses; it exists so the GPU kernel has a refere
 import numpy as np
 
 from .activation import silu_mul
+from .rope import rope_qkv
 
 MAX_ROWS = 4  # gemv.cu is instantiated for M = 1..4
 
@@ -31,6 +34,17 @@ def swiglu_projection(op: str, project, x: np.ndarray, w: np.ndarray, out: np.nd
     silu_mul(gate_up, out)
 
 
+def rope_projection(project, x: np.ndarray, w: np.ndarray, bias, cos: np.ndarray, sin: np.ndarray,
+                    positions: np.ndarray, slot_mapping: np.ndarray, n_heads: int, n_kv_heads: int, q_out: np.ndarray,
+                    k_cache: np.ndarray, v_cache: np.ndarray) -> None:
+    """The qkv projection by `project`, then rope_qkv's twin (no q/k norms): q -> q_out [M, Hq, D], K/V -> the
+    caches at slot_mapping, with rope_qkv's skips; what a kernel with RoPE in its epilogue computes."""
+    qkv = np.empty((x.shape[0], w.shape[0]), np.float32)
+    project(x, w, qkv)
+    rope_qkv(qkv, bias, None, None, 0.0, cos, sin, positions, slot_mapping, n_heads, n_kv_heads, q_out, k_cache,
+             v_cache)
+
+
 def gemv(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
     """x: float32[M, K] (M <= 4); w: float32[N, K]; out: float32[M, N], written in place."""
     projection("gemv", MAX_ROWS, x, w, out)
@@ -39,3 +53,11 @@ def gemv(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
 def gemv_swiglu(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
     """swiglu_projection over gemv, as gemv.cu's gemv_swiglu does it. float32, M <= MAX_ROWS."""
     swiglu_projection("gemv_swiglu", gemv, x, w, out)
+
+
+def gemv_rope(x: np.ndarray, w: np.ndarray, bias, cos: np.ndarray, sin: np.ndarray, positions: np.ndarray,
+              slot_mapping: np.ndarray, n_heads: int, n_kv_heads: int, q_out: np.ndarray, k_cache: np.ndarray,
+              v_cache: np.ndarray) -> None:
+    """rope_projection over gemv, as gemv.cu's gemv_rope does it. float32, M <= MAX_ROWS."""
+    rope_projection(gemv, x, w, bias, cos, sin, positions, slot_mapping, n_heads, n_kv_heads, q_out, k_cache,
+                    v_cache)

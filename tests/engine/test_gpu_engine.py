@@ -124,6 +124,14 @@ def test_skinny_rope_changes_no_token(tiny_bf16, monkeypatch):
     plan_changes_no_token(tiny_bf16, reqs, edit, "gemm_skinny_rope", monkeypatch)
 
 
+def test_gemv_rope_changes_no_token(tiny_bf16, monkeypatch):
+    """RoPE and the K/V write in the qkv GEMV's epilogue (gemv_rope, batch 1) give the tokens of gemv + rope_qkv,
+    from graphs and eagerly (the same sums: the tiny shape's rows get the same warps in both)."""
+    reqs = prompts(np.random.default_rng(72), tiny_bf16.cfg.vocab_size, 1)
+    edit = lambda p: dataclasses.replace(p, qkv="gemv") if p.qkv == "gemv_rope" else None
+    plan_changes_no_token(tiny_bf16, reqs, edit, "gemv_rope", monkeypatch)
+
+
 def test_gemv_swiglu_changes_no_token(tiny_bf16, monkeypatch):
     """SwiGLU in the gate_up GEMV's epilogue (batch 1) gives the tokens of the GEMV + silu_mul."""
     reqs = prompts(np.random.default_rng(71), tiny_bf16.cfg.vocab_size, 1)

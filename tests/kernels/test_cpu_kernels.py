@@ -231,20 +231,23 @@ def test_rope_qkv(rng, Hq, Hkv, D, bs, with_bias, with_norm):
     assert np.isnan(k_cache[rest]).all() and np.isnan(v_cache[rest]).all()
 
 
-def test_gemm_skinny_rope_twin(rng):
-    """gemm_skinny_rope's twin (the qkv projection with rope_qkv as its epilogue) against NumPy: x W^T + bias,
-    rotated; K/V at the rows' slots, a padding row (slot -1) writing q only."""
-    from kernels.gemm_skinny import gemm_skinny_rope
+@pytest.mark.parametrize("op, M", [("gemm_skinny_rope", 5), ("gemv_rope", 4)])
+def test_rope_projection_twins(rng, op, M):
+    """The twins of the qkv projections with rope_qkv as their epilogue (gemm_skinny_rope, gemv_rope) against
+    NumPy: x W^T + bias, rotated; K/V at the rows' slots, a padding row (slot -1) writing q only."""
+    import kernels.gemm_skinny
+    import kernels.gemv
 
-    Hq, Hkv, D, M, Kin, num_slots = 4, 2, 16, 5, 24, 40
+    twin = getattr(kernels.gemm_skinny if op.startswith("gemm") else kernels.gemv, op)
+    Hq, Hkv, D, Kin, num_slots = 4, 2, 16, 24, 40
     x, w, bias = randn(rng, M, Kin), randn(rng, (Hq + 2 * Hkv) * D, Kin), randn(rng, (Hq + 2 * Hkv) * D)
-    positions = np.array([3, 0, 17, 9, 30], I32)
-    slots = np.array([7, 2, 31, -1, 11], I32)
+    positions = np.array([3, 0, 17, 9, 30], I32)[-M:]
+    slots = np.array([7, 2, 31, -1, 11], I32)[-M:]
     cos, sin = rope_tables(32, D)
     q_out = np.empty((M, Hq, D), np.float32)
     k_cache = np.full((num_slots, Hkv, D), np.nan, np.float32)
     v_cache = k_cache.copy()
-    gemm_skinny_rope(x, w, bias, cos, sin, positions, slots, Hq, Hkv, q_out, k_cache, v_cache)
+    twin(x, w, bias, cos, sin, positions, slots, Hq, Hkv, q_out, k_cache, v_cache)
     y = x.astype(np.float64) @ w.T.astype(np.float64) + bias
     dy = gemm_bound(x, w) + U32 * np.abs(y)  # the K-term product, then the bias add
     q, k, v = (y[:, a * D:b * D].reshape(M, -1, D) for a, b in ((0, Hq), (Hq, Hq + Hkv), (Hq + Hkv, Hq + 2 * Hkv)))

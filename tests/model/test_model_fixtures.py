@@ -76,6 +76,7 @@ PLANS = {
                "gemm_skinny_swiglu", True),
     "wg": (dict(gate_up="wg", swiglu="epilogue"), "gemm_wg_swiglu", True),
     "skinny_rope": (dict(qkv="skinny_rope"), "gemm_skinny_rope", True),
+    "gemv_rope": (dict(qkv="gemv_rope"), "gemv_rope", True),
     "skinny_norm": (dict(o="skinny_norm", swiglu="scaled"), "gemm_skinny_norm", False),
     "wg_scaled": (dict(o="skinny_norm", gate_up="wg", swiglu="scaled"), "gemm_wg_swiglu_scaled", False),
     "slices": (dict(down="slices", down_slices=2), "add_rmsnorm_partials", False),
@@ -88,7 +89,7 @@ PLANS = {
 @pytest.mark.parametrize("path", list(PLANS))
 def test_gpu_plan_on_the_twins(name, path, monkeypatch):
     forced, spy, same = PLANS[path]
-    if path == "skinny_rope" and name == "qwen3":
+    if path.endswith("_rope") and name == "qwen3":
         pytest.skip("q/k norms need the whole head: the plan never puts RoPE in the qkv GEMM's epilogue there")
     ref, plain, prompt, decode, calls, layers = score_with_plan(name, monkeypatch, spy, **forced)
     steps = len(decode) if spy.startswith("decode_attention") else len(prompt) + len(decode)

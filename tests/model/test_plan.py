@@ -24,7 +24,8 @@ def plan(rows, decodes=None, backend=GPU, cfg=QWEN, ctx=256, **toggles):
 
 def test_batch_1_decode_is_our_gemv_path():
     p = plan(1)
-    assert (p.qkv, p.o, p.gate_up, p.swiglu, p.down) == ("gemv", "gemv", "gemv", "epilogue", "gemv")
+    assert (p.qkv, p.o, p.gate_up, p.swiglu, p.down) == ("gemv_rope", "gemv", "gemv", "epilogue", "gemv")
+    assert plan(1, cfg=QWEN3).qkv == "gemv"  # q/k norms need the whole head: RoPE stays its own kernel
     assert p.lm_head == "blas"  # 151,936 rows: cuBLAS measured faster than our GEMV
     assert p.decode_attention == "cuda_cores"  # a small batch at a short context spreads a group over blocks
     assert p.pdl and p.sparse is None

@@ -91,7 +91,9 @@ def kernel_names(op: str, ctype: str) -> list:
     if op == "gemv":
         outs = [ctype] if ctype == "float" else [ctype, "float"]
         rows = range(1, GEMV_MAX_ROWS + 1)
-        return [f"gemv<{ctype}, {o}, {m}>" for o in outs for m in rows] + [f"gemv_swiglu<{ctype}, {m}>" for m in rows]
+        rope = [] if ctype == "float" else [f"gemv_rope<{ctype}, {m}>" for m in rows]  # 16-bit types only
+        return ([f"gemv<{ctype}, {o}, {m}>" for o in outs for m in rows] + [f"gemv_swiglu<{ctype}, {m}>" for m in rows]
+                + rope)
     if op == "rmsnorm":  # the plain kernel, and the one that adds a split GEMM's partials first
         return [f"add_rmsnorm<{ctype}>", f"add_rmsnorm_partials<{ctype}>"]
     if op == "activation":  # silu_mul, and the form that applies a deferred RMSNorm scale (gemm_skinny_norm's)
@@ -346,8 +348,8 @@ class CudaKernels(SkinnyGemms, WgGemms):
 
     def _check_rope(self, op, rows, n_heads, n_kv_heads, D, qkv, bias, q_norm, k_norm, cos, sin, positions,
                     slot_mapping):
-        """RoPE's inputs for `rows` tokens (rope_qkv, or gemm_skinny_rope doing its work): dtypes, then shapes.
-        qkv None: the projection is computed in the same kernel (gemm_skinny_rope)."""
+        """RoPE's inputs for `rows` tokens (rope_qkv, or gemv_rope / gemm_skinny_rope doing its work): dtypes, then
+        shapes. qkv None: the projection is computed in the same kernel (gemv_rope, gemm_skinny_rope)."""
         self._check(op, self.storage, qkv, bias, q_norm, k_norm)
         self._check(op, F32, cos, sin)
         self._check(op, I32, positions, slot_mapping)
@@ -488,6 +490,30 @@ class CudaKernels(SkinnyGemms, WgGemms):
                              f"w [2I, K], out [M, I], K % {self.vec} == 0)")
         grid, wpr = self._gemv_grid(I, K)
         self._go(self._fn("gemv", f"gemv_swiglu<{self.ctype}, {M}>"), grid, (256,), (x, w, out, _i32(I), _i32(K), wpr))
+
+    def gemv_rope(self, x, w, bias, cos, sin, positions, slot_mapping, n_heads, n_kv_heads, q_out, k_cache,
+                  v_cache):
+        """qkv = x @ w.T and then rope_qkv's work in one kernel (no q/k norms): bias, RoPE, q -> q_out, K/V -> the
+        caches at slot_mapping, with rope_qkv's skips and roundings; the qkv projection of a decode step at
+        1 <= M <= GEMV_MAX_ROWS rows (16-bit types). A RoPE pair's two rows share a block, so a row gets at most 4
+        warps: where gemv gives it 4 or fewer (K < 4,096 in 16-bit) the sums are gemv's, bit for bit."""
+        M, K = x.shape
+        num_slots, Hkv, D = kshape = k_cache.shape
+        self._check_rope("gemv_rope", M, n_heads, n_kv_heads, D, None, bias, None, None, cos, sin, positions,
+                         slot_mapping)
+        self._check("gemv_rope", self.storage, x, w, q_out, k_cache, v_cache)
+        if Hkv != n_kv_heads or q_out.shape != (M, n_heads, D) or v_cache.shape != kshape:
+            raise ValueError(f"gemv_rope: x {x.shape}, q_out {q_out.shape}, k_cache {kshape}, "
+                             f"v_cache {v_cache.shape}, Hq={n_heads}, Hkv={n_kv_heads}")
+        N = (n_heads + 2 * n_kv_heads) * D
+        if self.itemsize != 2 or not 1 <= M <= GEMV_MAX_ROWS or w.shape != (N, K) or K % self.vec:
+            raise ValueError(f"gemv_rope: x {x.shape}, w {w.shape}, head dim {D}, Hq {n_heads}, Hkv {n_kv_heads} "
+                             f"in {self.dtype} (16-bit types, 1 <= M <= {GEMV_MAX_ROWS}, w [(Hq + 2 Hkv) D, K], "
+                             f"K % {self.vec} == 0)")
+        wpr = min(gemv_warps_per_row(K // self.vec), 4)
+        self._go(self._fn("gemv", f"gemv_rope<{self.ctype}, {M}>"), (-(-N // 2 // (4 // wpr)),), (256,),
+                 (x, w, _i32(K), _i32(wpr), bias, cos, sin, positions, slot_mapping, _i32(n_heads), _i32(n_kv_heads),
+                  _i32(D), _i32(cos.shape[0]), _i32(num_slots), q_out, k_cache, v_cache))
 
     def _paged(self, op, q, k_cache, v_cache, block_tables, seq_lens, block_size, out):
         """Shared checks of the attention ops; returns (Hq, D, Hkv, M, num_blocks)."""

@@ -46,6 +46,8 @@ class Backend(Protocol):
     # qkv = x @ w.T, then rope_qkv's work (no q/k norms) in the epilogue: qkv itself is not written
     def gemm_skinny_rope(self, x, w, bias, cos, sin, positions, slot_mapping, n_heads: int, n_kv_heads: int,
                          q_out, k_cache, v_cache) -> None: ...
+    def gemv_rope(self, x, w, bias, cos, sin, positions, slot_mapping, n_heads: int, n_kv_heads: int,
+                  q_out, k_cache, v_cache) -> None: ...
     # The o projection with the post-attention add_rmsnorm split over it: residual += x @ w.T, x_out = residual *
     # norm_w, parts[H / 16, T] = each 16-column tile's sums of residual^2; silu_mul_scaled applies the norm's
     # per-row scale rsqrt(mean + eps) after the gate_up GEMM.

@@ -145,8 +145,8 @@ class Model:
             add_norm(None if i == 0 else s.mlp_out, L.input_norm)
             rope = (L.qkv_bias, self.cos, self.sin, step.positions, step.slot_mapping, c.num_heads, c.num_kv_heads,
                     s.q, kv.k[i], kv.v[i])
-            if plan.qkv == "skinny_rope":
-                be.gemm_skinny_rope(s.x, L.qkv, *rope)
+            if plan.qkv in _ROPE_EPILOGUE:  # one kernel; qkv is not written
+                getattr(be, _ROPE_EPILOGUE[plan.qkv])(s.x, L.qkv, *rope)
             else:
                 project[plan.qkv](s.x, L.qkv, s.qkv)
                 be.rope_qkv(s.qkv, L.qkv_bias, L.q_norm, L.k_norm, eps, *rope[1:])
@@ -206,4 +206,5 @@ class Model:
 # The backend op of each projection kind of the plan, and of a gate_up with SwiGLU in its epilogue.
 _PROJECT = {"blas": "linear", "tuned": "linear_tuned", "gemv": "gemv", "skinny": "gemm_skinny"}
 _SWIGLU_EPILOGUE = {"gemv": "gemv_swiglu", "skinny": "gemm_skinny_swiglu", "wg": "gemm_wg_swiglu"}
+_ROPE_EPILOGUE = {"gemv_rope": "gemv_rope", "skinny_rope": "gemm_skinny_rope"}
 DECODE_OPS = {"cuda_cores": "decode_attention", "tc": "decode_attention_tc", "stream": "decode_attention_stream"}

@@ -5,7 +5,7 @@ by the model; `Model.forward` walks the layers through it and makes no choice of
 CUDA graph is keyed on it (a graph bakes in its kernels). A developer's A/B run builds a plan by
 hand: `dataclasses.replace(model.plan(step, options), o="skinny")`.
 
-    qkv      blas | tuned | gemv | skinny | skinny_rope   (skinny_rope: RoPE and the K/V write in the epilogue)
+    qkv      blas | tuned | gemv | skinny | gemv_rope | skinny_rope   (*_rope: RoPE and the K/V write in the epilogue)
     o        blas | tuned | gemv | skinny | skinny_norm   (skinny_norm: the post-attention add + RMSNorm weight
                                                            in the epilogue; the norm's per-row scale after gate_up)
     gate_up  blas | tuned | gemv | skinny | wg     (wg: a decode step's rows on Hopper's wgmma and TMA, SwiGLU in
@@ -97,7 +97,7 @@ class StepPlan:
     pdl: bool = False
 
     def __post_init__(self):
-        ok = (self.qkv in PROJECTIONS + ("skinny_rope",) and self.o in PROJECTIONS + ("skinny_norm",)
+        ok = (self.qkv in PROJECTIONS + ("gemv_rope", "skinny_rope") and self.o in PROJECTIONS + ("skinny_norm",)
               and self.gate_up in PROJECTIONS + ("wg",) and self.down in PROJECTIONS + ("slices",)
               and self.lm_head in PROJECTIONS and (self.down == "slices") == (self.down_slices > 1)
               and self.swiglu in ("silu_mul", "epilogue", "scaled")
@@ -175,8 +175,10 @@ def make_plan(backend, cfg, rows: int, decodes: int, context_bucket: int, option
         return "gemv" if gemv(n, k) else "skinny" if skinny(n, k) else "tuned" if tuned else "blas"
 
     qkv = project(cfg.qkv_size, H)
-    if qkv == "skinny" and not cfg.qk_norm and D % 16 == 0:  # q/k norms need the whole head; a tile holds 8 pairs
-        qkv = "skinny_rope"
+    # RoPE and the K/V write in the qkv projection's epilogue: rope_qkv is never launched. Not with q/k norms, which
+    # need the whole head; gemm_skinny's tile holds 8 pairs (a GEMV block holds 1-4).
+    if (qkv == "gemv" or qkv == "skinny" and D % 16 == 0) and not cfg.qk_norm:
+        qkv += "_rope"
     o = project(H, Q)
     gate_up = project(2 * I, H)
     lo, hi = WG_DECODE_ROWS
