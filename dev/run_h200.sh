@@ -187,6 +187,14 @@ if run sparse all; then
   python3 -m toolkit bench sparse --device cuda --tests combine,layer 2>&1 | tee "$OUT/bench_sparse.log"
   python3 experiments/sparse_sections.py 2>&1 | tee "$OUT/sparse_sections.log"
 fi
+if run b1_plans; then
+  for s in ${B1_SHAPES:-qwen2.5-0.5b llama-3.2-1b qwen2.5-1.5b}; do
+    for p in "" ${B1_PLANS:-qkv=gemv qkv=skinny_rope} ""; do
+      echo "== $s plan ${p:-own}"
+      SHAPE=$s timeout 120 python3 dev/decode_attribution.py 1 zzz 1 "" "$p" 2>&1 | grep "^| \|rror"
+    done
+  done 2>&1 | tee "$OUT/b1_plans.log"
+fi
 if run close; then
   python3 dev/decode_attribution.py 1,32 all 1,65 2>&1 | tee "$OUT/decode_attribution.log"
 fi
