@@ -176,7 +176,9 @@ def make_plan(backend, cfg, rows: int, decodes: int, context_bucket: int, option
 
     qkv = project(cfg.qkv_size, H)
     # RoPE and the K/V write in the qkv projection's epilogue: rope_qkv is never launched. Not with q/k norms, which
-    # need the whole head; gemm_skinny's tile holds 8 pairs (a GEMV block holds 1-4).
+    # need the whole head; gemm_skinny's tile holds 8 pairs (a GEMV block holds 1-4). At batch 1 on an H100 the step
+    # took 679 against 698 us (Qwen2.5-0.5B), 1,464 against 1,507 (Qwen2.5-1.5B), 1,103 against 1,105 (Llama-3.2-1B);
+    # gemm_skinny_rope at 1 row 694, 1,546 and 1,101 (experiments/NOTEBOOK.md, session 26).
     if (qkv == "gemv" or qkv == "skinny" and D % 16 == 0) and not cfg.qk_norm:
         qkv += "_rope"
     o = project(H, Q)
