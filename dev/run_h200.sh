@@ -55,9 +55,9 @@
 #   tune_startup   the start-up measurement of the tuned projections: its GPU tests, its seconds on the four shapes
 #                  (dev/tune_startup.py), then bench throughput (whose first repeat paid for it before)
 #   b1_plans       the batch-1 step (dev/decode_attribution.py, graph-replayed, context 1) on three shapes (not
-#                  Qwen3's q/k norms) under main's plan, then with each of $B1_PLANS' replacements (default:
-#                  qkv=skinny_rope, the tensor-core qkv with RoPE and the K/V write in its epilogue, at 1 row), then
-#                  main's again
+#                  Qwen3's q/k norms) under this tree's plan, then with each of $B1_PLANS' replacements (default:
+#                  qkv=gemv, the GEMV then rope_qkv; qkv=skinny_rope, the tensor-core qkv with RoPE and the K/V write
+#                  in its epilogue, at 1 row), then this tree's again
 #   close          a session's closing run: every GPU test, the peer, throughput, the sampler, the attribution
 #   all            tests, speed, sampler, sparse and peer
 # Several modes in one call: `bash dev/run_h200.sh "prefill readme"` (each block runs once, in this file's order).
@@ -178,6 +178,14 @@ fi
 if run sparse all; then
   python3 -m toolkit bench sparse --device cuda --tests combine,layer 2>&1 | tee "$OUT/bench_sparse.log"
   python3 experiments/sparse_sections.py 2>&1 | tee "$OUT/sparse_sections.log"
+fi
+if run b1_plans; then
+  for s in ${B1_SHAPES:-qwen2.5-0.5b llama-3.2-1b qwen2.5-1.5b}; do
+    for p in "" ${B1_PLANS:-qkv=gemv qkv=skinny_rope} ""; do
+      echo "== $s plan ${p:-own}"
+      SHAPE=$s timeout 120 python3 dev/decode_attribution.py 1 zzz 1 "" "$p" 2>&1 | grep "^| \|rror"
+    done
+  done 2>&1 | tee "$OUT/b1_plans.log"
 fi
 if run close; then
   python3 dev/decode_attribution.py 1,32 all 1,65 2>&1 | tee "$OUT/decode_attribution.log"
