@@ -83,20 +83,9 @@ class SkinnyGemms:
         """qkv = x @ w.T and then rope_qkv's work in one kernel (no q/k norms): bias, RoPE, q -> q_out, K/V -> the
         caches at slot_mapping, with rope_qkv's skips and roundings; the qkv projection of a decode step at
         1 <= M <= 32 rows (bf16/fp16). split: (WK, S) instead of the plan's."""
-        M, K = x.shape
-        num_slots, Hkv, D = kshape = k_cache.shape
-        self._check_rope("gemm_skinny_rope", M, n_heads, n_kv_heads, D, None, bias, None, None, cos, sin, positions,
-                         slot_mapping)
-        self._check("gemm_skinny_rope", self.storage, x, w, q_out, k_cache, v_cache)
-        if Hkv != n_kv_heads or q_out.shape != (M, n_heads, D) or v_cache.shape != kshape:
-            raise ValueError(f"gemm_skinny_rope: x {x.shape}, q_out {q_out.shape}, k_cache {kshape}, "
-                             f"v_cache {v_cache.shape}, Hq={n_heads}, Hkv={n_kv_heads}")
-        N = (n_heads + 2 * n_kv_heads) * D
-        if (self.itemsize != 2 or not 1 <= M <= MAX_ROWS or w.shape != (N, K) or K % K_CHUNK or D % 16
-                or (bias is not None and bias.shape != (N,))):
-            raise ValueError(f"gemm_skinny_rope: x {x.shape}, w {w.shape}, head dim {D}, Hq {n_heads}, Hkv "
-                             f"{n_kv_heads} in {self.dtype} (16-bit types, 1 <= M <= {MAX_ROWS}, w [(Hq + 2 Hkv) D, "
-                             f"K], K % {K_CHUNK} == 0, D % 16 == 0)")
+        M, K, N, D, num_slots = self._check_rope_projection("gemm_skinny_rope", MAX_ROWS, K_CHUNK, 16, x, w, bias,
+                                                            cos, sin, positions, slot_mapping, n_heads, n_kv_heads,
+                                                            q_out, k_cache, v_cache)
         plans, key = self._gemm_plans, (M, N, K, "rope", D, split and (1, *split))
         if key not in plans:
             plans[key] = self._skinny_plan(M, N, K, False, self.ctype, split and (1, *split), D)

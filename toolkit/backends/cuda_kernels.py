@@ -366,6 +366,25 @@ class CudaKernels(SkinnyGemms, WgGemms):
                 or (k_norm is not None and k_norm.shape != (D,))):
             raise ValueError(f"{op}: bias / q_norm / k_norm must be [{NH * D}] / [{D}] / [{D}]")
 
+    def _check_rope_projection(self, op, most, k_multiple, d_multiple, x, w, bias, cos, sin, positions, slot_mapping,
+                               n_heads, n_kv_heads, q_out, k_cache, v_cache):
+        """The checks of a qkv projection with RoPE in its epilogue (gemv_rope, gemm_skinny_rope): 16-bit types,
+        1 <= M <= most rows, K a multiple of k_multiple, D of d_multiple, and rope's inputs. Returns
+        (M, K, N, D, num_slots)."""
+        M, K = x.shape
+        num_slots, Hkv, D = kshape = k_cache.shape
+        self._check_rope(op, M, n_heads, n_kv_heads, D, None, bias, None, None, cos, sin, positions, slot_mapping)
+        self._check(op, self.storage, x, w, q_out, k_cache, v_cache)
+        if Hkv != n_kv_heads or q_out.shape != (M, n_heads, D) or v_cache.shape != kshape:
+            raise ValueError(f"{op}: x {x.shape}, q_out {q_out.shape}, k_cache {kshape}, v_cache {v_cache.shape}, "
+                             f"Hq={n_heads}, Hkv={n_kv_heads}")
+        N = (n_heads + 2 * n_kv_heads) * D
+        if self.itemsize != 2 or not 1 <= M <= most or w.shape != (N, K) or K % k_multiple or D % d_multiple:
+            raise ValueError(f"{op}: x {x.shape}, w {w.shape}, head dim {D}, Hq {n_heads}, Hkv {n_kv_heads} in "
+                             f"{self.dtype} (16-bit types, 1 <= M <= {most}, w [(Hq + 2 Hkv) D, K], K % {k_multiple} "
+                             f"== 0, D % {d_multiple} == 0)")
+        return M, K, N, D, num_slots
+
     # -- ops ----------------------------------------------------------------------------------------------
     def embedding(self, ids, table, out):
         """out[t] = table[ids[t]]; ids int32[T], table [V, H], out [T, H]. Out-of-range ids give zero rows."""
@@ -497,19 +516,9 @@ class CudaKernels(SkinnyGemms, WgGemms):
         caches at slot_mapping, with rope_qkv's skips and roundings; the qkv projection of a decode step at
         1 <= M <= GEMV_MAX_ROWS rows (16-bit types). A RoPE pair's two rows share a block, so a row gets at most 4
         warps: where gemv gives it 4 or fewer (K < 4,096 in 16-bit) the sums are gemv's, bit for bit."""
-        M, K = x.shape
-        num_slots, Hkv, D = kshape = k_cache.shape
-        self._check_rope("gemv_rope", M, n_heads, n_kv_heads, D, None, bias, None, None, cos, sin, positions,
-                         slot_mapping)
-        self._check("gemv_rope", self.storage, x, w, q_out, k_cache, v_cache)
-        if Hkv != n_kv_heads or q_out.shape != (M, n_heads, D) or v_cache.shape != kshape:
-            raise ValueError(f"gemv_rope: x {x.shape}, q_out {q_out.shape}, k_cache {kshape}, "
-                             f"v_cache {v_cache.shape}, Hq={n_heads}, Hkv={n_kv_heads}")
-        N = (n_heads + 2 * n_kv_heads) * D
-        if self.itemsize != 2 or not 1 <= M <= GEMV_MAX_ROWS or w.shape != (N, K) or K % self.vec:
-            raise ValueError(f"gemv_rope: x {x.shape}, w {w.shape}, head dim {D}, Hq {n_heads}, Hkv {n_kv_heads} "
-                             f"in {self.dtype} (16-bit types, 1 <= M <= {GEMV_MAX_ROWS}, w [(Hq + 2 Hkv) D, K], "
-                             f"K % {self.vec} == 0)")
+        M, K, N, D, num_slots = self._check_rope_projection("gemv_rope", GEMV_MAX_ROWS, self.vec, 2, x, w, bias, cos,
+                                                            sin, positions, slot_mapping, n_heads, n_kv_heads, q_out,
+                                                            k_cache, v_cache)
         wpr = min(gemv_warps_per_row(K // self.vec), 4)
         self._go(self._fn("gemv", f"gemv_rope<{self.ctype}, {M}>"), (-(-N // 2 // (4 // wpr)),), (256,),
                  (x, w, _i32(K), _i32(wpr), bias, cos, sin, positions, slot_mapping, _i32(n_heads), _i32(n_kv_heads),
