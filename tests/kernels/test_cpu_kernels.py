@@ -521,27 +521,3 @@ def test_projection_swiglu_twin(rng, mod, swiglu, M):
         assert_within(out, u / (1 + np.exp(-u)) * g, tol)
     with pytest.raises(ValueError, match=swiglu):
         fn(x, w, np.empty((M, 2 * I), np.float32))  # out sized like gate_up
-
-
-@pytest.mark.parametrize("M", [1, 5, 40])
-def test_gemm_wg_swiglu_scaled_twin(rng, M):
-    """gemm_wg_swiglu with the RMSNorm scale of a gemm_skinny_norm o: each row's gate and up times inv =
-    rsqrt(sum of parts[:, m] / (16 tiles) + eps) before SwiGLU, against its NumPy definition."""
-    from kernels.gemm_wg import gemm_wg_swiglu_scaled
-
-    K, I, tiles, eps = 40, 12, 3, 1e-6
-    x, w = randn(rng, M, K), randn(rng, 2 * I, K)
-    parts = (rng.random((tiles, M)) * 16).astype(np.float32)
-    out = np.empty((M, I), np.float32)
-    gemm_wg_swiglu_scaled(x, w, parts, eps, out)
-    inv = 1.0 / np.sqrt(parts.astype(np.float64).sum(axis=0) / (16 * tiles) + eps)
-    g, u = (x.astype(np.float64) @ w[:I].T) * inv[:, None], (x.astype(np.float64) @ w[I:].T) * inv[:, None]
-    # inv rounded to fp32 and the product scaled by it: each one fp32 rounding on top of the GEMM's bound
-    bg, bu = gemm_bound(x, w[:I]) * inv[:, None], gemm_bound(x, w[I:]) * inv[:, None]
-    tol = silu_mul_bound(g, u, bg + 2 * np.finfo(np.float32).eps * np.abs(g),
-                         bu + 2 * np.finfo(np.float32).eps * np.abs(u))
-    assert_within(out, g / (1 + np.exp(-g)) * u, tol)
-    with pytest.raises(AssertionError):  # the scale left out
-        assert_within(out, (g / inv[:, None]) / (1 + np.exp(-g / inv[:, None])) * (u / inv[:, None]), tol)
-    with pytest.raises(ValueError, match="gemm_wg_swiglu_scaled"):
-        gemm_wg_swiglu_scaled(x, w, parts[:, :-1] if M > 1 else np.zeros((tiles, 2), np.float32), eps, out)

@@ -1,13 +1,12 @@
-"""gemm_wg.cu (gate_up with SwiGLU in its epilogue, on wgmma with TMA loads) on an sm_90 GPU against its CPU twin:
-the four bench shapes' MLPs at prompt and decode row counts, last row and column tiles that are partial
-and a K past the last whole stage (TMA's zero fill; rows and columns past the output must not be stored), more
-tiles than SMs (the persistent loop), both instantiations, fp16, repeat launches bit-identical, the rows of a view,
-and the shapes it refuses."""
+"""gemm_wg.cu (a decode step's gate_up with SwiGLU in its epilogue, on wgmma with TMA loads) on an sm_90 GPU against
+its CPU twin: the four bench shapes' MLPs at decode row counts (1-128: each NB instantiation), last column tiles that
+are partial and a K past the last whole stage (TMA's zero fill; rows and columns past the output must not be
+stored), more tiles than fit one wave, fp16, repeat launches bit-identical, against cuBLAS + silu_mul, the rows of a
+view, and the shapes it refuses."""
 import numpy as np
 import pytest
 
 from kernels.gemm_wg import gemm_wg_swiglu
-from toolkit.backends.cuda_wg import GW_CONFIGS, T_CONFIG, config_id
 
 cp = pytest.importorskip("cupy")
 from tests.gpu_arrays import dev, rounded  # noqa: E402
@@ -33,34 +32,27 @@ def case(M, I, Kin, dtype, seed=0):
     return x, w, ref
 
 
-# (M, I, K): the 0.5B's MLP at 4,096 tokens (38 x 32 tiles, 9 a SM), Qwen3's, Llama's and the 1.5B's at partial
-# last row tiles, a single partial tile, the tiny test model's (I = 688: a partial last column tile, whose gate rows
-# run into up's), and a K of no whole 64-wide stage past the first three.
-CASES = [(4096, 4864, 896), (1000, 3072, 1024), (700, 8192, 2048), (513, 8960, 1536), (77, 128, 64),
-         (300, 688, 256), (130, 344, 200),
-         # decode steps (the plan's WG_DECODE_ROWS): one row tile, partly or wholly filled
-         (33, 4864, 896), (64, 3072, 1024), (128, 8192, 2048), (100, 8960, 1536), (1, 4864, 896),
-         (5, 688, 256), (16, 344, 200)]  # (partial last 32-column tiles, a K past the last whole stage)
-
-
-# Every configuration at every case it takes (the swapped decode kernels, T_CONFIG and T2_CONFIG: up to 128 rows).
-CONFIG_CASES = [pytest.param(c, *case, id=f"{config_id(c)}-{'-'.join(map(str, case))}") for c in GW_CONFIGS
-                for case in CASES if c[3] != 2 or case[0] <= 128]
+# (M, I, K): the bench shapes' MLPs (the 0.5B, Qwen3, Llama, the 1.5B: 152-280 tiles of 32 columns, the 1.5B's
+# past one wave of two blocks an SM) at rows of each NB instantiation (8, 16, 32, 64, 128), partly or wholly
+# filled; the tiny test model's (I = 688: a partial last column tile, whose gate rows run into up's); a K of no
+# whole 64-wide stage past the first three, and a K of one stage.
+CASES = [(33, 4864, 896), (64, 3072, 1024), (128, 8192, 2048), (100, 8960, 1536), (1, 4864, 896), (8, 4864, 896),
+         (13, 4864, 896), (32, 8192, 2048), (5, 688, 256), (16, 344, 200), (77, 128, 64)]
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-@pytest.mark.parametrize("config, M, I, Kin", CONFIG_CASES)
-def test_gemm_wg_swiglu(dtype, config, M, I, Kin):
+@pytest.mark.parametrize("M, I, Kin", CASES)
+def test_gemm_wg_swiglu(dtype, M, I, Kin):
     x, w, ref = case(M, I, Kin, dtype)
     k = K(dtype)
     xd, wd = dev(x, dtype), dev(w, dtype)
     out = dev(np.full((M + 3, I), SENTINEL), dtype)  # rows past M: the kernel must not store its zero-filled rows
-    k.gemm_wg_swiglu(xd, wd, out[:M], config=config)
+    k.gemm_wg_swiglu(xd, wd, out[:M])
     got = host(out, dtype)
     assert (got[M:] == SENTINEL).all(), "stored rows past M"
-    check(f"gemm_wg_swiglu M={M} I={I} K={Kin} {config}", got[:M], ref, dtype)
+    check(f"gemm_wg_swiglu M={M} I={I} K={Kin}", got[:M], ref, dtype)
     again = dev(np.zeros((M, I)), dtype)
-    k.gemm_wg_swiglu(xd, wd, again, config=config)
+    k.gemm_wg_swiglu(xd, wd, again)
     assert (host(again, dtype) == got[:M]).all(), "two launches differ"
     # (A store past column I of row r would land in row r + 1's first columns, or in the sentinel rows after the
     # last row: both checked above.)
@@ -71,49 +63,18 @@ def test_matches_gemm_then_silu_mul_closely():
     roundings after the sum, so nearly every element is equal or one bf16 step apart."""
     from toolkit.backends.cuda import CudaBackend
 
-    M, I, Kin = 2048, 4864, 896
+    M, I, Kin = 32, 4864, 896
     x, w, ref = case(M, I, Kin, "bfloat16", seed=3)
     be = CudaBackend("bfloat16")
     xd, wd = be.from_host(x), be.from_host(w)
     gu, a, b = be.empty((M, 2 * I)), be.empty((M, I)), be.empty((M, I))
     be.linear(xd, wd, gu)
     be.silu_mul(gu, a)
-    be.kernels.gemm_wg_swiglu(xd, wd, b, config=(128, 4, 1, 0))  # (a prompt's rows: the cooperative kernel)
+    be.kernels.gemm_wg_swiglu(xd, wd, b)
     ga, gb = be.to_host(a), be.to_host(b)
     check("gemm_wg_swiglu vs cuBLAS + silu_mul", gb, ga, "bfloat16")
     steps = np.abs(ga - gb) / np.maximum(np.abs(ga), 1e-6) / 2.0 ** -7
     assert np.mean(steps > 2) < 1e-3, f"{np.mean(steps > 2):.2e} of the elements more than 2 bf16 steps apart"
-
-
-@pytest.mark.parametrize("config", GW_CONFIGS, ids=config_id)
-@pytest.mark.parametrize("M, I, Kin", [(8, 4864, 896), (13, 4864, 896), (32, 8192, 2048), (120, 344, 200)])
-def test_scaled_epilogue(config, M, I, Kin):
-    """After a gemm_skinny_norm o (decode steps of 2-32 rows), the RMSNorm's per-row scale in the epilogue: against
-    the twin (gemm_wg_swiglu_scaled), and against cuBLAS + silu_mul_scaled (the two kernels it replaces, which sum K
-    in another order: nearly every element equal or a bf16 step apart); rows past M not stored."""
-    from kernels.gemm_wg import gemm_wg_swiglu_scaled
-    from toolkit.backends.cuda import CudaBackend
-
-    x, w, _ = case(M, I, Kin, "bfloat16", seed=5)
-    tiles = Kin // 16
-    parts = (np.random.default_rng(M).random((tiles, M)) * 16).astype(np.float32)
-    ref = np.empty((M, I), np.float32)
-    gemm_wg_swiglu_scaled(x, w, parts, 1e-6, ref)
-    be = CudaBackend("bfloat16")
-    xd, wd, pd = be.from_host(x), be.from_host(w), cp.asarray(parts)
-    out = dev(np.full((M + 3, I), SENTINEL), "bfloat16")
-    be.kernels.gemm_wg_swiglu(xd, wd, out[:M], config=config, parts=pd, eps=1e-6)
-    got = host(out, "bfloat16")
-    assert (got[M:] == SENTINEL).all(), "stored rows past M"
-    check(f"gemm_wg_swiglu scaled M={M} I={I} K={Kin} {config}", got[:M], ref, "bfloat16")
-    gu, a = be.empty((M, 2 * I)), be.empty((M, I))
-    be.linear(xd, wd, gu)
-    be.silu_mul_scaled(gu, pd, 1e-6, a)
-    ga = be.to_host(a)
-    steps = np.abs(ga - got[:M]) / np.maximum(np.abs(ga), 1e-6) / 2.0 ** -7
-    assert np.mean(steps > 2) < 1e-3, f"{np.mean(steps > 2):.2e} of the elements more than 2 bf16 steps apart"
-    with pytest.raises(ValueError, match="gemm_wg_swiglu"):
-        be.kernels.gemm_wg_swiglu(xd, wd, out[:M], parts=pd[:, :-1], eps=1e-6)  # parts of other rows
 
 
 def test_rows_of_a_view():
@@ -129,11 +90,11 @@ def test_rows_of_a_view():
 
 @pytest.mark.parametrize("M, I, Kin, why", [(64, 100, 128, "I"), (64, 128, 100, "K"), (129, 128, 128, "M")])
 def test_refuses_shapes_it_does_not_take(M, I, Kin, why):
-    """I and K of whole 16-byte rows; the swapped decode kernel (the plan's) up to 128 rows."""
+    """I and K of whole 16-byte rows; up to 128 rows."""
     k = K("bfloat16")
     x, w = cp.zeros((M, Kin), cp.uint16), cp.zeros((2 * I, Kin), cp.uint16)
     with pytest.raises(ValueError, match="gemm_wg_swiglu"):
-        k.gemm_wg_swiglu(x, w, cp.zeros((M, I), cp.uint16), config=T_CONFIG)
+        k.gemm_wg_swiglu(x, w, cp.zeros((M, I), cp.uint16))
 
 
 def test_refuses_fp32():

@@ -78,7 +78,6 @@ PLANS = {
     "skinny_rope": (dict(qkv="skinny_rope"), "gemm_skinny_rope", True),
     "gemv_rope": (dict(qkv="gemv_rope"), "gemv_rope", True),
     "skinny_norm": (dict(o="skinny_norm", swiglu="scaled"), "gemm_skinny_norm", False),
-    "wg_scaled": (dict(o="skinny_norm", gate_up="wg", swiglu="scaled"), "gemm_wg_swiglu_scaled", False),
     "slices": (dict(down="slices", down_slices=2), "add_rmsnorm_partials", False),
     "tc_attention": (dict(decode_attention="tc", prefill_attention="tc"), "decode_attention_tc", False),
     "stream_attention": (dict(decode_attention="stream"), "decode_attention_stream", False),

@@ -23,7 +23,7 @@ from kernels.decode_attention import decode_attention
 from kernels.decode_attention_tc import decode_attention_tc, decode_attention_tc_stream
 from kernels.embedding import embedding
 from kernels.gemm_skinny import gemm_skinny, gemm_skinny_norm, gemm_skinny_rope, gemm_skinny_swiglu
-from kernels.gemm_wg import gemm_wg_swiglu, gemm_wg_swiglu_scaled
+from kernels.gemm_wg import gemm_wg_swiglu
 from kernels.gemv import gemv, gemv_rope, gemv_swiglu
 from kernels.prefill_attention import prefill_attention
 from kernels.rmsnorm import add_rmsnorm, add_rmsnorm_partials
@@ -211,8 +211,7 @@ class CpuBackend:
 
 # Backend ops that are exactly one CPU twin (kernels/<op>.py; the sampler's: kernels/sampler.py), as static methods.
 for _twin in (embedding, add_rmsnorm, add_rmsnorm_partials, rope_qkv, silu_mul, silu_mul_scaled, gemv, gemv_swiglu,
-              gemv_rope, gemm_skinny, gemm_skinny_swiglu, gemm_wg_swiglu, gemm_wg_swiglu_scaled, gemm_skinny_rope,
-              gemm_skinny_norm, _smp.gumbel_sample, _smp.filter_sample, _smp.to_fp32, _smp.add_entries,
-              _smp.apply_penalties, _smp.temperature_min_p,
-              _smp.top_k_top_p, _smp.logprobs, combine_topk_swa_indices, _sp.sparse_attention):
+              gemv_rope, gemm_skinny, gemm_skinny_swiglu, gemm_wg_swiglu, gemm_skinny_rope, gemm_skinny_norm,
+              _smp.gumbel_sample, _smp.filter_sample, _smp.to_fp32, _smp.add_entries, _smp.apply_penalties,
+              _smp.temperature_min_p, _smp.top_k_top_p, _smp.logprobs, combine_topk_swa_indices, _sp.sparse_attention):
     setattr(CpuBackend, _twin.__name__, staticmethod(_twin))

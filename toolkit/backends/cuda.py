@@ -345,10 +345,9 @@ class CudaBackend:
 # Backend ops that are exactly one launcher: (the object that holds it, {backend op: its method there}).
 KERNEL_OPS = ("kernels", {n: n for n in (
     "embedding", "add_rmsnorm", "add_rmsnorm_partials", "rope_qkv", "silu_mul", "silu_mul_scaled", "gemv",
-    "gemv_swiglu", "gemv_rope", "gemm_skinny", "gemm_skinny_swiglu", "gemm_wg_swiglu", "gemm_wg_swiglu_scaled",
-    "gemm_skinny_rope", "gemm_skinny_norm", "decode_attention", "decode_attention_tc", "decode_attention_stream",
-    "prefill_attention", "prefill_attention_tc",
-    "prefill_attention_wg")})
+    "gemv_swiglu", "gemv_rope", "gemm_skinny", "gemm_skinny_swiglu", "gemm_wg_swiglu", "gemm_skinny_rope",
+    "gemm_skinny_norm", "decode_attention", "decode_attention_tc", "decode_attention_stream", "prefill_attention",
+    "prefill_attention_tc", "prefill_attention_wg")})
 SAMPLER_OPS = ("sampler_kernels", {n: n for n in (
     "gumbel_sample", "filter_sample", "to_fp32", "add_entries", "apply_penalties", "temperature_min_p", "top_k_top_p",
     "logprobs")})

@@ -158,9 +158,7 @@ class Model:
                 project[plan.o](attn, L.o_proj, s.attn_out)
             timer.lap("attention")
             # MLP block: h += attention output, then act = SwiGLU(gate_up(RMSNorm(h))), then down.
-            if plan.swiglu == "scaled" and plan.gate_up == "wg":  # the scale in the wgmma GEMM's epilogue
-                be.gemm_wg_swiglu_scaled(s.x, L.gate_up, norm_parts, eps, s.act)
-            elif plan.swiglu == "scaled":  # gate_up = W (h * w); act = SwiGLU(inv * gate_up)
+            if plan.swiglu == "scaled":  # gate_up = W (h * w); act = SwiGLU(inv * gate_up)
                 project[plan.gate_up](s.x, L.gate_up, s.gate_up)
                 be.silu_mul_scaled(s.gate_up, norm_parts, eps, s.act)
             else:

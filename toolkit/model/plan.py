@@ -11,8 +11,7 @@ hand: `dataclasses.replace(model.plan(step, options), o="skinny")`.
     gate_up  blas | tuned | gemv | skinny | wg     (wg: a decode step's rows on Hopper's wgmma and TMA, SwiGLU in
                                                    the epilogue)
     swiglu   silu_mul | epilogue | scaled         (epilogue: inside gate_up's GEMV, skinny GEMM or wg GEMM;
-                                                   scaled: after an o of skinny_norm, silu_mul_scaled or inside
-                                                   gate_up's wg GEMM)
+                                                   scaled: silu_mul_scaled, after an o of skinny_norm)
     down     blas | tuned | gemv | skinny | slices        (slices: down_slices fp32 partial products over K,
                                                            summed by the next add_rmsnorm: no split-K reduce)
     lm_head  blas | tuned | gemv | skinny
@@ -25,9 +24,9 @@ hand: `dataclasses.replace(model.plan(step, options), o="skinny")`.
 
 "blas" is cuBLAS on the GPU and NumPy's BLAS on the CPU; "tuned" the same product by the cuBLAS algorithm
 measured fastest for its (N, K, row bucket), gemmEx's or one of cuBLASLt's (backends/cuda_tuned.py), for a step of
-TUNED_MIN_ROWS rows or more on the GPU in 16-bit (a prompt's projections). Our kernels (gemv, skinny, wg, their epilogues, the slices) run only with the `fused_kernels` toggle, on the
-GPU, in 16-bit. The thresholds below
-were measured on the H200 at the Qwen2.5-0.5B shape (experiments/NOTEBOOK.md has the runs).
+TUNED_MIN_ROWS rows or more on the GPU in 16-bit (a prompt's projections). Our kernels (gemv, skinny, wg, their
+epilogues, the slices) run only with the `fused_kernels` toggle, on the GPU, in 16-bit. The thresholds below were
+measured at the Qwen2.5-0.5B shape, on the H200 unless they say otherwise (experiments/NOTEBOOK.md has the runs).
 """
 import math
 from dataclasses import dataclass
@@ -57,25 +56,22 @@ STREAM_MIN_LEN, STREAM_TC_TILES = 2048, 32768
 # A step of this many rows or more runs its projections "tuned" (a prompt's, or a big chunk of one).
 TUNED_MIN_ROWS = 512
 # A pure decode step of WG_DECODE_ROWS rows on Hopper runs gate_up + SwiGLU as gemm_wg_swiglu_t (kernels/gemm_wg.cu,
-# the operands swapped: weight rows on wgmma's m side, the step's rows on its n side) at two blocks an SM
-# (T2_CONFIG), whose TMA ring holds most of a tile's weights in flight at once, with SwiGLU's bits from its
-# epilogue, where cuBLAS's GEMM and silu_mul took two launches and wrote and read back the [rows, 2I] product.
-# Branch decode_wg, never on main. Session 25 (an H100, dev/decode_attribution.py, graph-replayed steps) measured
-# it in the step for the first time (tensor maps by value, a15fed8, ended the illegal instruction):
-#   - with the plain epilogue (o on skinny, its RMSNorm in add_rmsnorm) 748.5 / 801.4 us against main's 780.7 /
-#     807.2 at the 0.5B's 8 / 32 rows, Llama-3.2-1B 1,165.3 / 1,315.5 against 1,201.7 / 1,341.2;
-#   - the 1.5B 1,717.8 / 2,004.9 against 1,702.6 / 1,965.0: its 280 tiles of T_COLS columns are one wave and a bit
-#     at two blocks an SM (264 on 132 SMs), the others' 96-256 fit one wave, hence WG_ONE_WAVE;
-#   - after an o of skinny_norm (the scaled epilogue, the RMSNorm inv summed by the producer warp) far slower at
-#     32 rows (0.5B 1,222.3, Llama 1,522.0, the 1.5B 3,016.0), so o stays skinny under wg. The reading: the warp
-#     summed one row after another, a dependent L2 round trip or two each; 8 rows' loads now go out together
-#     (built after the run, not run: with it, o's skinny_norm may pay under wg again);
-#   - at 128 rows slower (0.5B 1,245.2 against 1,102.0), hence 2-32 rows.
-# To adopt it: the whole GPU suite on this tree (`bash dev/run_h200.sh tests`), then bench A/Bs against main on the
-# H200 (main's toolkit/ and kernels/ in _base/: `bash dev/run_h200.sh decode_wg_ab`; experiments/NOTEBOOK.md,
-# gemm_wg at decode rows).
+# the operands swapped: weight rows on wgmma's m side, the step's rows on its n side) at two blocks an SM, whose TMA
+# ring holds most of a tile's weights in flight at once, with SwiGLU's bits from its epilogue, where cuBLAS's GEMM
+# and silu_mul took two launches and wrote and read back the [rows, 2I] product. Measured on an H100
+# (experiments/NOTEBOOK.md, gemm_wg at decode rows):
+#   - the step (dev/decode_attribution.py, session 25): 748.5 / 801.4 us against cuBLAS + silu_mul's 780.7 / 807.2
+#     at the 0.5B's 8 / 32 rows, Llama-3.2-1B 1,165.3 / 1,315.5 against 1,201.7 / 1,341.2; the 1.5B 1,717.8 /
+#     2,004.9 against 1,702.6 / 1,965.0: its 280 tiles of T_COLS columns are one wave and a bit at two blocks an SM
+#     (264 on 132 SMs), the others' 96-256 fit one wave, hence WG_ONE_WAVE; at 128 rows slower (0.5B 1,245.2
+#     against 1,102.0), hence 2-32 rows;
+#   - bench (session 26, ms a step at batch 2 / 8 / 16 / 32): the 0.5B 0.754 / 0.754 / 0.744 / 0.805 against 0.775
+#     / 0.791 / 0.766 / 0.811, Llama 1.163 / 1.165 / 1.237 / 1.317 against 1.199 / 1.202 / 1.276 / 1.340, Qwen3-0.6B
+#     0.938 / 0.977 / 1.041 / 1.208 against 1.033 / 1.081 / 1.064 / 1.210.
+# Under wg the o projection stays plain (its RMSNorm in add_rmsnorm): with skinny_norm's scale in wg's epilogue the
+# step was far slower at 32 rows (0.5B 1,222.3 us), and that epilogue was removed.
 WG_DECODE_ROWS = (2, 32)
-WG_ONE_WAVE = 2  # blocks an SM (T2_CONFIG): wg only while gate_up's tiles fit one wave of them
+WG_ONE_WAVE = 2  # blocks an SM (cuda_wg.CTAS): wg only while gate_up's tiles fit one wave of them
 
 PROJECTIONS = ("blas", "tuned", "gemv", "skinny")
 # The backend op of each prefill attention kind of the plan.
@@ -102,7 +98,7 @@ class StepPlan:
               and self.lm_head in PROJECTIONS and (self.down == "slices") == (self.down_slices > 1)
               and self.swiglu in ("silu_mul", "epilogue", "scaled")
               and (self.swiglu == "scaled") == (self.o == "skinny_norm")
-              and (self.gate_up != "wg" or self.swiglu in ("epilogue", "scaled"))  # (no plain wg projection)
+              and (self.gate_up != "wg" or self.swiglu == "epilogue")  # (wg is gate_up with SwiGLU, unscaled)
               and (self.swiglu != "epilogue" or self.gate_up in ("gemv", "skinny", "wg"))
               and self.decode_attention in ("cuda_cores", "tc", "stream")
               and self.prefill_attention in PREFILL_OPS)
@@ -112,8 +108,7 @@ class StepPlan:
     def describe(self) -> str:
         """One line for the UI and bench: the kernel of each op."""
         down = f"{self.down_slices} slices" if self.down == "slices" else self.down
-        swiglu = {"silu_mul": "+silu_mul", "epilogue": " swiglu",
-                  "scaled": " scaled swiglu" if self.gate_up == "wg" else "+scaled silu"}[self.swiglu]
+        swiglu = {"silu_mul": "+silu_mul", "epilogue": " swiglu", "scaled": "+scaled silu"}[self.swiglu]
         return (f"qkv {self.qkv} · o {self.o} · gate_up {self.gate_up}{swiglu} · down {down} · lm_head "
                 f"{self.lm_head} · attention {self.decode_attention}/{self.prefill_attention}"
                 f"{' · sparse' if self.sparse is not None else ''}{' · pdl' if self.pdl else ''}")
