@@ -66,8 +66,6 @@
 #                  Qwen3's q/k norms) under this tree's plan, then with each of $B1_PLANS' replacements (default:
 #                  qkv=gemv, the GEMV then rope_qkv; qkv=skinny_rope, the tensor-core qkv with RoPE and the K/V write
 #                  in its epilogue, at 1 row), then this tree's again
-#   land           what landing branch cand needs: the GPU test changed since its whole-suite run
-#                  (test_gpu_norm_in_gemm.py), then readme (the README's results, measured on this tree)
 #   close          a session's closing run: every GPU test, the peer, throughput, the sampler, the attribution
 #   all            tests, speed, sampler, sparse and peer
 # Several modes in one call: `bash dev/run_h200.sh "prefill readme"` (each block runs once, in this file's order).
@@ -109,10 +107,6 @@ if run splits_short; then
 fi
 if run tests all close splits_close splits_short; then
   $GPU_SUITE 2>&1 | tee "$OUT/gpu_tests.log" | tail -20
-fi
-if run land; then
-  timeout 120 python3 -m pytest -q -m gpu tests/kernels/test_gpu_norm_in_gemm.py 2>&1 | tee "$OUT/gpu_tests_land.log" \
-    | tail -3
 fi
 if run dev; then
   python3 -m pytest -q -m gpu tests/kernels tests/sampler tests/engine -x 2>&1 | tail -4
@@ -253,7 +247,7 @@ if run splits_close; then
       --splits 1,2,4,8 --repeats 3
   done 2>&1 | tee "$OUT/prefill_splits.log"
 fi
-if run readme splits_close land; then  # the README's results: its bench suite row and throughput
+if run readme splits_close; then  # the README's results: its bench suite row and throughput
   python3 -m toolkit bench suite --device cuda --peer torch --budget 370 --out "$OUT/suite" 2>&1 \
     | tee "$OUT/bench_suite_readme.log" | tail -12
   python3 -m toolkit bench throughput --device cuda --shape qwen2.5-0.5b --repeats 3 2>&1 | tee "$OUT/throughput.log" \
