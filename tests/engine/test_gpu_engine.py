@@ -93,7 +93,7 @@ def test_graph_equals_eager_every_bucket(tiny_bf16, batch):
     assert with_graphs == eager
 
 
-@pytest.mark.parametrize("batch", [1, 5, 40])  # 40: gate_up on gemm_wg_swiglu (Hopper), its weights before the wait
+@pytest.mark.parametrize("batch", [1, 5, 40])  # 5: gate_up on gemm_wg_swiglu (Hopper), its weights before the wait
 def test_pdl_changes_no_token(tiny_bf16, batch):
     """Programmatic dependent launch (decode steps replayed from graphs) gives the tokens of plain launches."""
     eng = tiny_bf16
