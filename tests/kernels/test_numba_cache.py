@@ -106,9 +106,10 @@ def _assignments_anywhere(names):
                         and (node.func.id if isinstance(node.func, ast.Name) else node.func.attr) == "setattr":
                     for a in node.args[:2]:
                         # "name" or "pkg.mod.name": the last part (a name has no dot)
-                        if isinstance(a, ast.Constant) and isinstance(a.value, str) \
-                                and a.value.rsplit(".", 1)[-1] in names:
-                            hits[a.value.rsplit(".", 1)[-1]].append(where)
+                        last = a.value.rsplit(".", 1)[-1] if isinstance(a, ast.Constant) \
+                            and isinstance(a.value, str) else None
+                        if last in names:
+                            hits[last].append(where)
                 elif isinstance(node, ast.Global):
                     for name in names.intersection(node.names):
                         hits[name].append(where)
