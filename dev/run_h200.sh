@@ -2,6 +2,9 @@
 # Everything that needs the GPU, in one go (a lent H200 is paid by the minute). Run from the repo root on the GPU
 # machine: `bash dev/run_h200.sh MODE`; logs go to $OUT. MODE:
 #   tests          the whole GPU suite (python3 -m pytest -q -m gpu tests/)
+#   tests_kernels  the same in two calls: tests/kernels (838 of its 989 tests), then tests_rest, the others (the
+#   tests_rest     engine's, the model's, the sampler's: fewer but longer). On a cold machine the whole suite took
+#                  579 s of the 600 a call allows (session 27, an H100)
 #   speed          kernel microbenchmarks, then bench with CUDA graphs and our fused kernels on and off
 #   peer           bench against the torch.compile peer, throughput, the 1.5B shape and the default model
 #   sampler        bench sampler, and the decode step with the sampler's fast path on and off
@@ -107,6 +110,12 @@ if run splits_short; then
 fi
 if run tests all close splits_close splits_short; then
   $GPU_SUITE 2>&1 | tee "$OUT/gpu_tests.log" | tail -20
+fi
+if run tests_kernels; then
+  python3 -m pytest -q -m gpu tests/kernels 2>&1 | tee "$OUT/gpu_tests_kernels.log" | tail -5
+fi
+if run tests_rest; then
+  python3 -m pytest -q -m gpu tests/ --ignore=tests/kernels 2>&1 | tee "$OUT/gpu_tests_rest.log" | tail -5
 fi
 if run dev; then
   python3 -m pytest -q -m gpu tests/kernels tests/sampler tests/engine -x 2>&1 | tail -4
