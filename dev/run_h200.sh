@@ -65,6 +65,10 @@
 #                  alone at the 0.5B's rows
 #   tune_startup   the start-up measurement of the tuned projections: its GPU tests, its seconds on the four shapes
 #                  (dev/tune_startup.py), then bench throughput (whose first repeat paid for it before)
+#   throughput_ab  bench throughput (the 0.5B, 3 repeats) on this tree, on _base/'s copy of an older tree, then on
+#                  this tree again, in one call: session 27's 53,347 tok/s against 58-59k before had its device
+#                  seconds level (2.31) and its wall not, so whether a tree or a machine moved it needs both trees
+#                  on one machine
 #   b1_plans       the batch-1 step (dev/decode_attribution.py, graph-replayed, context 1) on three shapes (not
 #                  Qwen3's q/k norms) under this tree's plan, then with each of $B1_PLANS' replacements (default:
 #                  qkv=gemv, the GEMV then rope_qkv; qkv=skinny_rope, the tensor-core qkv with RoPE and the K/V write
@@ -167,6 +171,14 @@ if run tune_startup; then
   python3 dev/tune_startup.py 2>&1 | tee "$OUT/tune_startup.log"
   python3 -m toolkit bench throughput --shape qwen2.5-0.5b --repeats 3 2>&1 | tee "$OUT/throughput_tune_startup.log" \
     | tail -8
+fi
+if run throughput_ab; then
+  for tree in . _base .; do
+    [ -d "$tree/toolkit" ] || continue
+    echo "== tree $tree"
+    (cd "$tree" && timeout 100 python3 -m toolkit bench throughput --device cuda --shape qwen2.5-0.5b --repeats 3 2>&1 \
+      | tail -1)
+  done 2>&1 | tee "$OUT/throughput_ab.log"
 fi
 if run speed all; then
   python3 dev/bench_kernels.py 2>&1 | tee "$OUT/bench_kernels.log" | tail -30
