@@ -94,3 +94,33 @@ def test_pdl_reads_as_off_where_the_backend_cannot_replay_graphs(monkeypatch):
     assert eng.effective_options().pdl is True
     monkeypatch.setattr(eng.backend, "pdl_supported", False)
     assert eng.effective_options().pdl is False
+
+
+def test_launch_by_value_passes_each_argument_by_address():
+    """gemm_wg's launch (cuda_wg.py): kernelParams is a void* array of each argument's address, so a struct (a
+    tensor map's 128 bytes) goes by value; the config is PdlLauncher's, the PDL attribute only with pdl."""
+    from toolkit.backends.cuda_launch import StructParam, launch_by_value
+
+    d, calls = fake_driver()
+    record = d.cuLaunchKernelEx
+    seen = []
+
+    def launch(cfg, fn, params, extra):  # read the arguments while the launcher still holds them
+        if not seen:  # the first launch's four arguments
+            ptrs = (ctypes.c_void_p * 4).from_address(params)
+            seen.append((list((ctypes.c_uint64 * 16).from_address(ptrs[0])),
+                         ctypes.c_void_p.from_address(ptrs[1]).value, ctypes.c_void_p.from_address(ptrs[2]).value,
+                         ctypes.c_int32.from_address(ptrs[3]).value))
+        return record(cfg, fn, params, extra)
+
+    d.cuLaunchKernelEx = launch
+    words = list(range(1, 17))
+    launch_by_value(FakeKernel(0xB0), (5,), (160,), (StructParam(words), FakeArray(0x2000), None, np.int32(-7)),
+                    4096, 0x9, pdl=True, driver=d)
+    cfg, fn, params, extra = calls[0]
+    assert (cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ, cfg.blockDimX) == (5, 1, 1, 160)
+    assert cfg.sharedMemBytes == 4096 and cfg.hStream == ("stream", 0x9) and cfg.numAttrs == 1
+    assert cfg.attrs[0].id == "PSS" and fn == ("function", 0xB0) and extra == 0
+    assert seen[0] == (words, 0x2000, None, -7)
+    launch_by_value(FakeKernel(0xB0), (1,), (32,), (np.int32(1),), 0, 0, pdl=False, driver=d)
+    assert not hasattr(calls[1][0], "numAttrs")  # a plain launch: no attributes

@@ -6,8 +6,8 @@ from types import SimpleNamespace
 import pytest
 
 from toolkit.engine.options import EngineOptions
-from toolkit.backends.cuda_wg import T_COLS
-from toolkit.model.plan import TUNED_MIN_ROWS, WG_DECODE_ROWS, WG_ONE_WAVE, StepPlan, make_plan, tuned_calls
+from toolkit.backends.cuda_wg import CTAS, T_COLS
+from toolkit.model.plan import TUNED_MIN_ROWS, WG_DECODE_ROWS, StepPlan, make_plan, tuned_calls
 from toolkit.model.shapes import shape_config
 
 GPU = SimpleNamespace(name="cuda", dtype="bfloat16", num_sms=132, sm90=True, graphs_supported=True, pdl_supported=True)
@@ -71,7 +71,7 @@ def test_wg_only_where_gate_ups_tiles_fit_one_wave():
     """Qwen2.5-1.5B's I = 8,960 is 280 tiles of T_COLS columns, past one wave of two blocks on 132 SMs: cuBLAS, and
     the o projection's RMSNorm epilogue stays."""
     cfg = shape_config("qwen2.5-1.5b")
-    assert -(-cfg.intermediate_size // T_COLS) > WG_ONE_WAVE * GPU.num_sms
+    assert -(-cfg.intermediate_size // T_COLS) > CTAS * GPU.num_sms
     p = plan(8, cfg=cfg)
     assert p.gate_up == "blas" and p.o == "skinny_norm" and p.swiglu == "scaled"
 

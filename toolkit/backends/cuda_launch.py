@@ -10,6 +10,8 @@ CuPy's kernel call has no launch attributes, so these launches go through the dr
 NVIDIA's maintained binding (cuda-bindings, which nvmath-python also needs). A CUDA graph captures the attribute
 as a programmatic edge, so the graph replays the overlap too. The engine uses PDL only in captured steps (runner.py):
 eagerly, this launcher (a new config and argument tuple per call) measured slower than CuPy's plain launch.
+launch_by_value is the same launch for a kernel that takes a struct by value (gemm_wg's TMA descriptors), which
+CuPy's call and PdlLauncher's argument tuple cannot pass.
 """
 import ctypes
 
@@ -17,6 +19,66 @@ import numpy as np
 
 _ARG_TYPES = {np.dtype(np.int32): ctypes.c_int32, np.dtype(np.uint32): ctypes.c_uint32,
               np.dtype(np.float32): ctypes.c_float}
+
+
+def pdl_attrs(d) -> list:
+    """The launch attributes of a PDL launch: programmatic stream serialization allowed."""
+    attr = d.CUlaunchAttribute()
+    attr.id = d.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+    attr.value.programmaticStreamSerializationAllowed = 1
+    return [attr]
+
+
+def launch_config(d, grid, block, smem: int, stream_ptr: int, attrs=None):
+    """cuLaunchKernelEx's config: grid and block padded to 3-D, dynamic shared memory, the stream, and `attrs` if
+    any (None: a plain launch)."""
+    cfg = d.CUlaunchConfig()
+    cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = (tuple(grid) + (1, 1))[:3]
+    cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = (tuple(block) + (1, 1))[:3]
+    cfg.sharedMemBytes = smem
+    cfg.hStream = d.CUstream(stream_ptr)
+    if attrs:
+        cfg.attrs, cfg.numAttrs = attrs, len(attrs)
+    return cfg
+
+
+class StructParam:
+    """A kernel parameter passed by value as raw bytes, given as 64-bit words (a CUtensorMap's 128 bytes: a
+    __grid_constant__ parameter)."""
+
+    def __init__(self, words):
+        self.c = (ctypes.c_uint64 * len(words))(*[int(v) for v in words])
+
+
+
+_PDL_ATTRS = {}  # id(driver) -> (driver, launch_by_value's PDL attributes)
+
+
+def launch_by_value(f, grid, block, args, smem: int, stream_ptr: int, pdl: bool, driver=None):
+    """f(args) through cuLaunchKernelEx with kernelParams as a void* array of the arguments' addresses (what the C
+    API takes: the driver copies each parameter's bytes at the launch, a stream capture into its node), so an
+    argument may be a struct (StructParam), which PdlLauncher's (values, types) form cannot pass; with pdl, the
+    programmatic-serialization attribute. `driver`: a stand-in in tests."""
+    if driver is None:
+        from cuda.bindings import driver
+    d = driver
+    objs = []
+    for a in args:  # each argument as a ctypes object, whose address goes in the array
+        if a is None:
+            objs.append(ctypes.c_void_p(0))
+        elif isinstance(a, StructParam):
+            objs.append(a.c)
+        elif isinstance(a, np.generic):
+            objs.append(_ARG_TYPES[a.dtype](a.item()))
+        else:
+            objs.append(ctypes.c_void_p(a.data.ptr))
+    params = (ctypes.c_void_p * len(objs))(*[ctypes.addressof(o) for o in objs])
+    if pdl and id(d) not in _PDL_ATTRS:  # made once, kept alive like PdlLauncher's
+        _PDL_ATTRS[id(d)] = (d, pdl_attrs(d))  # (the driver too, so its id is never reused while cached)
+    cfg = launch_config(d, grid, block, smem, stream_ptr, _PDL_ATTRS[id(d)][1] if pdl else None)
+    err, = d.cuLaunchKernelEx(cfg, d.CUfunction(f.kernel.ptr), ctypes.addressof(params), 0)
+    if err != d.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"cuLaunchKernelEx (by value) failed: {err.name}")
 
 
 class PdlLauncher:
@@ -27,21 +89,12 @@ class PdlLauncher:
             from cuda.bindings import driver
 
         self._d = driver
-        attr = driver.CUlaunchAttribute()
-        attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-        attr.value.programmaticStreamSerializationAllowed = 1
-        self._attrs = [attr]
+        self._attrs = pdl_attrs(driver)
         self._functions = {}  # CuPy RawKernel -> CUfunction
 
     def __call__(self, f, grid, block, args, smem: int, stream_ptr: int):
         d = self._d
-        cfg = d.CUlaunchConfig()
-        cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = (tuple(grid) + (1, 1))[:3]
-        cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = (tuple(block) + (1, 1))[:3]
-        cfg.sharedMemBytes = smem
-        cfg.hStream = d.CUstream(stream_ptr)
-        cfg.attrs = self._attrs
-        cfg.numAttrs = 1
+        cfg = launch_config(d, grid, block, smem, stream_ptr, self._attrs)
         values, types = [], []
         for a in args:  # device arrays -> pointers, NumPy scalars -> their C type (what CuPy's call does)
             if a is None:

@@ -8,9 +8,9 @@ and cached, so a replayed step computes nothing here (a captured launch keeps it
 data, only where the data is, so an array freed and another of the same shape made at the same address reuses it
 rightly.
 """
-import ctypes
-
 import numpy as np
+
+from .cuda_launch import StructParam, launch_by_value
 
 GW_BK = 64  # K a stage (GW_BK in gemm_wg.cu)
 T_COLS = 32  # output columns a tile (GWT_COLS)
@@ -51,57 +51,11 @@ def gw_shape_ok(M: int, I: int, K: int) -> bool:
     return 1 <= M <= MAX_ROWS and I >= 1 and K >= 1 and K % 8 == 0 and I % 8 == 0
 
 
-class TensorMapParam:
-    """A CUtensorMap's 128 bytes, passed by value (a __grid_constant__ kernel parameter)."""
-
-    def __init__(self, opaque):
-        self.c = (ctypes.c_uint64 * 16)(*[int(v) for v in opaque])
-
-
-_C_ARG = {np.dtype(np.int32): ctypes.c_int32, np.dtype(np.float32): ctypes.c_float}
-_DRIVER = {}
-
-
-def launch_by_value(f, grid, block, args, smem: int, stream_ptr: int, pdl: bool):
-    """f(args) through cuLaunchKernelEx with kernelParams as a void* array of the arguments' addresses (what the C
-    API takes: the driver copies each parameter's bytes at the launch, a stream capture into its node), so an
-    argument may be a struct (TensorMapParam); with pdl, the programmatic-serialization attribute
-    (cuda_launch.py)."""
-    from cuda.bindings import driver as d
-
-    objs = []
-    for a in args:
-        if a is None:
-            objs.append(ctypes.c_void_p(0))
-        elif isinstance(a, TensorMapParam):
-            objs.append(a.c)
-        elif isinstance(a, np.generic):
-            objs.append(_C_ARG[a.dtype](a.item()))
-        else:
-            objs.append(ctypes.c_void_p(a.data.ptr))
-    params = (ctypes.c_void_p * len(objs))(*[ctypes.addressof(o) for o in objs])
-    cfg = d.CUlaunchConfig()
-    cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = (tuple(grid) + (1, 1))[:3]
-    cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = (tuple(block) + (1, 1))[:3]
-    cfg.sharedMemBytes = smem
-    cfg.hStream = d.CUstream(stream_ptr)
-    if pdl:
-        if "attrs" not in _DRIVER:
-            attr = d.CUlaunchAttribute()
-            attr.id = d.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-            attr.value.programmaticStreamSerializationAllowed = 1
-            _DRIVER["attrs"] = [attr]
-        cfg.attrs, cfg.numAttrs = _DRIVER["attrs"], 1
-    err, = d.cuLaunchKernelEx(cfg, d.CUfunction(f.kernel.ptr), ctypes.addressof(params), 0)
-    if err != d.CUresult.CUDA_SUCCESS:
-        raise RuntimeError(f"cuLaunchKernelEx (gemm_wg_swiglu_t) failed: {err.name}")
-
-
 class WgGemms:
     """CudaKernels' launcher of gemm_wg.cu (a mixin: self is the CudaKernels, for its checks, functions and
     caches)."""
 
-    def _tensor_map(self, a, rows: int, cols: int, box_rows: int) -> TensorMapParam:
+    def _tensor_map(self, a, rows: int, cols: int, box_rows: int) -> StructParam:
         """The TMA descriptor of the 16-bit row-major matrix a [rows, cols] (cached): boxes of 64 columns x box_rows
         rows, 128-byte swizzle, zeros past the matrix; its 128 bytes for a by-value kernel parameter."""
         key = (a.data.ptr, rows, cols, box_rows, self.dtype)
@@ -119,7 +73,7 @@ class WgGemms:
                 d.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
             if err != d.CUresult.CUDA_SUCCESS:
                 raise RuntimeError(f"cuTensorMapEncodeTiled: {err.name}")
-            tm = self._tmaps[key] = TensorMapParam(tmap.opaque)
+            tm = self._tmaps[key] = StructParam(tmap.opaque)  # its 128 bytes
         return tm
 
     def gemm_wg_swiglu(self, x, w, out):

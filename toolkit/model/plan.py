@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 from toolkit.backends.cuda_kernels import decode_head_blocks, plan_kv_bytes
 from toolkit.backends.cuda_tuned import row_bucket
-from toolkit.backends.cuda_wg import T_COLS, gw_shape_ok
+from toolkit.backends.cuda_wg import CTAS, T_COLS, gw_shape_ok
 
 # Our GEMV takes a 1-row projection of up to GEMV_MAX_N outputs: 2.4-5.9 us against cuBLAS's 9-17 (the batch-1
 # step 1.049 -> 0.990 ms); at 2 and 4 rows and for the 151,936-row lm_head cuBLAS is faster.
@@ -63,15 +63,14 @@ TUNED_MIN_ROWS = 512
 #   - the step (dev/decode_attribution.py, session 25): 748.5 / 801.4 us against cuBLAS + silu_mul's 780.7 / 807.2
 #     at the 0.5B's 8 / 32 rows, Llama-3.2-1B 1,165.3 / 1,315.5 against 1,201.7 / 1,341.2; the 1.5B 1,717.8 /
 #     2,004.9 against 1,702.6 / 1,965.0: its 280 tiles of T_COLS columns are one wave and a bit at two blocks an SM
-#     (264 on 132 SMs), the others' 96-256 fit one wave, hence WG_ONE_WAVE; at 128 rows slower (0.5B 1,245.2
-#     against 1,102.0), hence 2-32 rows;
+#     (264 on 132 SMs), the others' 96-256 fit one wave, so wg only while gate_up's tiles fit one wave of CTAS
+#     blocks an SM; at 128 rows slower (0.5B 1,245.2 against 1,102.0), hence 2-32 rows;
 #   - bench (session 26, ms a step at batch 2 / 8 / 16 / 32): the 0.5B 0.754 / 0.754 / 0.744 / 0.805 against 0.775
 #     / 0.791 / 0.766 / 0.811, Llama 1.163 / 1.165 / 1.237 / 1.317 against 1.199 / 1.202 / 1.276 / 1.340, Qwen3-0.6B
 #     0.938 / 0.977 / 1.041 / 1.208 against 1.033 / 1.081 / 1.064 / 1.210.
 # Under wg the o projection stays plain (its RMSNorm in add_rmsnorm): with skinny_norm's scale in wg's epilogue the
 # step was far slower at 32 rows (0.5B 1,222.3 us), and that epilogue was removed.
 WG_DECODE_ROWS = (2, 32)
-WG_ONE_WAVE = 2  # blocks an SM (cuda_wg.CTAS): wg only while gate_up's tiles fit one wave of them
 
 PROJECTIONS = ("blas", "tuned", "gemv", "skinny")
 # The backend op of each prefill attention kind of the plan.
@@ -180,7 +179,7 @@ def make_plan(backend, cfg, rows: int, decodes: int, context_bucket: int, option
     gate_up = project(2 * I, H)
     lo, hi = WG_DECODE_ROWS
     if (ours and pure_decode and backend.sm90 and lo <= rows <= hi and gw_shape_ok(rows, I, H)
-            and -(-I // T_COLS) <= WG_ONE_WAVE * backend.num_sms):
+            and -(-I // T_COLS) <= CTAS * backend.num_sms):
         gate_up = "wg"
     if o == "skinny" and H % 16 == 0 and I % vec == 0 and gate_up != "wg":
         o = "skinny_norm"  # RMSNorm(h) * w = inv * (h * w): inv, one number a row, commutes with gate_up's GEMM
