@@ -105,3 +105,20 @@ def test_the_plan_streams_long_context_buckets():
     assert kind("float32", 32, 8192) == "cuda_cores"
     assert kind("bfloat16", 128, 4096) == "stream" and kind("bfloat16", 128, 16384) == "tc"  # 16K / 64K tiles
     assert decode_stream_pays(128, 8, 128, 16384)  # head dim 128: always from STREAM_MIN_LEN on
+
+
+def test_stream_ring_shape_matches_the_kernel_source():
+    """The host sizes the stream kernel's shared memory from STREAM_STAGES x STREAM_TILE, and the CPU twin cuts
+    splits and warp slices from its STREAM_TILE: both must be what decode_attention_tc.cu's dt_stream_stages and
+    dt_stream_tile compile to, or the kernel would read past its shared memory (or the twin check another route)."""
+    import re
+
+    from kernels import decode_attention_tc as twin
+    from toolkit.backends.cuda_kernels import STREAM_STAGES, STREAM_TILE, kernel_source
+
+    src = kernel_source("decode_attention_tc")
+    for fn, table in (("dt_stream_stages", STREAM_STAGES), ("dt_stream_tile", STREAM_TILE)):
+        m = re.search(fn + r"\(int D\) \{ return D == 64 \? (\d+) : (\d+); \}", src)
+        assert m, f"{fn} not found"
+        assert table == {64: int(m.group(1)), 128: int(m.group(2))}, fn
+    assert twin.STREAM_TILE == STREAM_TILE
