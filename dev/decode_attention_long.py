@@ -22,12 +22,9 @@ head-major paged layout ([block, kv head, slot in block, D], FlashInfer's HND) w
 --stages 64:5,128:6 asks whether more K/V tiles in flight pay: the stream kernel (at its plan's split count)
 compiled with dt_stream_stages(D) = NS for each D:NS listed (a ring of NS buffers, NS - 1 tiles in flight; today
 4 at D = 64 and 3 at D = 128: 2 blocks an SM; D = 64 fits 2 blocks up to NS = 5, D = 128 1 block up to NS = 6).
-D:NS:KT also sets dt_stream_tile(D) = KT, the keys a tile (64 or 128; 64:3:128 is two tiles of 128 keys in flight,
-113 KB of shared memory a block, which still fits 2 blocks an SM on Hopper).
 
     PYTHONPATH=. python3 dev/decode_attention_long.py [--shapes qwen2.5-0.5b,...] [--batch 1,32,128]
-        [--context 1024,2048,8192] [--splits 1,2,4,8,16,32,64] [--layout slot-major,head-major]
-        [--stages 64:5,64:3:128]
+        [--context 1024,2048,8192] [--splits 1,2,4,8,16,32,64] [--layout slot-major,head-major] [--stages 64:5]
 """
 import argparse
 import math
@@ -54,33 +51,25 @@ def ints(s):
     return [int(x) for x in s.split(",") if x]
 
 
-_VARIANTS = {}  # (D, ns, kt) -> the edited module, compiled once
+_VARIANTS = {}  # (D, ns) -> the edited module, compiled once
 
 
-def stage_variant(D, ns, kt=None, ctype="__half"):
-    """A CudaKernels whose stream kernel at head dim D has a ring of ns K/V buffers of kt keys (the source edited)."""
-    kt = kt or ck.STREAM_TILE[D]
-    today = ck.STREAM_STAGES[D], ck.STREAM_TILE[D]
-    if (D, ns, kt) not in _VARIANTS:
-        stages, tiles = {**ck.STREAM_STAGES, D: ns}, {**ck.STREAM_TILE, D: kt}
-        src = original = ck.kernel_source("decode_attention_tc")
-        for fn, table in (("dt_stream_stages", ck.STREAM_STAGES), ("dt_stream_tile", ck.STREAM_TILE)):
-            new = {"dt_stream_stages": stages, "dt_stream_tile": tiles}[fn]
-            line = f"{fn}(int D) {{ return D == 64 ? {table[64]} : {table[128]}; }}"
-            assert line in src, f"{line} not found"
-            src = src.replace(line, f"{fn}(int D) {{ return D == 64 ? {new[64]} : {new[128]}; }}")
-        assert src != original or (ns, kt) == today, "no edit"
-        _VARIANTS[D, ns, kt] = cp.RawModule(code=src, options=ck.OPTIONS,
-                                            name_expressions=ck.kernel_names("decode_attention_tc", ctype))
-    mod = _VARIANTS[D, ns, kt]
+def stage_variant(D, ns, ctype="__half"):
+    """A CudaKernels whose stream kernel at head dim D has a ring of ns K/V buffers (the source edited)."""
+    today = ck.STREAM_STAGES[D]
+    if (D, ns) not in _VARIANTS:
+        stages, original = {**ck.STREAM_STAGES, D: ns}, ck.kernel_source("decode_attention_tc")
+        src = original.replace("return D == 64 ? 4 : 3;", f"return D == 64 ? {stages[64]} : {stages[128]};")
+        assert src != original, "dt_stream_stages not found"
+        _VARIANTS[D, ns] = cp.RawModule(code=src, options=ck.OPTIONS,
+                                        name_expressions=ck.kernel_names("decode_attention_tc", ctype))
+    mod = _VARIANTS[D, ns]
     saved = ck._MODULES.get(("decode_attention_tc", ctype))
-    ck._MODULES[("decode_attention_tc", ctype)], ck.STREAM_STAGES[D], ck.STREAM_TILE[D] = mod, ns, kt
+    ck._MODULES[("decode_attention_tc", ctype)], ck.STREAM_STAGES[D] = mod, ns
     k = CudaKernels("float16")
-
-    def restore():  # the caller makes its plan (function, shared memory) first: the module table, the ring's shape
-        ck._MODULES[("decode_attention_tc", ctype)] = saved
-        ck.STREAM_STAGES[D], ck.STREAM_TILE[D] = today
-    return k, restore
+    # the caller makes its plan (function, shared memory) before it calls restore: the module table, the stage count
+    return k, lambda: (ck._MODULES.__setitem__(("decode_attention_tc", ctype), saved),
+                       ck.STREAM_STAGES.__setitem__(D, today))
 
 
 def reference(q, kc, vc, tables, L, scale, chunk=8):
@@ -149,20 +138,20 @@ def case(k, shape, B, L, split_counts, launches, repeats, layout="slot-major", s
     for n in [None] + [s for s in split_counts if s <= math.ceil(L / 64) and s != plan_n]:
         us, got_n, out = run("stream", n)
         rows.append((("stream (plan)" if n is None else "stream"), got_n, us, check(out, ref)))
-    for D_, ns, *kt in stages:
+    for D_, ns in stages:
         if D_ != D:
             continue
-        kv, restore = stage_variant(D_, ns, *kt)
+        kv, restore = stage_variant(D_, ns)
         try:
             us, got_n, out = run("stream", kernels=kv)
-            rows.append((f"stream NS={ns}" + (f" KT={kt[0]}" if kt else ""), got_n, us, check(out, ref)))
+            rows.append((f"stream NS={ns}", got_n, us, check(out, ref)))
         finally:
             restore()
     gpu = cp.cuda.runtime.getDeviceProperties(0)["name"].decode()
     peak = next((v for name, v in NOMINAL_GBPS.items() if name in gpu), NOMINAL_GBPS["H200"])
     for kind, n, us, err in rows:
         gbps = kv_bytes / (us * 1e-6) / 1e9
-        print(f"{shape:13s} {label} L={L:<5d} {kind:20s} splits {n:4d} {us:9.2f} us  {gbps:7.0f} GB/s K/V "
+        print(f"{shape:13s} {label} L={L:<5d} {kind:14s} splits {n:4d} {us:9.2f} us  {gbps:7.0f} GB/s K/V "
               f"({gbps / peak:4.0%}){err}", flush=True)
 
 
@@ -175,7 +164,7 @@ def main():
     ap.add_argument("--launches", type=int, default=20)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--layout", default="slot-major", help="slot-major (the cache's), head-major, or both")
-    ap.add_argument("--stages", default="", help="D:NS[:KT],... stream-kernel rings (depth, keys a tile) to time")
+    ap.add_argument("--stages", default="", help="D:NS,... stream-kernel ring depths to time besides today's")
     a = ap.parse_args()
     k = CudaKernels("float16")
     stages = [tuple(int(x) for x in v.split(":")) for v in a.stages.split(",") if v]

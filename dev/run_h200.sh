@@ -69,13 +69,6 @@
 #                  this tree again, in one call: session 27's 53,347 tok/s against 58-59k before had its device
 #                  seconds level (2.31) and its wall not, so whether a tree or a machine moved it needs both trees
 #                  on one machine
-#   stream_tile    the long-context decode attention at head dim 64 (the 0.5B's and Llama's heads, batch 1, 32 and
-#                  128, 2,048 and 8,192 keys) with today's ring against tiles of 128 keys (dev/decode_attention_long.py
-#                  --stages 64:3:128,64:2:128)
-#   tile_and_launch  when device time is short (session 28): stream_tile's sweep with 64:3:128 only, the GPU tests of
-#                  what the stream kernel's tile and the launch path (cuda_launch.py: PdlLauncher, launch_by_value)
-#                  touch (gemm_wg, PDL, the kernels, the engine's graphs), then the rest of tests/kernels as far as
-#                  the call's time goes (each part under a timeout; the logs come back either way)
 #   b1_plans       the batch-1 step (dev/decode_attribution.py, graph-replayed, context 1) on three shapes (not
 #                  Qwen3's q/k norms) under this tree's plan, then with each of $B1_PLANS' replacements (default:
 #                  qkv=gemv, the GEMV then rope_qkv; qkv=skinny_rope, the tensor-core qkv with RoPE and the K/V write
@@ -186,21 +179,6 @@ if run throughput_ab; then
     (cd "$tree" && timeout 100 python3 -m toolkit bench throughput --device cuda --shape qwen2.5-0.5b --repeats 3 2>&1 \
       | tail -1)
   done 2>&1 | tee "$OUT/throughput_ab.log"
-fi
-if run stream_tile; then
-  timeout 400 python3 dev/decode_attention_long.py --shapes qwen2.5-0.5b,llama-3.2-1b --batch 1,32,128 \
-    --context 2048,8192 --splits "" --stages 64:3:128,64:2:128 2>&1 | tee "$OUT/decode_stream_tile.log"
-fi
-if run tile_and_launch; then
-  timeout 150 python3 dev/decode_attention_long.py --shapes qwen2.5-0.5b,llama-3.2-1b --batch 1,32,128 \
-    --context 2048,8192 --splits "" --stages 64:3:128 --repeats 3 2>&1 | tee "$OUT/decode_stream_tile.log"
-  timeout 200 python3 -m pytest -q -m gpu tests/kernels/test_gpu_gemm_wg.py tests/kernels/test_gpu_pdl.py \
-    tests/kernels/test_gpu_kernels.py 2>&1 | tee "$OUT/gpu_tests_launch_tile.log" | tail -4
-  timeout 110 python3 -m pytest -q -m gpu tests/engine -k "wg or pdl or stream or graph" 2>&1 \
-    | tee "$OUT/gpu_tests_engine_launch.log" | tail -4
-  timeout 100 python3 -m pytest -q -m gpu tests/kernels \
-    --ignore=tests/kernels/test_gpu_gemm_wg.py --ignore=tests/kernels/test_gpu_pdl.py \
-    --ignore=tests/kernels/test_gpu_kernels.py 2>&1 | tee "$OUT/gpu_tests_kernels_rest.log" | tail -4
 fi
 if run speed all; then
   python3 dev/bench_kernels.py 2>&1 | tee "$OUT/bench_kernels.log" | tail -30

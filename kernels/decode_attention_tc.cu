@@ -40,13 +40,13 @@ __device__ __forceinline__ int tile_slot(const int* table, int key, int end, int
     return (int)blk * block_size + key % block_size;
 }
 
-// A K or V tile of KT rows gathered into smem as mma.cuh's load_slot_rows does (128 threads; slot -1: a zero row),
-// except row `skip`, which is not copied at all (it is loaded after the wait; two copies to one row would race).
-template <typename T, int D, int LD, int KT = DT_KT>
+// A K or V tile gathered into smem as mma.cuh's load_slot_rows does (128 threads; slot -1: a zero row), except
+// row `skip`, which is not copied at all (it is loaded after the wait; two copies to one row would race).
+template <typename T, int D, int LD>
 __device__ __forceinline__ void load_tile_rows(T* dst, const T* base, const int* slots, size_t stride, int skip) {
     constexpr int CPR = D / 8;  // 16-byte chunks a row
 #pragma unroll
-    for (int i = 0; i < KT * CPR / 128; i++) {
+    for (int i = 0; i < DT_KT * CPR / 128; i++) {
         const int c = threadIdx.x + i * 128, r = c / CPR, col = (c % CPR) * 8, slot = slots[r];
         if (r != skip) cp_async16(dst + r * LD + col, base + (slot >= 0 ? (size_t)slot * stride : 0) + col, slot >= 0);
     }
@@ -61,7 +61,7 @@ struct DtBlock {
 // Fills w; false where the block has nothing to do, before any barrier: a spare block (the wrapper launches none),
 // an empty split (the merge reads only the non-empty ones), or a padding row (length 0), whose output split 0 writes
 // as zeros, not 0/0. The length is staged before the step, so it is read before the PDL wait.
-template <typename T, int D, int KT = DT_KT>
+template <typename T, int D>
 __device__ __forceinline__ bool dt_block(DtBlock& w, const int* seq_lens, int block_size, int M, int Hq, int Hkv,
                                          int n_splits, T* out) {
     const int G = Hq / Hkv, n_hg = gridDim.x / Hkv, gpb = min(DT_ROWS, (G + n_hg - 1) / n_hg), hg = blockIdx.x % n_hg;
@@ -82,7 +82,7 @@ __device__ __forceinline__ bool dt_block(DtBlock& w, const int* seq_lens, int bl
     // A sequence of up to 4 tiles is one split (no merge). A tile here costs a few mma a warp and its loads overlap
     // the previous tile's math, so a block sweeps more tiles than the CUDA-core kernel's 2 before a merge pays off
     // (4 against 2: experiments/logs/decode_tc_one_split_ab.log). (cuda_kernels.py's TC_ONE_SPLIT_TILES)
-    const int chunk = split_chunk(w.length, n_splits, KT, 4);
+    const int chunk = split_chunk(w.length, n_splits, DT_KT, 4);
     w.n_active = (w.length + chunk - 1) / chunk;
     w.k_begin = w.split * chunk;
     w.k_end = min(w.k_begin + chunk, w.length);
@@ -90,21 +90,21 @@ __device__ __forceinline__ bool dt_block(DtBlock& w, const int* seq_lens, int bl
 }
 
 // After the PDL wait: the block's q rows into Qs (rows past Gb: zeros) and the step's new key's K/V row, where it falls
-// in one of the first `early` tiles of KT keys (those loaded before the wait, the row skipped; in a later tile the
-// loop loads it). D / 8 chunks of K, then of V (new_row >= 0: the key is in this split, so its slot is >= 0).
-template <typename T, int D, int LD, int KT = DT_KT>
+// in one of the first `early` tiles (those loaded before the wait, the row skipped; in a later tile the loop loads
+// it). D / 8 chunks of K, then of V (new_row >= 0: the key is in this split, so its slot is >= 0).
+template <typename T, int D, int LD>
 __device__ __forceinline__ void load_q_and_new_key(T* Qs, T* Ks, T* Vs, const T* qb, int Gb, const T* kb,
-                                                   const T* vb, const int (*slots)[KT], size_t kv_stride,
+                                                   const T* vb, const int (*slots)[DT_KT], size_t kv_stride,
                                                    int new_row, int early) {
     const int tid = threadIdx.x;
     for (int i = tid; i < DT_ROWS * D / 8; i += blockDim.x) {
         const int r = i / (D / 8), col = (i % (D / 8)) * 8;
         cp_async16(Qs + r * LD + col, qb + (size_t)min(r, Gb - 1) * D + col, r < Gb);
     }
-    if (new_row >= 0 && new_row < early * KT && tid < D / 4) {
-        const int col = (tid % (D / 8)) * 8, t = new_row / KT, r = new_row % KT;
+    if (new_row >= 0 && new_row < early * DT_KT && tid < D / 4) {
+        const int col = (tid % (D / 8)) * 8, t = new_row / DT_KT, r = new_row % DT_KT;
         const size_t off = (size_t)slots[t][r] * kv_stride + col;
-        cp_async16((tid < D / 8 ? Ks : Vs) + t * KT * LD + r * LD + col, (tid < D / 8 ? kb : vb) + off, true);
+        cp_async16((tid < D / 8 ? Ks : Vs) + t * DT_KT * LD + r * LD + col, (tid < D / 8 ? kb : vb) + off, true);
     }
 }
 
@@ -280,8 +280,6 @@ decode_attention_tc(const T* __restrict__ q, const T* __restrict__ k_cache, cons
 // 14.6 at batch 1 x 8,192 (dev/decode_attention_long.py; decode_stream_pays in plan.py has the rest).
 // The arithmetic a tile is the kernel above's: warp w takes keys 16w..16w+15 of every tile (no 2-tile pass).
 __host__ __device__ constexpr int dt_stream_stages(int D) { return D == 64 ? 4 : 3; }
-// Keys a tile of the ring (cuda_kernels.py's STREAM_TILE); warp w takes keys w * KT / 4 .. of each.
-__host__ __device__ constexpr int dt_stream_tile(int D) { return D == 64 ? 64 : 64; }
 
 template <typename T, int D>
 __global__ void __launch_bounds__(128, 2)
@@ -291,22 +289,21 @@ decode_attention_tc_stream(const T* __restrict__ q, const T* __restrict__ k_cach
                            float* __restrict__ ws_ml, float* __restrict__ ws_acc, unsigned* __restrict__ counters,
                            T* __restrict__ out) {
     __shared__ bool dt_last;
-    constexpr int NS = dt_stream_stages(D), KT = dt_stream_tile(D), KW = KT / 4, LD = D + 8, TILE = KT * LD;
+    constexpr int NS = dt_stream_stages(D), LD = D + 8, TILE = DT_KT * LD;
     extern __shared__ __align__(16) unsigned char dt_smem[];
     T* Qs = reinterpret_cast<T*>(dt_smem);  // [16][LD]
-    T* Ks = Qs + DT_ROWS * LD;              // [NS][KT][LD]
-    T* Vs = Ks + NS * TILE;                 // [NS][KT][LD]
+    T* Ks = Qs + DT_ROWS * LD;              // [NS][64][LD]
+    T* Vs = Ks + NS * TILE;                 // [NS][64][LD]
     static_assert(4 * DT_ROWS * D * 4 <= 2 * NS * TILE * (int)sizeof(T), "the partials must fit over the K/V tiles");
-    static_assert(KT % 64 == 0 && KT <= 128, "a thread a key's slot (128 threads); 16 keys a warp's n-tile pair");
     __shared__ float s_m[4][DT_ROWS], s_l[4][DT_ROWS];
-    __shared__ int s_slot[NS][KT];  // slots of the tile each buffer holds or is about to
+    __shared__ int s_slot[NS][DT_KT];  // slots of the tile each buffer holds or is about to
 
     DtBlock w;
-    if (!dt_block<T, D, KT>(w, seq_lens, block_size, M, Hq, Hkv, n_splits, out)) return;
+    if (!dt_block<T, D>(w, seq_lens, block_size, M, Hq, Hkv, n_splits, out)) return;
     const int Gb = w.Gb, h0 = w.h0, kvh = w.kvh, b = w.b, split = w.split, length = w.length;
     const int n_active = w.n_active, k_begin = w.k_begin, k_end = w.k_end;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, c = lane & 3;
-    const int n_kt = (k_end - k_begin + KT - 1) / KT;
+    const int n_kt = (k_end - k_begin + DT_KT - 1) / DT_KT;
     const int* table = block_tables + (size_t)b * M;
     const size_t kv_stride = (size_t)Hkv * D;
     const T* kb = k_cache + (size_t)kvh * D;
@@ -314,21 +311,21 @@ decode_attention_tc_stream(const T* __restrict__ q, const T* __restrict__ k_cach
 
     // Before the PDL wait (as in the kernel above): tiles 0..NS-2, but for the new key's row, one cp.async group each.
     const int new_row = k_end == length ? length - 1 - k_begin : -1;
-    if (tid < KT)
+    if (tid < DT_KT)
 #pragma unroll
         for (int t = 0; t < NS - 1; t++)
-            s_slot[t][tid] = tile_slot(table, k_begin + t * KT + tid, k_end, block_size, num_blocks);
+            s_slot[t][tid] = tile_slot(table, k_begin + t * DT_KT + tid, k_end, block_size, num_blocks);
     __syncthreads();
 #pragma unroll
     for (int t = 0; t < NS - 1; t++) {
         if (t < n_kt) {
-            load_tile_rows<T, D, LD, KT>(Ks + t * TILE, kb, s_slot[t], kv_stride, new_row - t * KT);
-            load_tile_rows<T, D, LD, KT>(Vs + t * TILE, vb, s_slot[t], kv_stride, new_row - t * KT);
+            load_tile_rows<T, D, LD>(Ks + t * TILE, kb, s_slot[t], kv_stride, new_row - t * DT_KT);
+            load_tile_rows<T, D, LD>(Vs + t * TILE, vb, s_slot[t], kv_stride, new_row - t * DT_KT);
         }
         cp_async_commit();
     }
     pdl_enter();
-    load_q_and_new_key<T, D, LD, KT>(Qs, Ks, Vs, q + ((size_t)b * Hq + h0) * D, Gb, kb, vb, s_slot, kv_stride, new_row,
+    load_q_and_new_key<T, D, LD>(Qs, Ks, Vs, q + ((size_t)b * Hq + h0) * D, Gb, kb, vb, s_slot, kv_stride, new_row,
                                  NS - 1);
     cp_async_commit();
 
@@ -343,24 +340,24 @@ decode_attention_tc_stream(const T* __restrict__ q, const T* __restrict__ k_cach
         // the barrier below says every warp is done with it.
         const int ahead = j + NS - 1, slot_buf = ahead % NS;
         const int next_slot =
-            tid < KT ? tile_slot(table, k_begin + ahead * KT + tid, k_end, block_size, num_blocks) : -1;
+            tid < DT_KT ? tile_slot(table, k_begin + ahead * DT_KT + tid, k_end, block_size, num_blocks) : -1;
         // cp.async groups: tiles 0..NS-2 (the prologue), the q group, then one an iteration (tile j + NS - 1). At
         // j = 0 the q group is the youngest: wait for all; after, tile j is complete once at most NS - 2 are pending.
         if (j == 0) cp_async_wait<0>(); else cp_async_wait<NS - 2>();
-        if (tid < KT) s_slot[slot_buf][tid] = next_slot;
+        if (tid < DT_KT) s_slot[slot_buf][tid] = next_slot;
         __syncthreads();  // tile j landed for every thread; every warp is done with tile j - 1's buffer
         if (ahead < n_kt) {
-            load_slot_rows<T, D, LD, KT>(Ks + slot_buf * TILE, kb, s_slot[slot_buf], kv_stride);
-            load_slot_rows<T, D, LD, KT>(Vs + slot_buf * TILE, vb, s_slot[slot_buf], kv_stride);
+            load_slot_rows<T, D, LD, DT_KT>(Ks + slot_buf * TILE, kb, s_slot[slot_buf], kv_stride);
+            load_slot_rows<T, D, LD, DT_KT>(Vs + slot_buf * TILE, vb, s_slot[slot_buf], kv_stride);
         }
         cp_async_commit();  // (an empty group past the last tile keeps the count)
-        const int buf = j % NS, k0 = k_begin + j * KT + warp * KW;
-        float s[KW / 8][4];
-        qk_tile<T, D, KW, LD>(s, Qs, Ks + buf * TILE + warp * KW * LD, 0, lane);
+        const int buf = j % NS, k0 = k_begin + j * DT_KT + warp * 16;
+        float s[2][4];
+        qk_tile<T, D, 16, LD>(s, Qs, Ks + buf * TILE + warp * 16 * LD, 0, lane);
         float mx0, mx1;
         scale_mask(s, k0, c, k_end, scale_log2, mx0, mx1);
-        softmax_tile<D, KW, true>(s, mx0, mx1, m0, m1, l0, l1, o);
-        pv_tile<T, D, KW, LD>(o, s, Vs + buf * TILE + warp * KW * LD, lane);
+        softmax_tile<D, 16, true>(s, mx0, mx1, m0, m1, l0, l1, o);
+        pv_tile<T, D, 16, LD>(o, s, Vs + buf * TILE + warp * 16 * LD, lane);
     }
     __syncthreads();  // every warp is done with the buffers before the partials overwrite them
     finish_tc_block<T, D>(o, m0, m1, l0, l1, Ks, s_m, s_l, Gb, b, h0, Hq, split, n_splits, n_active, ws_ml, ws_acc,

@@ -10,9 +10,8 @@ once and merge to the same softmax:
     a split of exactly 2 tiles, swept in one pass where warp w takes keys 32w..32w+31;
   - at the end the 4 warps are merged, each rescaled from its own max to the block's, and then the splits, each
     from the block's max to the sequence's (decode_split.cuh's finish_decode_block).
-decode_attention_tc_stream is the long-context kernel's route: the same, but with tiles of STREAM_TILE[D] keys (warp w
-takes a quarter of each), splits of whole such tiles, and a 2-tile split swept tile after tile like any other (the
-ring of tiles has no 2-tile pass).
+decode_attention_tc_stream is the long-context kernel's route: the same, but a 2-tile split is swept tile after
+tile like any other (the ring of tiles has no 2-tile pass).
 Everything is fp32 (the GPU rounds P to 16 bits for the P V product: the GPU tests allow for that).
 """
 import numpy as np
@@ -20,16 +19,15 @@ import numpy as np
 KT = 64               # keys a tile (DT_KT)
 WARPS = 4             # warps a block, each a 16-key slice of every tile (32 keys in a 2-tile pass)
 ONE_SPLIT_TILES = 4   # decode_attention_tc.cu: a sequence of up to this many tiles is one split
-STREAM_TILE = {64: 64, 128: 64}  # decode_attention_tc_stream's keys a tile by head dim (dt_stream_tile)
 
 
-def split_chunk(length: int, n_splits: int, kt: int = KT) -> int:
-    """Keys per split (decode_split.cuh): one split up to ONE_SPLIT_TILES tiles of kt keys, else the length spread
-    evenly over the splits in whole tiles."""
-    if length <= ONE_SPLIT_TILES * kt:
-        return ONE_SPLIT_TILES * kt
+def split_chunk(length: int, n_splits: int) -> int:
+    """Keys per split (decode_split.cuh): one split up to ONE_SPLIT_TILES tiles, else the length spread evenly
+    over the splits in whole tiles."""
+    if length <= ONE_SPLIT_TILES * KT:
+        return ONE_SPLIT_TILES * KT
     c = -(-length // n_splits)
-    return max(kt, -(-c // kt) * kt)
+    return max(KT, -(-c // KT) * KT)
 
 
 def _online(m, l, acc, s, v):
@@ -49,11 +47,10 @@ def _merge(parts):
 
 
 def decode_attention_tc(q, k_cache, v_cache, block_tables, seq_lens, block_size, scale, out, n_splits,
-                        pair_pass=True, tile=KT):
+                        pair_pass=True):
     """q [B, Hq, D], k_cache / v_cache [slots, Hkv, D], block_tables int [B, M], seq_lens int [B] -> out [B, Hq, D]
     (float32 throughout; zeros where seq_lens[b] == 0). n_splits: the plan's split count (cuda_kernels.py).
-    pair_pass: a split of exactly 2 tiles is one pass of 32-key warp slices (decode_attention_tc, not _stream).
-    tile: keys a tile (decode_attention_tc's KT; the stream kernel's STREAM_TILE[D])."""
+    pair_pass: a split of exactly 2 tiles is one pass of 32-key warp slices (decode_attention_tc, not _stream)."""
     B, Hq, D = q.shape
     Hkv = k_cache.shape[1]
     G = Hq // Hkv
@@ -65,7 +62,7 @@ def decode_attention_tc(q, k_cache, v_cache, block_tables, seq_lens, block_size,
             continue
         keys = np.arange(L)
         slots = block_tables[b, keys // block_size] * block_size + keys % block_size
-        chunk = split_chunk(L, n_splits, tile)
+        chunk = split_chunk(L, n_splits)
         for kvh in range(Hkv):
             qg = q[b, kvh * G:(kvh + 1) * G].astype(np.float32)
             K, V = k_cache[slots, kvh].astype(np.float32), v_cache[slots, kvh].astype(np.float32)
@@ -74,9 +71,8 @@ def decode_attention_tc(q, k_cache, v_cache, block_tables, seq_lens, block_size,
                 k_end = min(k_begin + chunk, L)
                 warps = [(np.full(G, -np.inf, np.float32), np.zeros(G, np.float32), np.zeros((G, D), np.float32))
                          for _ in range(WARPS)]
-                pair = pair_pass and -(-(k_end - k_begin) // tile) == 2
-                kt = 2 * tile if pair else tile  # keys a pass; a quarter to each warp
-                slice_ = kt // WARPS
+                pair = pair_pass and -(-(k_end - k_begin) // KT) == 2
+                kt, slice_ = (2 * KT, 32) if pair else (KT, 16)  # keys a pass, keys a warp's slice
                 for k0 in range(k_begin, k_end, kt):
                     for w in range(WARPS):
                         lo, hi = k0 + slice_ * w, min(k0 + slice_ * w + slice_, k_end)
@@ -88,7 +84,5 @@ def decode_attention_tc(q, k_cache, v_cache, block_tables, seq_lens, block_size,
 
 
 def decode_attention_tc_stream(q, k_cache, v_cache, block_tables, seq_lens, block_size, scale, out, n_splits):
-    """decode_attention_tc_stream's route (decode_attention_tc.cu): every split tile after tile, tiles of
-    STREAM_TILE[D] keys."""
-    decode_attention_tc(q, k_cache, v_cache, block_tables, seq_lens, block_size, scale, out, n_splits, False,
-                        STREAM_TILE[q.shape[2]])
+    """decode_attention_tc_stream's route (decode_attention_tc.cu): every split tile after tile."""
+    decode_attention_tc(q, k_cache, v_cache, block_tables, seq_lens, block_size, scale, out, n_splits, False)

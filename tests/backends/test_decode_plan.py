@@ -3,6 +3,7 @@ group and how many splits a sequence gets; and which decode kernel the step plan
 decode_tc_pays). The kernel derives each block's heads from grid.x alone, so a plan must never leave a block
 without heads or give one more than 8 (MAXG in kernels/decode_attention.cu)."""
 import math
+import re
 
 from hypothesis import given, strategies as st
 
@@ -107,18 +108,13 @@ def test_the_plan_streams_long_context_buckets():
     assert decode_stream_pays(128, 8, 128, 16384)  # head dim 128: always from STREAM_MIN_LEN on
 
 
-def test_stream_ring_shape_matches_the_kernel_source():
-    """The host sizes the stream kernel's shared memory from STREAM_STAGES x STREAM_TILE, and the CPU twin cuts
-    splits and warp slices from its STREAM_TILE: both must be what decode_attention_tc.cu's dt_stream_stages and
-    dt_stream_tile compile to, or the kernel would read past its shared memory (or the twin check another route)."""
-    import re
+def test_stream_ring_depth_matches_the_kernel_source():
+    """The host sizes the stream kernel's shared memory from STREAM_STAGES (Q and that many K and V tiles): it must
+    be what decode_attention_tc.cu's dt_stream_stages compiles to, or the kernel would run past its shared memory
+    (a deeper ring) or leave part of it unused (a shallower one)."""
+    from toolkit.backends.cuda_kernels import STREAM_STAGES, kernel_source
 
-    from kernels import decode_attention_tc as twin
-    from toolkit.backends.cuda_kernels import STREAM_STAGES, STREAM_TILE, kernel_source
-
-    src = kernel_source("decode_attention_tc")
-    for fn, table in (("dt_stream_stages", STREAM_STAGES), ("dt_stream_tile", STREAM_TILE)):
-        m = re.search(fn + r"\(int D\) \{ return D == 64 \? (\d+) : (\d+); \}", src)
-        assert m, f"{fn} not found"
-        assert table == {64: int(m.group(1)), 128: int(m.group(2))}, fn
-    assert twin.STREAM_TILE == STREAM_TILE
+    m = re.search(r"dt_stream_stages\(int D\) \{ return D == 64 \? (\d+) : (\d+); \}",
+                  kernel_source("decode_attention_tc"))
+    assert m, "dt_stream_stages not found"
+    assert STREAM_STAGES == {64: int(m.group(1)), 128: int(m.group(2))}

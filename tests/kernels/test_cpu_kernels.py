@@ -306,23 +306,22 @@ def test_decode_attention(rng, driver, seq_lens, Hq, Hkv, D, bs):
 @settings(max_examples=30, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), lens=st.lists(st.integers(0, 700), min_size=1, max_size=4),
        n_splits=st.integers(1, 9), group=st.sampled_from([1, 7, 16]), bs=st.sampled_from([1, 16, 32]),
-       pair_pass=st.booleans(), tile=st.sampled_from([64, 128]))
-def test_decode_attention_tc_route(seed, lens, n_splits, group, bs, pair_pass, tile):
-    """The tensor-core kernels' route (splits, tiles of 64 keys, or 128 in the _stream form at head dim 64, each a
-    quarter to a warp, or, in decode_attention_tc but not its _stream form, one pass of 32-key slices for a split
-    of 2 tiles; each with its own online softmax, then the warps and the splits merged) covers every key once and
-    gives the softmax of the reference."""
+       pair_pass=st.booleans())
+def test_decode_attention_tc_route(seed, lens, n_splits, group, bs, pair_pass):
+    """The tensor-core kernels' route (splits, 64-key tiles, 16-key warp slices, or, in decode_attention_tc but not
+    its _stream form, one 128-key pass of 32-key slices for a split of 2 tiles; each with its own online softmax,
+    then the warps and the splits merged) covers every key once and gives the softmax of the reference."""
     rng = np.random.default_rng(seed)
     Hkv, D = 2, 16
     k, v, tables = make_cache(rng, lens, Hkv, D, bs)
     B, Hq = len(lens), Hkv * group
     q, out, seq = randn(rng, B, Hq, D, scale=2.0), np.full((B, Hq, D), 7.0, np.float32), np.array(lens, I32)
-    decode_attention_tc(q, k, v, tables, seq, bs, D ** -0.5, out, n_splits, pair_pass, tile)
+    decode_attention_tc(q, k, v, tables, seq, bs, D ** -0.5, out, n_splits, pair_pass)
     assert_close(out, ref_attention(q, k, v, tables, np.arange(B + 1), seq, bs, D ** -0.5, out),
                  attention_atol(q, k, v, seq, D ** -0.5))
     assert (out[seq == 0] == 0.0).all()
-    chunk = tc_split_chunk(max(lens), n_splits, tile)
-    assert chunk % tile == 0 and (max(lens) <= 4 * tile or -(-max(lens) // chunk) <= n_splits)
+    chunk = tc_split_chunk(max(lens), n_splits)
+    assert chunk % 64 == 0 and (max(lens) <= 256 or -(-max(lens) // chunk) <= n_splits)
 
 
 @settings(max_examples=25, deadline=None)

@@ -50,7 +50,6 @@ TC_DECODE_GROUP = 16                # decode_attention_tc: q heads a block (the 
 TC_DECODE_KT = 64                   # decode_attention_tc: keys a tile
 TC_ONE_SPLIT_TILES = 4              # decode_attention_tc: a sequence of up to this many tiles is one split
 STREAM_STAGES = {64: 4, 128: 3}     # decode_attention_tc_stream: K/V buffers of its ring (dt_stream_stages)
-STREAM_TILE = {64: 64, 128: 64}     # decode_attention_tc_stream: keys a tile of its ring (dt_stream_tile)
 STREAM_BLOCKS_PER_SM, STREAM_MIN_TILES, STREAM_MAX_SPLITS = 2, 2, 32  # stream_splits (see there)
 DECODE_ONE_SPLIT_TILES = 2          # decode_attention (CUDA cores): the same
 ROPE_MIN_WARPS_PER_SM = 4           # rope_layout: narrower runs below this many warps an SM (latency, not bytes)
@@ -649,10 +648,9 @@ class CudaKernels(SkinnyGemms, WgGemms):
         ws_acc = self.cp.empty((B, Hq, n, D), self.cp.float32)
         grid = (Hkv * head_blocks, n, B)
         counters = self.cp.zeros((B, grid[0]), self.cp.uint32)  # the kernel leaves them zeroed
-        if kind != "cuda_cores":  # Q (16 rows) and 2 tiles of 64 keys (tc) or STREAM_STAGES of STREAM_TILE (stream),
-            # K and V, rows padded by 8
-            rows = STREAM_STAGES[D] * STREAM_TILE[D] if kind == "stream" else 2 * TC_DECODE_KT
-            smem = (TC_DECODE_GROUP + 2 * rows) * (D + 8) * self.itemsize
+        if kind != "cuda_cores":  # Q (16 rows) and 2 (tc) or STREAM_STAGES (stream) K and V tiles, rows padded by 8
+            stages = STREAM_STAGES[D] if kind == "stream" else 2
+            smem = (TC_DECODE_GROUP + 2 * stages * TC_DECODE_KT) * (D + 8) * self.itemsize
             name = "decode_attention_tc_stream" if kind == "stream" else "decode_attention_tc"
             fn = self._fn("decode_attention_tc", f"{name}<{self.ctype}, {D}>", smem)
         else:
