@@ -7,6 +7,9 @@ def graph_us(cp, fn, n=50, reps=5, stream=None):
     """µs per call of fn(i), i = 0..n-1, from one CUDA graph of the n calls: median of reps replays. fn(0) runs once
     outside the capture first (plans, workspaces, compilation). `stream`: capture there (a CudaBackend's stream, which
     its cuBLAS handle launches on), else on a new one."""
+    # A non-blocking stream does not wait for the legacy default stream, where a script makes its inputs (random
+    # caches, a reference): without this sync the first launches, and the replays, could run alongside that work.
+    cp.cuda.Device().synchronize()
     s = stream or cp.cuda.Stream(non_blocking=True)
     with s:
         fn(0)
