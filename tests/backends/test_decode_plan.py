@@ -7,8 +7,9 @@ import re
 
 from hypothesis import given, strategies as st
 
-from toolkit.backends.cuda_kernels import (HEAD_SPLIT_KV_BYTES, MAX_SPLITS, TC_DECODE_KT, TC_ONE_SPLIT_TILES,
-                                          decode_head_blocks, decode_splits, stream_splits)
+from toolkit.backends.cuda_kernels import (HEAD_SPLIT_KV_BYTES, MAX_SPLITS, STREAM_STAGES, TC_DECODE_KT,
+                                          TC_ONE_SPLIT_TILES, decode_head_blocks, decode_splits, kernel_source,
+                                          stream_splits)
 from toolkit.model.plan import decode_tc_pays
 
 QWEN05 = dict(n_kv_heads=2, group=7)  # Qwen2.5-0.5B: 14 q heads over 2 kv heads
@@ -112,8 +113,6 @@ def test_stream_ring_depth_matches_the_kernel_source():
     """The host sizes the stream kernel's shared memory from STREAM_STAGES (Q and that many K and V tiles): it must
     be what decode_attention_tc.cu's dt_stream_stages compiles to, or the kernel would run past its shared memory
     (a deeper ring) or leave part of it unused (a shallower one)."""
-    from toolkit.backends.cuda_kernels import STREAM_STAGES, kernel_source
-
     m = re.search(r"dt_stream_stages\(int D\) \{ return D == 64 \? (\d+) : (\d+); \}",
                   kernel_source("decode_attention_tc"))
     assert m, "dt_stream_stages not found"
