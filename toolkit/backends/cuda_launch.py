@@ -50,6 +50,15 @@ class StructParam:
         self.c = (ctypes.c_uint64 * len(words))(*[int(v) for v in words])
 
 
+def _arg(a):
+    """A kernel argument as (value, C type), what CuPy's call passes: a device array's pointer, None's null, a NumPy
+    scalar in its own C type."""
+    if a is None:
+        return 0, ctypes.c_void_p
+    if isinstance(a, np.generic):
+        return a.item(), _ARG_TYPES[a.dtype]
+    return a.data.ptr, ctypes.c_void_p
+
 
 _PDL_ATTRS = {}  # id(driver) -> (driver, launch_by_value's PDL attributes)
 
@@ -64,14 +73,11 @@ def launch_by_value(f, grid, block, args, smem: int, stream_ptr: int, pdl: bool,
     d = driver
     objs = []
     for a in args:  # each argument as a ctypes object, whose address goes in the array
-        if a is None:
-            objs.append(ctypes.c_void_p(0))
-        elif isinstance(a, StructParam):
+        if isinstance(a, StructParam):
             objs.append(a.c)
-        elif isinstance(a, np.generic):
-            objs.append(_ARG_TYPES[a.dtype](a.item()))
         else:
-            objs.append(ctypes.c_void_p(a.data.ptr))
+            value, ctype = _arg(a)
+            objs.append(ctype(value))
     params = (ctypes.c_void_p * len(objs))(*[ctypes.addressof(o) for o in objs])
     if pdl and id(d) not in _PDL_ATTRS:  # made once, kept alive like PdlLauncher's
         _PDL_ATTRS[id(d)] = (d, pdl_attrs(d))  # (the driver too, so its id is never reused while cached)
@@ -95,20 +101,11 @@ class PdlLauncher:
     def __call__(self, f, grid, block, args, smem: int, stream_ptr: int):
         d = self._d
         cfg = launch_config(d, grid, block, smem, stream_ptr, self._attrs)
-        values, types = [], []
-        for a in args:  # device arrays -> pointers, NumPy scalars -> their C type (what CuPy's call does)
-            if a is None:
-                values.append(0)
-                types.append(ctypes.c_void_p)
-            elif isinstance(a, np.generic):
-                values.append(a.item())
-                types.append(_ARG_TYPES[a.dtype])
-            else:
-                values.append(a.data.ptr)
-                types.append(ctypes.c_void_p)
+        pairs = [_arg(a) for a in args]
+        values, types = tuple(v for v, _ in pairs), tuple(t for _, t in pairs)
         fn = self._functions.get(f)
         if fn is None:  # a RawModule's RawKernel wraps the loaded Function (.kernel) and its CUfunction (.ptr)
             fn = self._functions[f] = d.CUfunction(f.kernel.ptr)
-        err, = d.cuLaunchKernelEx(cfg, fn, (tuple(values), tuple(types)), 0)
+        err, = d.cuLaunchKernelEx(cfg, fn, (values, types), 0)
         if err != d.CUresult.CUDA_SUCCESS:
             raise RuntimeError(f"cuLaunchKernelEx (PDL) failed: {err.name}")
