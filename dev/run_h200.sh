@@ -73,6 +73,9 @@
 #                  Qwen3's q/k norms) under this tree's plan, then with each of $B1_PLANS' replacements (default:
 #                  qkv=gemv, the GEMV then rope_qkv; qkv=skinny_rope, the tensor-core qkv with RoPE and the K/V write
 #                  in its epilogue, at 1 row), then this tree's again
+#   pdl_trigger    the decode chain with each kernel's PDL trigger before its wait, with and without L2-only loads
+#                  (dev/pdl_trigger.py, $PDL_VARIANTS): exactness against plain launches, the fp32 stories260K
+#                  model's tokens, the batch-1 and batch-32 steps of three shapes
 #   close          a session's closing run: every GPU test, the peer, throughput, the sampler, the attribution
 #   all            tests, speed, sampler, sparse and peer
 # Several modes in one call: `bash dev/run_h200.sh "prefill readme"` (each block runs once, in this file's order).
@@ -215,6 +218,10 @@ if run b1_plans; then
       SHAPE=$s timeout 120 python3 dev/decode_attribution.py 1 zzz 1 "" "$p" 2>&1 | grep "^| \|rror"
     done
   done 2>&1 | tee "$OUT/b1_plans.log"
+fi
+if run pdl_trigger; then
+  timeout 560 python3 dev/pdl_trigger.py --variants ${PDL_VARIANTS:-late,early_l2,early,late} 2>&1 \
+    | tee "$OUT/pdl_trigger.log"
 fi
 if run close; then
   python3 dev/decode_attribution.py 1,32 all 1,65 2>&1 | tee "$OUT/decode_attribution.log"
