@@ -11,9 +11,10 @@
 //                           next one, prefetching its weights. When the next kernel launches, everything before the
 //                           running one has completed, so nothing its SMs have cached can be older than that.
 // Why not trigger before the wait: that measured faster on the H200 (0.892 against 0.921 ms for a batch-1 step), but
-// kernels then launch several ahead and results changed: the fp32 stories260K model decoded other tokens from a
-// CUDA graph, and tests/test_gpu_pdl.py's fp32 case failed; with the trigger after the wait both pass. (My reading,
-// not proven: a kernel hit a stale line of a scratch buffer in its SM's L1, cached by an earlier kernel still running.)
+// kernels then launch several ahead, and with 5aac9fa's kernels the fp32 stories260K model decoded other tokens from
+// a CUDA graph and tests/test_gpu_pdl.py's fp32 case failed. With today's kernels (session 30, an H100) the trigger
+// first was exact in those checks and 2-7% faster at batch 1; it lands once the whole GPU suite has run with it
+// (experiments/NOTEBOOK.md, "Should a kernel let the next one launch before its PDL wait?").
 // In a kernel launched normally (or compiled for an older GPU) both are no-ops.
 #ifndef TOOLKIT_PDL_CUH
 #define TOOLKIT_PDL_CUH
