@@ -1,12 +1,14 @@
 """Should a decode-step kernel let the next one launch before its PDL wait, and is the step then still exact?
 
 Today every kernel of the chain calls pdl_launch_dependents() right after pdl_wait() (kernels/pdl.cuh), so at most
-two kernels overlap. Triggering first measured faster on the H200 (0.892 against 0.921 ms, the 0.5B at batch 1)
-but changed tokens of the fp32 stories260K model from a graph. The reading in pdl.cuh: with the trigger first,
-kernels launch several ahead, and a kernel's blocks can sit on an SM while a kernel two or more before it still runs
-there; that one's loads of a buffer fill the SM's L1 with values a later kernel overwrites, and the waiting kernel's
-loads (ld.global.nc from __ldg and const __restrict__ pointers, and plain ld.global, both cached in L1) then hit the
-stale lines. If so, loads that go to L2 only (ld.global.cg) should make the early trigger exact.
+two kernels overlap. Triggering first measured faster on the H200 (0.892 against 0.921 ms, the 0.5B at batch 1,
+commit 5aac9fa) but changed tokens of the fp32 stories260K model from a graph. The reading then: with the trigger
+first, kernels launch several ahead, and a kernel's blocks can sit on an SM while a kernel two or more before it
+still runs there; that one's loads of a buffer fill the SM's L1 with values a later kernel overwrites, and the
+waiting kernel's loads (ld.global.nc from __ldg and const __restrict__ pointers, and plain ld.global, both cached in
+L1) then hit the stale lines. If so, loads that go to L2 only (ld.global.cg) should make the early trigger exact.
+(Session 30 on an H100: every variant was exact; experiments/NOTEBOOK.md, "Should a kernel let the next one launch
+before its PDL wait?")
 
 Variants, each the product's kernel sources edited as text here (the product is unchanged):
   late       the product: wait, then trigger
