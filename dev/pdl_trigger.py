@@ -16,6 +16,10 @@ Variants, each the product's kernel sources edited as text here (the product is 
   late_l2    wait then trigger, every global load of our kernels L2-only: __ldg -> __ldcg, no __restrict__ (so no
              inferred ld.global.nc) and ptxas -dlcm=cg (plain loads .cg); the control for what that costs alone
   early_l2   both
+A variant may end in "+waveB" (e.g. early+wave4): the batch-1 GEMVs (gemv and gemv_swiglu, bf16) then run
+dev/gemv_waves.py's one-wave kernels, at most B blocks an SM, each block striding over its row groups (the same
+bits). With the trigger first, the next kernel can then launch at the GEMV's start, where a GEMV of several waves
+lets it launch only with its last wave.
 Each variant runs in a process of its own (a fresh NVRTC build, no cached functions), in the order given, so a
 repeat of the first measures drift. In each: the exactness checks of tests/kernels/test_gpu_pdl.py (PDL launches
 from a graph against plain eager launches, bit for bit: fp32 and bf16, three attention kernels), the fp32
@@ -52,15 +56,66 @@ def edit_source(src: str, variant: str) -> str:
     return src
 
 
-def install(variant: str):
-    """Make this process's kernel builds `variant`'s (before any kernel is built)."""
+def split_variant(name: str) -> tuple:
+    """"early+wave4" -> ("early", 4); "late" -> ("late", 0)."""
+    base, plus, wave = name.partition("+wave")
+    assert base in VARIANTS and (wave.isdigit() or not plus), f"unknown variant {name!r}: {VARIANTS}, +waveB"
+    return base, int(wave or 0)
+
+
+def wave_source(variant: str) -> str:
+    """gemv.cu with dev/gemv_waves.py's one-wave kernels appended, as `variant` builds it."""
+    import toolkit.backends.cuda_kernels as ck
+    from gemv_waves import VARIANT
+
+    return edit_source(ck.kernel_source("gemv") + VARIANT, variant)
+
+
+def install_waves(variant: str, per_sm: int):
+    """The bf16 batch-1 gemv and gemv_swiglu on one-wave grids of at most per_sm blocks an SM (launched as the
+    product's kernels are: with PDL where the backend has it); every other call as before."""
+    import cupy as cp
+
     import toolkit.backends.cuda_kernels as ck
 
+    names = ("gemv_wave<__nv_bfloat16, 1>", "gemv_swiglu_wave<__nv_bfloat16, 1>")
+    mod = cp.RawModule(code=wave_source(variant), options=ck.OPTIONS, name_expressions=names)
+    fns = {}
+    cls, plain, swiglu = ck.CudaKernels, ck.CudaKernels.gemv, ck.CudaKernels.gemv_swiglu
+
+    def launch(self, name, x, w, out, n_out):
+        K = x.shape[1]
+        wpr = ck.gemv_warps_per_row(K // self.vec)
+        groups = -(-n_out // (8 // wpr))
+        f = fns.get(name) or fns.setdefault(name, mod.get_function(name))
+        self._go(f, (min(groups, per_sm * self.num_sms),), (256,), (x, w, out, ck._i32(n_out), ck._i32(K),
+                                                                    ck._i32(wpr)))
+
+    def gemv(self, x, w, out):
+        if self.ctype != "__nv_bfloat16" or x.shape[0] != 1 or out.dtype != self.storage:
+            return plain(self, x, w, out)
+        launch(self, names[0], x, w, out, w.shape[0])
+
+    def gemv_swiglu(self, x, w, out):
+        if self.ctype != "__nv_bfloat16" or x.shape[0] != 1:
+            return swiglu(self, x, w, out)
+        launch(self, names[1], x, w, out, w.shape[0] // 2)
+
+    cls.gemv, cls.gemv_swiglu = gemv, gemv_swiglu
+
+
+def install(name: str):
+    """Make this process's kernel builds variant `name`'s (before any kernel is built)."""
+    import toolkit.backends.cuda_kernels as ck
+
+    variant, waves = split_variant(name)
     assert not ck._MODULES, "install before the first kernel is built"
     real = ck.kernel_source
     ck.kernel_source = lambda op: edit_source(real(op), variant)
     if variant.endswith("_l2"):
         ck.OPTIONS = ck.OPTIONS + L2_OPTIONS
+    if waves:
+        install_waves(variant, waves)
 
 
 def exactness() -> dict:
@@ -153,7 +208,7 @@ def main():
     print("  ".join(f"{k}: {v}" for k, v in environment("cuda").items()), flush=True)
     results = []
     for v in args.variants.split(","):
-        assert v in VARIANTS, f"unknown variant {v!r}: {VARIANTS}"
+        split_variant(v)
         print(f"== {v}", flush=True)
         cmd = [sys.executable, __file__, "--variant", v, "--shapes", args.shapes, "--batches", args.batches,
                "--context", str(args.context)]

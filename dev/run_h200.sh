@@ -75,7 +75,8 @@
 #                  in its epilogue, at 1 row), then this tree's again
 #   pdl_trigger    the decode chain with each kernel's PDL trigger before its wait, with and without L2-only loads
 #                  (dev/pdl_trigger.py, $PDL_VARIANTS): exactness against plain launches, the fp32 stories260K
-#                  model's tokens, the batch-1 and batch-32 steps of three shapes
+#                  model's tokens, the batch-1 and batch-32 steps of three shapes; a variant "+waveB" also runs the
+#                  batch-1 GEMVs on one-wave grids (e.g. PDL_VARIANTS=late,early,early+wave4,late)
 #   close          a session's closing run: every GPU test, the peer, throughput, the sampler, the attribution
 #   all            tests, speed, sampler, sparse and peer
 # Several modes in one call: `bash dev/run_h200.sh "prefill readme"` (each block runs once, in this file's order).

@@ -34,3 +34,21 @@ def test_the_edited_kernels_compile(variant):
     for op in ("gemv", "rmsnorm", "decode_attention_tc"):
         names = ck.kernel_names(op, "__nv_bfloat16")
         assert len(nvrtc_compile(mod.edit_source(ck.kernel_source(op), variant), names, options)) == len(names)
+
+
+def test_variant_names():
+    assert mod.split_variant("early") == ("early", 0)
+    assert mod.split_variant("late_l2+wave4") == ("late_l2", 4)
+    for bad in ("earlier", "early+wave", "early+wavex"):
+        with pytest.raises(AssertionError):
+            mod.split_variant(bad)
+
+
+@pytest.mark.parametrize("variant", ["late", "early"])
+def test_the_one_wave_gemvs_compile_in_each_order(variant):
+    import toolkit.backends.cuda_kernels as ck
+
+    src = mod.wave_source(variant)
+    assert src.count(mod.EARLY if variant == "early" else mod.LATE) == 1
+    names = ["gemv_wave<__nv_bfloat16, 1>", "gemv_swiglu_wave<__nv_bfloat16, 1>"]
+    assert len(nvrtc_compile(src, names, ck.OPTIONS)) == 2
